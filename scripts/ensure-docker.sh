@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Make sure a Docker engine answers. On a Debian machine where we are root and
+# none runs (our development and CI machines), install Debian's docker.io,
+# start dockerd in the background and wait, bounded, until it answers.
+# Prints what it did; exits non-zero with a reason when it cannot.
+set -euo pipefail
+
+log() { echo "ensure-docker: $*" >&2; }
+
+engine_answers() { docker version --format '{{.Server.Version}}' >/dev/null 2>&1; }
+
+if command -v docker >/dev/null 2>&1 && engine_answers; then
+  log "engine already answers (server $(docker version --format '{{.Server.Version}}'))"
+  exit 0
+fi
+
+if [ "$(id -u)" != 0 ] || [ ! -f /etc/debian_version ]; then
+  log "no Docker engine answers, and this is not a root Debian machine: start one yourself (e.g. 'sudo systemctl start docker')"
+  exit 1
+fi
+
+if ! command -v dockerd >/dev/null 2>&1; then
+  log "installing docker.io from Debian's packages"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends docker.io iptables ca-certificates >/dev/null
+fi
+
+if ! pgrep -x dockerd >/dev/null 2>&1; then
+  log "starting dockerd in the background (log: /var/log/dockerd.log)"
+  nohup dockerd >/var/log/dockerd.log 2>&1 &
+fi
+
+deadline=$((SECONDS + 60))
+until engine_answers; do
+  if [ $SECONDS -ge $deadline ]; then
+    log "dockerd did not answer within 60 s; last lines of /var/log/dockerd.log:"
+    tail -n 20 /var/log/dockerd.log >&2 || true
+    exit 1
+  fi
+  sleep 0.5
+done
+log "engine answers (server $(docker version --format '{{.Server.Version}}'))"

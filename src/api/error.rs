@@ -1,0 +1,70 @@
+//! `ApiError`: the one error type at the HTTP edge, and the one place where
+//! HTTP statuses are chosen. Clients get a sentence and a stable `code`;
+//! internal details are logged, not sent.
+
+use axum::Json;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde_json::json;
+
+use crate::sandbox::SandboxError;
+
+/// An error answer: `{"error": message, "code": code}` with `status`.
+#[derive(Debug, Clone)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub code: &'static str,
+    pub message: String,
+}
+
+impl ApiError {
+    pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+        ApiError {
+            status,
+            code,
+            message: message.into(),
+        }
+    }
+
+    pub fn bad_request(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, "invalid_request", message)
+    }
+
+    pub fn not_found(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::NOT_FOUND, "not_found", message)
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = Json(json!({ "error": self.message, "code": self.code }));
+        (self.status, body).into_response()
+    }
+}
+
+impl From<SandboxError> for ApiError {
+    fn from(e: SandboxError) -> Self {
+        let message = e.to_string();
+        match e {
+            SandboxError::Invalid(_) => ApiError::bad_request(message),
+            SandboxError::NotFound(_) => {
+                ApiError::new(StatusCode::NOT_FOUND, "sandbox_not_found", message)
+            }
+            SandboxError::AtCapacity { .. } => {
+                ApiError::new(StatusCode::TOO_MANY_REQUESTS, "at_capacity", message)
+            }
+            SandboxError::ImageMissing { .. } => {
+                ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "image_missing", message)
+            }
+            SandboxError::EngineUnavailable(_) => ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "engine_unavailable",
+                message,
+            ),
+            SandboxError::Engine(inner) => {
+                tracing::error!(error = %inner, "engine call failed");
+                ApiError::new(StatusCode::BAD_GATEWAY, "engine_error", message)
+            }
+        }
+    }
+}

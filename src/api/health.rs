@@ -1,0 +1,26 @@
+//! `GET /v1/health`: the one route without a token. Answers within about two
+//! seconds whatever the engine does.
+
+use std::sync::Arc;
+
+use axum::Json;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde_json::json;
+
+use crate::app::App;
+
+/// 200 with the engine version, or 503 saying why not.
+pub(super) async fn health(State(app): State<Arc<App>>) -> Response {
+    match app.engine.version().await {
+        Ok(version) => {
+            Json(json!({"ok": true, "engine": "docker", "version": version})).into_response()
+        }
+        Err(e) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(json!({"ok": false, "engine": "docker", "error": e.to_string()})),
+        )
+            .into_response(),
+    }
+}

@@ -1,0 +1,29 @@
+//! `App`: what every handler shares, behind one `Arc`.
+
+use std::sync::Arc;
+
+use crate::config::Config;
+use crate::engine::Engine;
+use crate::sandbox::Sandboxes;
+
+/// Shared state: configuration, the engine handle and the domain services.
+#[derive(Debug)]
+pub struct App {
+    pub config: Arc<Config>,
+    pub engine: Engine,
+    pub sandboxes: Arc<Sandboxes>,
+}
+
+impl App {
+    /// Wires the services together; connects to nothing yet.
+    pub fn new(config: Config) -> Arc<App> {
+        let config = Arc::new(config);
+        let engine = Engine::new();
+        let sandboxes = Arc::new(Sandboxes::new(Arc::clone(&config), engine.clone()));
+        Arc::new(App {
+            config,
+            engine,
+            sandboxes,
+        })
+    }
+}

@@ -1,0 +1,172 @@
+//! The hardened container spec, in one function. Every property here is a
+//! security decision; the unit test below pins each one, and the integration
+//! tests read them back from `docker inspect` and try them from inside.
+
+use std::collections::HashMap;
+
+use bollard::models::{
+    ContainerCreateBody, HostConfig, HostConfigCgroupnsModeEnum, Mount, MountType, RestartPolicy,
+    RestartPolicyNameEnum,
+};
+
+/// What the domain asks for when it wants a sandbox container.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SandboxContainer {
+    pub name: String,
+    pub image: String,
+    /// OCI runtime registered with the engine (e.g. `runsc`); default if None.
+    pub oci_runtime: Option<String>,
+    /// Numeric `uid:gid`, never root.
+    pub user: String,
+    pub workspace_dir: String,
+    pub volume: String,
+    /// Network to join; `None` means no network at all.
+    pub network: Option<String>,
+    pub vcpus: u32,
+    pub memory_mb: u32,
+    pub pids_limit: i64,
+    pub tmp_size_mb: u64,
+    pub labels: HashMap<String, String>,
+}
+
+const MIB: i64 = 1024 * 1024;
+
+/// The engine request for a sandbox container.
+pub(crate) fn sandbox_container_body(spec: &SandboxContainer) -> ContainerCreateBody {
+    let memory = i64::from(spec.memory_mb) * MIB;
+    let tmp_bytes = spec.tmp_size_mb.saturating_mul(1024 * 1024);
+    let host_config = HostConfig {
+        readonly_rootfs: Some(true),
+        cap_drop: Some(vec!["ALL".into()]),
+        cap_add: Some(vec![]),
+        // Seccomp and AppArmor stay at the engine's defaults; only add.
+        security_opt: Some(vec!["no-new-privileges:true".into()]),
+        privileged: Some(false),
+        pids_limit: Some(spec.pids_limit),
+        nano_cpus: Some(i64::from(spec.vcpus) * 1_000_000_000),
+        memory: Some(memory),
+        // Equal to memory: no swap on top, so the limit is the limit.
+        memory_swap: Some(memory),
+        // An init as PID 1 reaps the orphans commands leave behind.
+        init: Some(true),
+        tmpfs: Some(HashMap::from([(
+            "/tmp".to_string(),
+            format!("rw,noexec,nosuid,nodev,size={tmp_bytes},mode=1777"),
+        )])),
+        mounts: Some(vec![Mount {
+            target: Some(spec.workspace_dir.clone()),
+            source: Some(spec.volume.clone()),
+            typ: Some(MountType::VOLUME),
+            read_only: Some(false),
+            ..Default::default()
+        }]),
+        binds: Some(vec![]),
+        devices: Some(vec![]),
+        network_mode: Some(spec.network.clone().unwrap_or_else(|| "none".into())),
+        ipc_mode: Some("private".into()),
+        cgroupns_mode: Some(HostConfigCgroupnsModeEnum::PRIVATE),
+        // Empty means "not the host's": the engine gives each its own.
+        pid_mode: Some(String::new()),
+        uts_mode: Some(String::new()),
+        userns_mode: Some(String::new()),
+        restart_policy: Some(RestartPolicy {
+            name: Some(RestartPolicyNameEnum::NO),
+            maximum_retry_count: None,
+        }),
+        runtime: spec.oci_runtime.clone(),
+        ..Default::default()
+    };
+    ContainerCreateBody {
+        image: Some(spec.image.clone()),
+        user: Some(spec.user.clone()),
+        working_dir: Some(spec.workspace_dir.clone()),
+        hostname: Some("sandbox".into()),
+        env: Some(vec![
+            format!("HOME={}", spec.workspace_dir),
+            "GIT_DISCOVERY_ACROSS_FILESYSTEM=1".into(),
+        ]),
+        // The container itself only has to stay alive; work comes as execs.
+        cmd: Some(vec!["sleep".into(), "infinity".into()]),
+        labels: Some(spec.labels.clone()),
+        tty: Some(false),
+        open_stdin: Some(false),
+        host_config: Some(host_config),
+        ..Default::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec() -> SandboxContainer {
+        SandboxContainer {
+            name: "inst-abc".into(),
+            image: "sandboxd-runtime:latest".into(),
+            oci_runtime: None,
+            user: "1000:1000".into(),
+            workspace_dir: "/workspace".into(),
+            volume: "inst-abc-workspace".into(),
+            network: Some("inst-net".into()),
+            vcpus: 2,
+            memory_mb: 512,
+            pids_limit: 512,
+            tmp_size_mb: 64,
+            labels: HashMap::from([("sandboxd.instance".into(), "inst".into())]),
+        }
+    }
+
+    #[test]
+    fn hardening_properties() {
+        let body = sandbox_container_body(&spec());
+        let hc = body.host_config.clone().expect("host config");
+        assert_eq!(hc.readonly_rootfs, Some(true));
+        assert_eq!(hc.cap_drop, Some(vec!["ALL".to_string()]));
+        assert_eq!(hc.cap_add, Some(vec![]));
+        assert_eq!(
+            hc.security_opt,
+            Some(vec!["no-new-privileges:true".to_string()])
+        );
+        assert_eq!(hc.privileged, Some(false));
+        assert_eq!(hc.pids_limit, Some(512));
+        assert_eq!(hc.nano_cpus, Some(2_000_000_000));
+        assert_eq!(hc.memory, Some(512 * MIB));
+        assert_eq!(hc.memory_swap, hc.memory);
+        assert_eq!(hc.init, Some(true));
+        let tmp = hc.tmpfs.expect("tmpfs").remove("/tmp").expect("/tmp");
+        for opt in ["rw", "noexec", "nosuid", "nodev", "size=67108864"] {
+            assert!(tmp.split(',').any(|o| o == opt), "{opt} in {tmp}");
+        }
+        let mounts = hc.mounts.expect("mounts");
+        assert_eq!(mounts.len(), 1);
+        assert_eq!(mounts[0].typ, Some(MountType::VOLUME));
+        assert_eq!(mounts[0].target.as_deref(), Some("/workspace"));
+        assert_eq!(hc.binds, Some(vec![]));
+        assert_eq!(hc.devices, Some(vec![]));
+        assert_eq!(hc.network_mode.as_deref(), Some("inst-net"));
+        assert_eq!(hc.pid_mode.as_deref(), Some(""));
+        assert_eq!(hc.ipc_mode.as_deref(), Some("private"));
+        assert_eq!(
+            hc.restart_policy.and_then(|r| r.name),
+            Some(RestartPolicyNameEnum::NO)
+        );
+        assert_eq!(hc.runtime, None);
+        assert_eq!(body.user.as_deref(), Some("1000:1000"));
+        assert_eq!(body.working_dir.as_deref(), Some("/workspace"));
+        let env = body.env.expect("env");
+        assert!(env.contains(&"HOME=/workspace".to_string()));
+        assert!(env.contains(&"GIT_DISCOVERY_ACROSS_FILESYSTEM=1".to_string()));
+    }
+
+    #[test]
+    fn no_network_means_none_and_runtime_passes_through() {
+        let body = sandbox_container_body(&SandboxContainer {
+            network: None,
+            oci_runtime: Some("runsc".into()),
+            ..spec()
+        });
+        let hc = body.host_config.expect("host config");
+        assert_eq!(hc.network_mode.as_deref(), Some("none"));
+        assert_eq!(hc.runtime.as_deref(), Some("runsc"));
+    }
+}

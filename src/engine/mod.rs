@@ -1,0 +1,414 @@
+//! The engine: the only code that talks to Docker (through bollard). The
+//! domain asks for volumes, containers and networks in its own words
+//! ([`SandboxContainer`], [`ContainerRecord`]) and gets [`EngineError`]s back;
+//! no bollard type leaves this module. A second backend (rootless Podman,
+//! Kubernetes) would be another file beside `docker.rs` behind the same
+//! methods.
+
+mod container;
+pub(crate) mod docker;
+mod image;
+
+use std::collections::HashMap;
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use bollard::Docker;
+use bollard::errors::Error as BollardError;
+use bollard::models::{NetworkCreateRequest, VolumeCreateRequest};
+use bollard::query_parameters::{
+    InspectContainerOptions, ListContainersOptions, ListVolumesOptions, RemoveContainerOptions,
+    RemoveVolumeOptions, RestartContainerOptions, StartContainerOptions,
+};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+pub use container::SandboxContainer;
+use docker::DiscoveryInputs;
+
+/// How long an engine call that should be instant may take before we call
+/// the engine unavailable. Health must never hang.
+const HEALTH_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// What went wrong talking to the engine.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum EngineError {
+    /// No engine is connected, or it did not answer.
+    #[error("the container engine is not available: {0}")]
+    Unavailable(String),
+    /// The object does not exist.
+    #[error("{0}")]
+    NotFound(String),
+    /// The object is in a state that refuses the call (e.g. not running).
+    #[error("{0}")]
+    Conflict(String),
+    /// Anything else the engine refused.
+    #[error("the container engine failed: {0}")]
+    Failed(String),
+}
+
+impl From<BollardError> for EngineError {
+    fn from(e: BollardError) -> Self {
+        match e {
+            BollardError::DockerResponseServerError {
+                status_code,
+                message,
+            } => match status_code {
+                404 => EngineError::NotFound(message),
+                409 => EngineError::Conflict(message),
+                _ => EngineError::Failed(format!("{status_code}: {message}")),
+            },
+            BollardError::RequestTimeoutError
+            | BollardError::IOError { .. }
+            | BollardError::HyperResponseError { .. }
+            | BollardError::SocketNotFoundError(_) => EngineError::Unavailable(e.to_string()),
+            other => EngineError::Failed(other.to_string()),
+        }
+    }
+}
+
+/// Result of engine calls.
+pub type EngineResult<T> = Result<T, EngineError>;
+
+/// A container as listed: enough to adopt or clean it up.
+#[derive(Debug, Clone)]
+pub struct ContainerRecord {
+    pub name: String,
+    pub labels: HashMap<String, String>,
+    pub running: bool,
+}
+
+/// A volume as listed.
+#[derive(Debug, Clone)]
+pub struct VolumeRecord {
+    pub name: String,
+    pub labels: HashMap<String, String>,
+}
+
+/// Handle to the engine; cheap to clone. Starts disconnected; a connector
+/// task (see [`Engine::run_connector`]) fills it in once an engine answers.
+#[derive(Debug, Clone)]
+pub struct Engine {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    docker: RwLock<Option<Docker>>,
+    last_error: RwLock<String>,
+    connected: watch::Sender<bool>,
+}
+
+impl Default for Engine {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Engine {
+    /// A handle with no engine yet.
+    pub fn new() -> Self {
+        Engine {
+            inner: Arc::new(Inner {
+                docker: RwLock::new(None),
+                last_error: RwLock::new("not connected yet".into()),
+                connected: watch::channel(false).0,
+            }),
+        }
+    }
+
+    /// Discovers the socket and connects, retrying every second until an
+    /// engine answers or `shutdown` fires. Returns once connected.
+    pub async fn run_connector(
+        &self,
+        configured_socket: Option<String>,
+        shutdown: CancellationToken,
+    ) {
+        let inputs = DiscoveryInputs::from_env(configured_socket);
+        let status = |r: Result<&Docker, &str>| {
+            if let Err(e) = r {
+                if let Ok(mut last) = self.inner.last_error.write() {
+                    *last = e.to_string();
+                }
+            }
+        };
+        if let Some((docker, choice)) = docker::connect_until_ready(inputs, shutdown, status).await
+        {
+            let api = docker.client_version();
+            tracing::info!(
+                socket = %choice.path.display(),
+                why = %choice.reason,
+                api_version = %api,
+                "connected to the container engine"
+            );
+            if let Ok(mut slot) = self.inner.docker.write() {
+                *slot = Some(docker);
+            }
+            self.inner.connected.send_replace(true);
+        }
+    }
+
+    /// True once an engine has answered.
+    pub fn is_connected(&self) -> bool {
+        *self.inner.connected.borrow()
+    }
+
+    /// Resolves once an engine has answered (or never, if none does).
+    pub async fn connected(&self) {
+        let mut rx = self.inner.connected.subscribe();
+        // An Err means the sender is gone, which cannot happen while we hold it.
+        let _ = rx.wait_for(|c| *c).await;
+    }
+
+    fn docker(&self) -> EngineResult<Docker> {
+        let slot = self
+            .inner
+            .docker
+            .read()
+            .map_err(|_| EngineError::Unavailable("engine handle poisoned".into()))?;
+        match slot.as_ref() {
+            Some(d) => Ok(d.clone()),
+            None => {
+                let why = self
+                    .inner
+                    .last_error
+                    .read()
+                    .map(|e| e.clone())
+                    .unwrap_or_default();
+                Err(EngineError::Unavailable(why))
+            }
+        }
+    }
+
+    /// The engine's version string, within two seconds or not at all.
+    pub async fn version(&self) -> EngineResult<String> {
+        let docker = self.docker()?;
+        match tokio::time::timeout(HEALTH_TIMEOUT, docker.version()).await {
+            Ok(Ok(v)) => Ok(v.version.unwrap_or_else(|| "unknown".into())),
+            Ok(Err(e)) => Err(EngineError::Unavailable(e.to_string())),
+            Err(_) => Err(EngineError::Unavailable(format!(
+                "the engine did not answer within {} ms",
+                HEALTH_TIMEOUT.as_millis()
+            ))),
+        }
+    }
+
+    /// Creates the bridge network unless it exists. Inter-container traffic
+    /// is off: sandboxes of different sessions must not reach each other.
+    pub async fn ensure_network(
+        &self,
+        name: &str,
+        labels: HashMap<String, String>,
+    ) -> EngineResult<()> {
+        let docker = self.docker()?;
+        match docker
+            .inspect_network(
+                name,
+                None::<bollard::query_parameters::InspectNetworkOptions>,
+            )
+            .await
+        {
+            Ok(_) => return Ok(()),
+            Err(e) => match EngineError::from(e) {
+                EngineError::NotFound(_) => {}
+                other => return Err(other),
+            },
+        }
+        let options = HashMap::from([(
+            "com.docker.network.bridge.enable_icc".to_string(),
+            "false".to_string(),
+        )]);
+        let req = NetworkCreateRequest {
+            name: name.to_string(),
+            driver: Some("bridge".into()),
+            labels: Some(labels),
+            options: Some(options),
+            ..Default::default()
+        };
+        match docker.create_network(req).await {
+            Ok(_) => {
+                tracing::info!(network = name, "created the sandbox network");
+                Ok(())
+            }
+            // Lost a race with another create: the network is there.
+            Err(e) => match EngineError::from(e) {
+                EngineError::Conflict(_) => Ok(()),
+                other => Err(other),
+            },
+        }
+    }
+
+    /// Creates a named volume with labels.
+    pub async fn create_volume(
+        &self,
+        name: &str,
+        labels: HashMap<String, String>,
+    ) -> EngineResult<()> {
+        let docker = self.docker()?;
+        docker
+            .create_volume(VolumeCreateRequest {
+                name: Some(name.to_string()),
+                labels: Some(labels),
+                ..Default::default()
+            })
+            .await?;
+        Ok(())
+    }
+
+    /// Removes a volume; a missing one is fine.
+    pub async fn remove_volume(&self, name: &str) -> EngineResult<()> {
+        let docker = self.docker()?;
+        match docker
+            .remove_volume(name, Some(RemoveVolumeOptions { force: true }))
+            .await
+        {
+            Ok(()) => Ok(()),
+            Err(e) => match EngineError::from(e) {
+                EngineError::NotFound(_) => Ok(()),
+                other => Err(other),
+            },
+        }
+    }
+
+    /// Creates (does not start) a hardened sandbox container.
+    pub async fn create_container(&self, spec: &SandboxContainer) -> EngineResult<()> {
+        let docker = self.docker()?;
+        let options = bollard::query_parameters::CreateContainerOptions {
+            name: Some(spec.name.clone()),
+            platform: String::new(),
+        };
+        docker
+            .create_container(Some(options), container::sandbox_container_body(spec))
+            .await?;
+        Ok(())
+    }
+
+    /// Starts a created or stopped container.
+    pub async fn start_container(&self, name: &str) -> EngineResult<()> {
+        let docker = self.docker()?;
+        docker
+            .start_container(name, None::<StartContainerOptions>)
+            .await?;
+        Ok(())
+    }
+
+    /// Removes a container and kills what runs in it; a missing one is fine.
+    pub async fn remove_container(&self, name: &str) -> EngineResult<()> {
+        let docker = self.docker()?;
+        let options = RemoveContainerOptions {
+            force: true,
+            v: false,
+            link: false,
+        };
+        match docker.remove_container(name, Some(options)).await {
+            Ok(()) => Ok(()),
+            Err(e) => match EngineError::from(e) {
+                EngineError::NotFound(_) => Ok(()),
+                // "removal already in progress": someone else is doing it.
+                EngineError::Conflict(m) if m.contains("in progress") => Ok(()),
+                other => Err(other),
+            },
+        }
+    }
+
+    /// Restarts a container: SIGTERM to everything, SIGKILL after `grace`.
+    pub async fn restart_container(&self, name: &str, grace: Duration) -> EngineResult<()> {
+        let docker = self.docker()?;
+        let options = RestartContainerOptions {
+            signal: None,
+            t: Some(i32::try_from(grace.as_secs()).unwrap_or(i32::MAX)),
+        };
+        docker.restart_container(name, Some(options)).await?;
+        Ok(())
+    }
+
+    /// Whether a container runs: `Some(true)` running, `Some(false)` exists
+    /// but stopped, `None` gone.
+    pub async fn container_running(&self, name: &str) -> EngineResult<Option<bool>> {
+        let docker = self.docker()?;
+        match docker
+            .inspect_container(name, None::<InspectContainerOptions>)
+            .await
+        {
+            Ok(info) => Ok(Some(info.state.and_then(|s| s.running).unwrap_or(false))),
+            Err(e) => match EngineError::from(e) {
+                EngineError::NotFound(_) => Ok(None),
+                other => Err(other),
+            },
+        }
+    }
+
+    /// Every container, running or not, carrying all of `labels`.
+    pub async fn list_containers(
+        &self,
+        labels: &[(&str, &str)],
+    ) -> EngineResult<Vec<ContainerRecord>> {
+        let docker = self.docker()?;
+        let options = ListContainersOptions {
+            all: true,
+            filters: Some(label_filter(labels)),
+            ..Default::default()
+        };
+        let list = docker.list_containers(Some(options)).await?;
+        Ok(list
+            .into_iter()
+            .map(|c| ContainerRecord {
+                name: c
+                    .names
+                    .and_then(|n| n.into_iter().next())
+                    .map(|n| n.trim_start_matches('/').to_string())
+                    .unwrap_or_default(),
+                labels: c.labels.unwrap_or_default(),
+                running: c.state.map(|s| s.to_string() == "running").unwrap_or(false),
+            })
+            .collect())
+    }
+
+    /// Every volume carrying all of `labels`.
+    pub async fn list_volumes(&self, labels: &[(&str, &str)]) -> EngineResult<Vec<VolumeRecord>> {
+        let docker = self.docker()?;
+        let options = ListVolumesOptions {
+            filters: Some(label_filter(labels)),
+        };
+        let list = docker.list_volumes(Some(options)).await?;
+        Ok(list
+            .volumes
+            .unwrap_or_default()
+            .into_iter()
+            .map(|v| VolumeRecord {
+                name: v.name,
+                labels: v.labels,
+            })
+            .collect())
+    }
+
+    /// True when the engine has the image locally.
+    pub async fn image_exists(&self, image: &str) -> EngineResult<bool> {
+        let docker = self.docker()?;
+        match docker.inspect_image(image).await {
+            Ok(_) => Ok(true),
+            Err(e) => match EngineError::from(e) {
+                EngineError::NotFound(_) => Ok(false),
+                other => Err(other),
+            },
+        }
+    }
+
+    /// Builds `tag` from a Dockerfile held in memory (a context of one file).
+    pub async fn build_image(
+        &self,
+        tag: &str,
+        dockerfile: &str,
+        build_args: HashMap<String, String>,
+    ) -> EngineResult<()> {
+        let docker = self.docker()?;
+        image::build(&docker, tag, dockerfile, build_args).await
+    }
+}
+
+fn label_filter(labels: &[(&str, &str)]) -> HashMap<String, Vec<String>> {
+    HashMap::from([(
+        "label".to_string(),
+        labels.iter().map(|(k, v)| format!("{k}={v}")).collect(),
+    )])
+}

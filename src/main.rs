@@ -1,0 +1,60 @@
+//! The `sandboxd` binary: parse the command line, load the configuration,
+//! set up logging, run the server. Everything else lives in the library.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::Parser;
+
+/// One hardened container per chat session, behind an HTTP API.
+#[derive(Debug, Parser)]
+#[command(name = "sandboxd", version)]
+struct Cli {
+    /// TOML configuration file; environment variables override it.
+    #[arg(long, env = "SANDBOXD_CONFIG")]
+    config: Option<PathBuf>,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let config = match sandboxd::config::Config::load(cli.config.as_deref()) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("sandboxd: invalid configuration: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    init_tracing();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("sandboxd: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(sandboxd::server::run(config)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("sandboxd: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Human-readable logs by default, JSON with SANDBOXD_LOG_FORMAT=json;
+/// RUST_LOG filters (default: info).
+fn init_tracing() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    if std::env::var("SANDBOXD_LOG_FORMAT").is_ok_and(|v| v == "json") {
+        builder.json().init();
+    } else {
+        builder.init();
+    }
+}

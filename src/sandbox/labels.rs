@@ -1,0 +1,143 @@
+//! The rehydration contract: everything sandboxd must know about a sandbox to
+//! rebuild its state after a restart is written as labels on its container
+//! (and volume) at create time, and read back by [`decode`]. The round trip is
+//! unit-tested; changing a key here breaks adoption of existing sandboxes.
+
+use std::collections::{BTreeSet, HashMap};
+
+use super::spec::{NetworkMode, Resources};
+
+pub const INSTANCE: &str = "sandboxd.instance";
+pub const ROLE: &str = "sandboxd.role";
+pub const SANDBOX_ID: &str = "sandboxd.sandbox_id";
+pub const SESSION_KEY: &str = "sandboxd.session_key";
+pub const RUNTIME: &str = "sandboxd.runtime";
+const CREATED_AT: &str = "sandboxd.created_at";
+const IDLE_TTL_MS: &str = "sandboxd.idle_ttl_ms";
+const VCPUS: &str = "sandboxd.vcpus";
+const MEMORY_MB: &str = "sandboxd.memory_mb";
+const NETWORK: &str = "sandboxd.network";
+const PORTS: &str = "sandboxd.ports";
+
+/// `sandboxd.role` of a sandbox container and its volume.
+pub const ROLE_SANDBOX: &str = "sandbox";
+/// `sandboxd.role` of a port proxy container.
+pub const ROLE_PROXY: &str = "proxy";
+
+/// What the labels of a sandbox carry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SandboxRecord {
+    pub id: String,
+    pub session_key: String,
+    pub runtime: String,
+    pub created_at: u64,
+    pub idle_ttl_ms: u64,
+    pub resources: Resources,
+    pub network: NetworkMode,
+    pub ports: BTreeSet<u16>,
+}
+
+/// Labels for a sandbox's container and volume.
+pub fn encode(instance: &str, r: &SandboxRecord) -> HashMap<String, String> {
+    let ports: Vec<String> = r.ports.iter().map(u16::to_string).collect();
+    HashMap::from([
+        (INSTANCE.into(), instance.into()),
+        (ROLE.into(), ROLE_SANDBOX.into()),
+        (SANDBOX_ID.into(), r.id.clone()),
+        (SESSION_KEY.into(), r.session_key.clone()),
+        (RUNTIME.into(), r.runtime.clone()),
+        (CREATED_AT.into(), r.created_at.to_string()),
+        (IDLE_TTL_MS.into(), r.idle_ttl_ms.to_string()),
+        (VCPUS.into(), r.resources.vcpus.to_string()),
+        (MEMORY_MB.into(), r.resources.memory_mb.to_string()),
+        (NETWORK.into(), r.network.as_str().into()),
+        (PORTS.into(), ports.join(",")),
+    ])
+}
+
+/// Labels every object of this instance carries (networks included).
+pub fn instance_only(instance: &str) -> HashMap<String, String> {
+    HashMap::from([(INSTANCE.into(), instance.into())])
+}
+
+/// Reads a sandbox back from its container's labels.
+pub fn decode(labels: &HashMap<String, String>) -> Result<SandboxRecord, String> {
+    let get = |k: &str| {
+        labels
+            .get(k)
+            .map(String::as_str)
+            .ok_or_else(|| format!("label {k} is missing"))
+    };
+    fn num<T: std::str::FromStr>(k: &str, v: &str) -> Result<T, String> {
+        v.parse()
+            .map_err(|_| format!("label {k}={v:?} is not a number"))
+    }
+    let ports_raw = get(PORTS)?;
+    let ports = if ports_raw.is_empty() {
+        BTreeSet::new()
+    } else {
+        ports_raw
+            .split(',')
+            .map(|p| num::<u16>(PORTS, p))
+            .collect::<Result<_, _>>()?
+    };
+    Ok(SandboxRecord {
+        id: get(SANDBOX_ID)?.to_string(),
+        session_key: get(SESSION_KEY)?.to_string(),
+        runtime: get(RUNTIME)?.to_string(),
+        created_at: num(CREATED_AT, get(CREATED_AT)?)?,
+        idle_ttl_ms: num(IDLE_TTL_MS, get(IDLE_TTL_MS)?)?,
+        resources: Resources {
+            vcpus: num(VCPUS, get(VCPUS)?)?,
+            memory_mb: num(MEMORY_MB, get(MEMORY_MB)?)?,
+        },
+        network: NetworkMode::parse(get(NETWORK)?)
+            .ok_or_else(|| format!("label {NETWORK} is not default or none"))?,
+        ports,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record() -> SandboxRecord {
+        SandboxRecord {
+            id: "0123456789abcdef01234567".into(),
+            session_key: "chat:42 with spaces, commas; and ünïcode".into(),
+            runtime: "node24".into(),
+            created_at: 1_700_000_000_123,
+            idle_ttl_ms: 900_000,
+            resources: Resources {
+                vcpus: 2,
+                memory_mb: 2048,
+            },
+            network: NetworkMode::None,
+            ports: BTreeSet::from([3000, 8080]),
+        }
+    }
+
+    #[test]
+    fn round_trip() {
+        let labels = encode("inst", &record());
+        assert_eq!(labels[INSTANCE], "inst");
+        assert_eq!(labels[ROLE], ROLE_SANDBOX);
+        assert_eq!(decode(&labels), Ok(record()));
+        let no_ports = SandboxRecord {
+            ports: BTreeSet::new(),
+            network: NetworkMode::Default,
+            ..record()
+        };
+        assert_eq!(decode(&encode("inst", &no_ports)), Ok(no_ports));
+    }
+
+    #[test]
+    fn damaged_labels_are_reported() {
+        let mut labels = encode("inst", &record());
+        labels.insert(PORTS.into(), "3000,x".into());
+        assert!(decode(&labels).unwrap_err().contains(PORTS));
+        labels.insert(PORTS.into(), "3000".into());
+        labels.remove(SESSION_KEY);
+        assert!(decode(&labels).unwrap_err().contains(SESSION_KEY));
+    }
+}

@@ -1,0 +1,536 @@
+//! The in-memory registry: sandboxes by id and by session key, the per-key
+//! create lock, and recency for capacity eviction. Pure bookkeeping with no
+//! engine calls, so every rule here is unit-tested.
+//!
+//! Locking: the dashmaps are never held across `.await` (lookups clone the
+//! `Arc` out). `occupancy` is a std mutex taken only for short, synchronous
+//! sections. The per-key lock is a tokio mutex held across engine calls on
+//! purpose: it is what makes concurrent creates for one key yield one sandbox.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use dashmap::DashMap;
+use lru::LruCache;
+
+use super::labels::SandboxRecord;
+use super::spec::{NetworkMode, Resources};
+
+/// Milliseconds since the Unix epoch.
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        .unwrap_or(0)
+}
+
+/// One live sandbox. Immutable facts are plain fields; what changes while it
+/// lives is atomic or behind a short std mutex.
+#[derive(Debug)]
+pub struct Sandbox {
+    pub id: String,
+    pub session_key: String,
+    pub runtime: String,
+    pub created_at: u64,
+    pub resources: Resources,
+    pub network: NetworkMode,
+    /// Engine name of the container.
+    pub container: String,
+    /// Engine name of the workspace volume.
+    pub volume: String,
+    idle_ttl_ms: AtomicU64,
+    last_used_at: AtomicU64,
+    ports: Mutex<PortState>,
+    running_commands: AtomicUsize,
+    open_requests: AtomicUsize,
+}
+
+/// Allowed and published ports of one sandbox.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PortState {
+    pub allowed: BTreeSet<u16>,
+    /// Sandbox port -> host port.
+    pub published: BTreeMap<u16, u16>,
+}
+
+impl Sandbox {
+    /// A sandbox from its label record; engine names derive from the id.
+    pub fn from_record(instance: &str, r: &SandboxRecord, last_used_at: u64) -> Sandbox {
+        Sandbox {
+            id: r.id.clone(),
+            session_key: r.session_key.clone(),
+            runtime: r.runtime.clone(),
+            created_at: r.created_at,
+            resources: r.resources,
+            network: r.network,
+            container: container_name(instance, &r.id),
+            volume: volume_name(instance, &r.id),
+            idle_ttl_ms: AtomicU64::new(r.idle_ttl_ms),
+            last_used_at: AtomicU64::new(last_used_at),
+            ports: Mutex::new(PortState {
+                allowed: r.ports.clone(),
+                published: BTreeMap::new(),
+            }),
+            running_commands: AtomicUsize::new(0),
+            open_requests: AtomicUsize::new(0),
+        }
+    }
+
+    pub fn idle_ttl_ms(&self) -> u64 {
+        self.idle_ttl_ms.load(Ordering::Relaxed)
+    }
+
+    pub fn set_idle_ttl_ms(&self, ms: u64) {
+        self.idle_ttl_ms.store(ms, Ordering::Relaxed);
+    }
+
+    pub fn last_used_at(&self) -> u64 {
+        self.last_used_at.load(Ordering::Relaxed)
+    }
+
+    pub fn expires_at(&self) -> u64 {
+        self.last_used_at().saturating_add(self.idle_ttl_ms())
+    }
+
+    pub fn ports(&self) -> PortState {
+        self.ports.lock().map(|p| p.clone()).unwrap_or_default()
+    }
+
+    /// Adds ports to the allowlist unless that would pass `max`; returns the
+    /// resulting allowlist, or the size it would have had.
+    pub fn allow_ports(&self, add: &BTreeSet<u16>, max: usize) -> Result<BTreeSet<u16>, usize> {
+        let mut ports = self.ports.lock().map_err(|_| 0usize)?;
+        let union: BTreeSet<u16> = ports.allowed.union(add).copied().collect();
+        if union.len() > max {
+            return Err(union.len());
+        }
+        ports.allowed = union.clone();
+        Ok(union)
+    }
+
+    pub fn running_commands(&self) -> usize {
+        self.running_commands.load(Ordering::Relaxed)
+    }
+
+    /// A sandbox is busy while a command runs or a request (a log stream, a
+    /// wait) is open on it: it neither expires nor is evicted then.
+    pub fn is_busy(&self) -> bool {
+        self.running_commands() > 0 || self.open_requests.load(Ordering::Relaxed) > 0
+    }
+
+    /// Marks a request as open until the guard drops.
+    pub fn open_request(self: &Arc<Self>) -> OpenRequest {
+        self.open_requests.fetch_add(1, Ordering::Relaxed);
+        OpenRequest(Arc::clone(self))
+    }
+
+    /// The facts the labels carry.
+    pub fn record(&self) -> SandboxRecord {
+        SandboxRecord {
+            id: self.id.clone(),
+            session_key: self.session_key.clone(),
+            runtime: self.runtime.clone(),
+            created_at: self.created_at,
+            idle_ttl_ms: self.idle_ttl_ms(),
+            resources: self.resources,
+            network: self.network,
+            ports: self.ports().allowed,
+        }
+    }
+}
+
+/// Keeps a sandbox busy while alive; see [`Sandbox::open_request`].
+#[derive(Debug)]
+pub struct OpenRequest(Arc<Sandbox>);
+
+impl Drop for OpenRequest {
+    fn drop(&mut self) {
+        self.0.open_requests.fetch_sub(1, Ordering::Relaxed);
+        self.0.last_used_at.store(now_ms(), Ordering::Relaxed);
+    }
+}
+
+/// Engine name of a sandbox's container.
+pub fn container_name(instance: &str, id: &str) -> String {
+    format!("{instance}-{id}")
+}
+
+/// Engine name of a sandbox's workspace volume.
+pub fn volume_name(instance: &str, id: &str) -> String {
+    format!("{instance}-{id}-workspace")
+}
+
+/// A fresh sandbox id: 96 random bits as 24 lowercase hex digits.
+pub fn new_sandbox_id() -> String {
+    let mut bytes = [0u8; 12];
+    // getrandom only fails without an OS entropy source; fall back to time
+    // and a counter, which are unique per process, rather than refuse.
+    if getrandom::fill(&mut bytes).is_err() {
+        static COUNTER: AtomicU64 = AtomicU64::new(0);
+        let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+        bytes[..8].copy_from_slice(&now_ms().to_le_bytes());
+        bytes[8..].copy_from_slice(&(n as u32).to_le_bytes());
+    }
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// True for strings [`new_sandbox_id`] could have made.
+pub fn is_sandbox_id(s: &str) -> bool {
+    s.len() == 24 && s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+}
+
+#[derive(Debug)]
+struct Occupancy {
+    /// Creates in flight that hold a slot but are not registered yet.
+    reserved: usize,
+    /// Every registered sandbox, most recently used first.
+    recency: LruCache<String, Arc<Sandbox>>,
+}
+
+/// No slot free and every sandbox busy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("all {max} sandboxes are busy")]
+pub struct AtCapacity {
+    pub max: usize,
+}
+
+/// See the module docs.
+#[derive(Debug)]
+pub struct SandboxRegistry {
+    max: usize,
+    by_id: DashMap<String, Arc<Sandbox>>,
+    by_key: DashMap<String, String>,
+    create_locks: DashMap<String, Arc<tokio::sync::Mutex<()>>>,
+    occupancy: Mutex<Occupancy>,
+}
+
+/// A capacity slot held by a create in flight; released on drop unless the
+/// sandbox was registered with it.
+#[derive(Debug)]
+pub struct Reservation<'a> {
+    registry: &'a SandboxRegistry,
+    held: bool,
+    /// The idle sandbox that was evicted to make room; the caller removes its
+    /// engine objects.
+    pub evicted: Option<Arc<Sandbox>>,
+}
+
+impl Drop for Reservation<'_> {
+    fn drop(&mut self) {
+        if self.held {
+            if let Ok(mut occ) = self.registry.occupancy.lock() {
+                occ.reserved = occ.reserved.saturating_sub(1);
+            }
+        }
+    }
+}
+
+/// Holds a session key's create lock; see [`SandboxRegistry::lock_key`].
+#[derive(Debug)]
+pub struct KeyLock<'a> {
+    registry: &'a SandboxRegistry,
+    key: String,
+    guard: Option<tokio::sync::OwnedMutexGuard<()>>,
+}
+
+impl Drop for KeyLock<'_> {
+    fn drop(&mut self) {
+        drop(self.guard.take());
+        // Forget the mutex once nobody holds or waits for it. remove_if runs
+        // under the shard lock, which is also where waiters clone the Arc, so
+        // no waiter can be between "cloned" and "counted".
+        self.registry
+            .create_locks
+            .remove_if(&self.key, |_, m| Arc::strong_count(m) == 1);
+    }
+}
+
+impl SandboxRegistry {
+    pub fn new(max: usize) -> Self {
+        SandboxRegistry {
+            max,
+            by_id: DashMap::new(),
+            by_key: DashMap::new(),
+            create_locks: DashMap::new(),
+            occupancy: Mutex::new(Occupancy {
+                reserved: 0,
+                recency: LruCache::unbounded(),
+            }),
+        }
+    }
+
+    /// Serialises creates, reconnects and stops of one session key.
+    pub async fn lock_key(&self, key: &str) -> KeyLock<'_> {
+        let mutex = self
+            .create_locks
+            .entry(key.to_string())
+            .or_insert_with(|| Arc::new(tokio::sync::Mutex::new(())))
+            .clone();
+        let guard = mutex.lock_owned().await;
+        KeyLock {
+            registry: self,
+            key: key.to_string(),
+            guard: Some(guard),
+        }
+    }
+
+    pub fn get(&self, id: &str) -> Option<Arc<Sandbox>> {
+        self.by_id.get(id).map(|s| Arc::clone(&s))
+    }
+
+    pub fn by_session(&self, key: &str) -> Option<Arc<Sandbox>> {
+        let id = self.by_key.get(key).map(|id| id.clone())?;
+        self.get(&id)
+    }
+
+    pub fn list(&self) -> Vec<Arc<Sandbox>> {
+        let mut all: Vec<Arc<Sandbox>> = self.by_id.iter().map(|s| Arc::clone(&s)).collect();
+        all.sort_by(|a, b| (a.created_at, &a.id).cmp(&(b.created_at, &b.id)));
+        all
+    }
+
+    pub fn len(&self) -> usize {
+        self.by_id.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.by_id.is_empty()
+    }
+
+    /// Records a use: refreshes the idle clock and the recency order.
+    pub fn touch(&self, sandbox: &Sandbox) {
+        sandbox.last_used_at.store(now_ms(), Ordering::Relaxed);
+        if let Ok(mut occ) = self.occupancy.lock() {
+            occ.recency.promote(&sandbox.id);
+        }
+    }
+
+    /// Takes a capacity slot, evicting the least recently used idle sandbox
+    /// when all are taken.
+    pub fn reserve(&self) -> Result<Reservation<'_>, AtCapacity> {
+        let mut occ = self
+            .occupancy
+            .lock()
+            .map_err(|_| AtCapacity { max: self.max })?;
+        let mut evicted = None;
+        if occ.recency.len() + occ.reserved >= self.max {
+            let victim = occ
+                .recency
+                .iter()
+                .rev()
+                .find(|(_, s)| !s.is_busy())
+                .map(|(id, _)| id.clone());
+            let Some(victim) = victim else {
+                return Err(AtCapacity { max: self.max });
+            };
+            if let Some(s) = occ.recency.pop(&victim) {
+                self.forget_maps(&s);
+                evicted = Some(s);
+            }
+        }
+        occ.reserved += 1;
+        Ok(Reservation {
+            registry: self,
+            held: true,
+            evicted,
+        })
+    }
+
+    /// Registers a sandbox into the slot `reservation` holds.
+    pub fn insert(&self, mut reservation: Reservation<'_>, sandbox: Arc<Sandbox>) {
+        reservation.held = false;
+        if let Ok(mut occ) = self.occupancy.lock() {
+            occ.reserved = occ.reserved.saturating_sub(1);
+            occ.recency.put(sandbox.id.clone(), Arc::clone(&sandbox));
+        }
+        self.by_key
+            .insert(sandbox.session_key.clone(), sandbox.id.clone());
+        self.by_id.insert(sandbox.id.clone(), sandbox);
+    }
+
+    /// Registers an adopted sandbox (rehydration), ignoring capacity: adopted
+    /// sandboxes already exist in the engine.
+    pub fn adopt(&self, sandbox: Arc<Sandbox>) {
+        if let Ok(mut occ) = self.occupancy.lock() {
+            occ.recency.put(sandbox.id.clone(), Arc::clone(&sandbox));
+        }
+        self.by_key
+            .insert(sandbox.session_key.clone(), sandbox.id.clone());
+        self.by_id.insert(sandbox.id.clone(), sandbox);
+    }
+
+    /// Forgets a sandbox; returns it if it was registered.
+    pub fn remove(&self, id: &str) -> Option<Arc<Sandbox>> {
+        let s = {
+            let mut occ = self.occupancy.lock().ok()?;
+            occ.recency.pop(id)
+        };
+        let s = s.or_else(|| self.get(id))?;
+        self.forget_maps(&s);
+        Some(s)
+    }
+
+    fn forget_maps(&self, s: &Sandbox) {
+        self.by_id.remove(&s.id);
+        self.by_key.remove_if(&s.session_key, |_, id| *id == s.id);
+    }
+
+    /// Idle sandboxes whose TTL has run out at `now`.
+    pub fn expired(&self, now: u64) -> Vec<Arc<Sandbox>> {
+        self.list()
+            .into_iter()
+            .filter(|s| !s.is_busy() && now >= s.expires_at())
+            .collect()
+    }
+}
+
+#[cfg(test)]
+impl Sandbox {
+    fn set_running(&self, n: usize) {
+        self.running_commands.store(n, Ordering::Relaxed);
+    }
+    fn set_last_used(&self, t: u64) {
+        self.last_used_at.store(t, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sandbox(id: &str, key: &str) -> Arc<Sandbox> {
+        Arc::new(Sandbox::from_record(
+            "t",
+            &SandboxRecord {
+                id: id.into(),
+                session_key: key.into(),
+                runtime: "default".into(),
+                created_at: 1,
+                idle_ttl_ms: 10_000,
+                resources: Resources {
+                    vcpus: 1,
+                    memory_mb: 256,
+                },
+                network: NetworkMode::None,
+                ports: BTreeSet::new(),
+            },
+            now_ms(),
+        ))
+    }
+
+    fn add(reg: &SandboxRegistry, id: &str, key: &str) -> Arc<Sandbox> {
+        let s = sandbox(id, key);
+        let r = reg.reserve().expect("slot");
+        assert!(r.evicted.is_none());
+        reg.insert(r, Arc::clone(&s));
+        s
+    }
+
+    #[test]
+    fn lookups_by_id_and_key() {
+        let reg = SandboxRegistry::new(4);
+        add(&reg, "a", "k1");
+        assert_eq!(
+            reg.by_session("k1").map(|s| s.id.clone()).as_deref(),
+            Some("a")
+        );
+        assert!(reg.get("a").is_some());
+        assert!(reg.remove("a").is_some());
+        assert!(reg.by_session("k1").is_none());
+        assert!(reg.remove("a").is_none());
+    }
+
+    #[test]
+    fn eviction_takes_least_recent_idle_one() {
+        let reg = SandboxRegistry::new(2);
+        let a = add(&reg, "a", "ka");
+        let b = add(&reg, "b", "kb");
+        reg.touch(&a); // b is now least recently used
+        let r = reg.reserve().expect("evicts b");
+        assert_eq!(r.evicted.as_ref().map(|s| s.id.as_str()), Some("b"));
+        assert!(reg.get("b").is_none());
+        drop(r);
+        drop(b);
+        // The slot came back when the reservation was dropped unused.
+        let r = reg.reserve().expect("free slot");
+        assert!(r.evicted.is_none());
+    }
+
+    #[test]
+    fn busy_sandboxes_are_never_evicted() {
+        let reg = SandboxRegistry::new(2);
+        let a = add(&reg, "a", "ka");
+        let b = add(&reg, "b", "kb");
+        a.set_running(1);
+        let guard = b.open_request();
+        assert_eq!(reg.reserve().unwrap_err(), AtCapacity { max: 2 });
+        drop(guard);
+        let r = reg.reserve().expect("b is idle now");
+        assert_eq!(r.evicted.as_ref().map(|s| s.id.as_str()), Some("b"));
+    }
+
+    #[test]
+    fn reservations_count_against_capacity() {
+        let reg = SandboxRegistry::new(1);
+        let r1 = reg.reserve().expect("slot");
+        assert!(reg.reserve().is_err());
+        drop(r1);
+        assert!(reg.reserve().is_ok());
+    }
+
+    #[test]
+    fn expiry_skips_busy_and_fresh() {
+        let reg = SandboxRegistry::new(4);
+        let a = add(&reg, "a", "ka");
+        let b = add(&reg, "b", "kb");
+        let c = add(&reg, "c", "kc");
+        a.set_last_used(0);
+        b.set_last_used(0);
+        b.set_running(1);
+        c.set_last_used(now_ms());
+        let ids: Vec<String> = reg.expired(now_ms()).iter().map(|s| s.id.clone()).collect();
+        assert_eq!(ids, ["a"]);
+    }
+
+    #[test]
+    fn ports_are_capped() {
+        let s = sandbox("a", "k");
+        assert_eq!(
+            s.allow_ports(&BTreeSet::from([1, 2]), 3),
+            Ok(BTreeSet::from([1, 2]))
+        );
+        assert_eq!(
+            s.allow_ports(&BTreeSet::from([2, 3]), 3),
+            Ok(BTreeSet::from([1, 2, 3]))
+        );
+        assert_eq!(s.allow_ports(&BTreeSet::from([4]), 3), Err(4));
+        assert_eq!(s.ports().allowed, BTreeSet::from([1, 2, 3]));
+    }
+
+    #[test]
+    fn ids_are_url_safe_and_distinct() {
+        let a = new_sandbox_id();
+        let b = new_sandbox_id();
+        assert!(is_sandbox_id(&a) && is_sandbox_id(&b));
+        assert_ne!(a, b);
+        assert!(!is_sandbox_id("../etc"));
+    }
+
+    #[tokio::test]
+    async fn key_lock_serialises_and_is_forgotten() {
+        let reg = SandboxRegistry::new(1);
+        let g = reg.lock_key("k").await;
+        assert!(
+            tokio::time::timeout(std::time::Duration::from_millis(50), reg.lock_key("k"))
+                .await
+                .is_err(),
+            "second holder must wait"
+        );
+        let other = reg.lock_key("other").await;
+        drop(other);
+        drop(g);
+        assert!(reg.create_locks.is_empty());
+        let _again = reg.lock_key("k").await;
+    }
+}

@@ -1,0 +1,124 @@
+//! Startup reconciliation: rebuild the registry from this instance's labelled
+//! engine objects, so a restart of sandboxd loses no session. Running
+//! sandboxes are adopted; stopped ones are started again or, failing that,
+//! removed; proxies without a sandbox and volumes without a container are
+//! removed. Objects of other instances are never looked at.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
+
+use tokio_util::sync::CancellationToken;
+
+use super::registry::{Sandbox, now_ms};
+use super::{Removal, Sandboxes, labels};
+
+impl Sandboxes {
+    /// Waits for the engine, reconciles, then lets requests in.
+    pub async fn rehydrate_when_connected(self: Arc<Self>, shutdown: CancellationToken) {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = self.engine().connected() => {}
+        }
+        loop {
+            match self.rehydrate().await {
+                Ok(()) => break,
+                Err(e) => {
+                    tracing::warn!(error = %e, "rehydration failed; retrying in 1 s");
+                    tokio::select! {
+                        _ = shutdown.cancelled() => return,
+                        _ = tokio::time::sleep(std::time::Duration::from_secs(1)) => {}
+                    }
+                }
+            }
+        }
+        self.mark_ready();
+    }
+
+    async fn rehydrate(&self) -> Result<(), crate::engine::EngineError> {
+        let instance = self.config().instance.clone();
+        let mine = [(labels::INSTANCE, instance.as_str())];
+        let containers = self.engine().list_containers(&mine).await?;
+
+        let mut sandboxes: Vec<_> = Vec::new();
+        let mut proxies = Vec::new();
+        for c in containers {
+            match c.labels.get(labels::ROLE).map(String::as_str) {
+                Some(labels::ROLE_SANDBOX) => sandboxes.push(c),
+                Some(labels::ROLE_PROXY) => proxies.push(c),
+                _ => {
+                    tracing::warn!(container = %c.name, "container of this instance has no known role; removing it");
+                    self.engine().remove_container(&c.name).await?;
+                }
+            }
+        }
+
+        // Oldest first, so if a session key somehow has two, the first wins.
+        let mut records: Vec<_> = sandboxes
+            .into_iter()
+            .map(|c| (labels::decode(&c.labels), c))
+            .collect();
+        records.sort_by_key(|(r, _)| r.as_ref().map(|r| r.created_at).unwrap_or(0));
+
+        let mut adopted: BTreeSet<String> = BTreeSet::new();
+        let mut keys: HashMap<String, String> = HashMap::new();
+        for (record, c) in records {
+            let record = match record {
+                Ok(r) => r,
+                Err(e) => {
+                    tracing::warn!(container = %c.name, error = %e, "unreadable sandbox labels; removing it");
+                    if let Some(id) = c.labels.get(labels::SANDBOX_ID) {
+                        self.remove_objects(id, Removal::Removed, None).await;
+                    } else {
+                        self.engine().remove_container(&c.name).await?;
+                    }
+                    continue;
+                }
+            };
+            if keys.contains_key(&record.session_key) {
+                tracing::warn!(sandbox_id = %record.id, session_key = %record.session_key, "second sandbox for one session key; removing it");
+                self.remove_objects(&record.id, Removal::Removed, None)
+                    .await;
+                continue;
+            }
+            if !c.running {
+                if let Err(e) = self.engine().start_container(&c.name).await {
+                    tracing::warn!(sandbox_id = %record.id, error = %e, "stopped sandbox would not start; removing it");
+                    self.remove_objects(&record.id, Removal::Removed, None)
+                        .await;
+                    continue;
+                }
+            }
+            let sandbox = Arc::new(Sandbox::from_record(&instance, &record, now_ms()));
+            tracing::info!(event = "rehydrated", sandbox_id = %record.id, session_key = %record.session_key, was_running = c.running, "sandbox rehydrated");
+            keys.insert(record.session_key.clone(), record.id.clone());
+            adopted.insert(record.id.clone());
+            self.registry().adopt(sandbox);
+        }
+
+        for p in proxies {
+            let owner = p
+                .labels
+                .get(labels::SANDBOX_ID)
+                .cloned()
+                .unwrap_or_default();
+            if !adopted.contains(&owner) {
+                tracing::info!(container = %p.name, sandbox_id = %owner, "removing proxy of a sandbox that is gone");
+                self.engine().remove_container(&p.name).await?;
+            }
+        }
+
+        for v in self.engine().list_volumes(&mine).await? {
+            let owner = v
+                .labels
+                .get(labels::SANDBOX_ID)
+                .cloned()
+                .unwrap_or_default();
+            if !adopted.contains(&owner) {
+                tracing::info!(volume = %v.name, sandbox_id = %owner, "removing volume without a sandbox");
+                self.engine().remove_volume(&v.name).await?;
+            }
+        }
+        tracing::info!(sandboxes = adopted.len(), "rehydration done");
+        Ok(())
+    }
+}

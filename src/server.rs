@@ -1,0 +1,82 @@
+//! Running the service: bind, start the background tasks (engine connector,
+//! rehydration, idle reaper), serve, and on SIGTERM/SIGINT stop accepting,
+//! cancel the tasks and wait for them. Containers are left running: labels
+//! and rehydration bring them back on the next start.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::app::App;
+use crate::config::Config;
+use crate::sandbox;
+
+/// Serves until a shutdown signal. Errors only when the address cannot be
+/// bound or the server fails.
+pub async fn run(config: Config) -> std::io::Result<()> {
+    let addr = SocketAddr::new(config.bind_host, config.port);
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|e| std::io::Error::new(e.kind(), format!("cannot listen on {addr}: {e}")))?;
+    let app = App::new(config);
+    let shutdown = CancellationToken::new();
+    let tasks = TaskTracker::new();
+
+    {
+        let engine = app.engine.clone();
+        let socket = app.config.docker_socket.clone();
+        let token = shutdown.clone();
+        tasks.spawn(async move { engine.run_connector(socket, token).await });
+    }
+    tasks.spawn(Arc::clone(&app.sandboxes).rehydrate_when_connected(shutdown.clone()));
+    tasks.spawn(sandbox::run_reaper(
+        Arc::clone(&app.sandboxes),
+        shutdown.clone(),
+    ));
+
+    tracing::info!(
+        %addr,
+        instance = %app.config.instance,
+        auth = if app.config.admin_token.is_some() { "admin token required" } else { "no token (loopback only)" },
+        "sandboxd listening"
+    );
+    let router = crate::api::router(Arc::clone(&app));
+    let signal_token = shutdown.clone();
+    let served = axum::serve(listener, router)
+        .with_graceful_shutdown(async move {
+            wait_for_signal().await;
+            tracing::info!("shutdown signal received; draining");
+            signal_token.cancel();
+        })
+        .await;
+    shutdown.cancel();
+    tasks.close();
+    tasks.wait().await;
+    tracing::info!("sandboxd stopped");
+    served
+}
+
+async fn wait_for_signal() {
+    let ctrl_c = async {
+        if tokio::signal::ctrl_c().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {}
+        _ = term => {}
+    }
+}
