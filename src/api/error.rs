@@ -63,7 +63,11 @@ impl From<SandboxError> for ApiError {
             ),
             SandboxError::Engine(inner) => {
                 tracing::error!(error = %inner, "engine call failed");
-                ApiError::new(StatusCode::BAD_GATEWAY, "engine_error", message)
+                ApiError::new(
+                    StatusCode::BAD_GATEWAY,
+                    "engine_error",
+                    "the container engine refused the operation; sandboxd's log has the details",
+                )
             }
         }
     }

@@ -11,8 +11,10 @@ mod sandboxes;
 use std::sync::Arc;
 
 use axum::Router;
-use axum::extract::DefaultBodyLimit;
-use axum::http::StatusCode;
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::http::{StatusCode, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use tower_http::trace::TraceLayer;
 
@@ -40,9 +42,39 @@ pub fn router(app: Arc<App>) -> Router {
         .merge(protected)
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
+        // A declared length over the limit is refused before reading; a
+        // chunked body is cut off once it passes the limit while read.
         .layer(DefaultBodyLimit::max(app.config.max_body_bytes))
+        .layer(axum::middleware::from_fn_with_state(
+            Arc::clone(&app),
+            refuse_declared_oversize,
+        ))
         .layer(TraceLayer::new_for_http())
         .with_state(app)
+}
+
+async fn refuse_declared_oversize(
+    State(app): State<Arc<App>>,
+    req: Request,
+    next: Next,
+) -> Response {
+    let declared = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    match declared {
+        Some(n) if n > app.config.max_body_bytes as u64 => ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "body_too_large",
+            format!(
+                "the request body ({n} bytes) is larger than max_body_bytes ({})",
+                app.config.max_body_bytes
+            ),
+        )
+        .into_response(),
+        _ => next.run(req).await,
+    }
 }
 
 async fn not_found() -> ApiError {

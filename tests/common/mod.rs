@@ -1,0 +1,452 @@
+//! Test harness: `TestServer` runs the real `sandboxd` binary against the real
+//! engine, on its own port and with its own instance name, so tests run in
+//! parallel without seeing each other's containers. Dropping it stops the
+//! process and removes every engine object labelled with its instance, even
+//! when the test panicked.
+#![allow(dead_code, unreachable_pub)]
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use bollard::Docker;
+use bollard::query_parameters::{
+    ListContainersOptions, ListNetworksOptions, ListVolumesOptions, RemoveContainerOptions,
+    RemoveVolumeOptions,
+};
+use serde_json::Value;
+
+pub const INSTANCE_LABEL: &str = "sandboxd.instance";
+
+/// A connected engine, or a panic that says how to get one. Never a skip.
+pub async fn docker() -> Docker {
+    let docker = Docker::connect_with_local_defaults()
+        .unwrap_or_else(|e| panic!("{}", no_engine(&e.to_string())));
+    match tokio::time::timeout(Duration::from_secs(5), docker.negotiate_version()).await {
+        Ok(Ok(d)) => d,
+        Ok(Err(e)) => panic!("{}", no_engine(&e.to_string())),
+        Err(_) => panic!("{}", no_engine("timed out")),
+    }
+}
+
+fn no_engine(why: &str) -> String {
+    format!(
+        "integration tests need a running Docker engine and none answered ({why}). \
+         Start one with scripts/ensure-docker.sh (or run scripts/test.sh, which does it)."
+    )
+}
+
+/// Runs `f` on a fresh runtime in its own thread: for cleanup from `Drop`,
+/// which may run inside another runtime.
+fn block_on_side<F: std::future::Future<Output = ()> + Send + 'static>(f: F) {
+    let _ = std::thread::spawn(move || {
+        if let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+        {
+            rt.block_on(f);
+        }
+    })
+    .join();
+}
+
+/// Removes every container, volume and network labelled with `instance`.
+pub async fn remove_instance_objects(docker: &Docker, instance: &str) {
+    let filter = HashMap::from([(
+        "label".to_string(),
+        vec![format!("{INSTANCE_LABEL}={instance}")],
+    )]);
+    if let Ok(list) = docker
+        .list_containers(Some(ListContainersOptions {
+            all: true,
+            filters: Some(filter.clone()),
+            ..Default::default()
+        }))
+        .await
+    {
+        for c in list {
+            if let Some(id) = c.id {
+                let _ = docker
+                    .remove_container(
+                        &id,
+                        Some(RemoveContainerOptions {
+                            force: true,
+                            ..Default::default()
+                        }),
+                    )
+                    .await;
+            }
+        }
+    }
+    if let Ok(list) = docker
+        .list_volumes(Some(ListVolumesOptions {
+            filters: Some(filter.clone()),
+        }))
+        .await
+    {
+        for v in list.volumes.unwrap_or_default() {
+            let _ = docker
+                .remove_volume(&v.name, Some(RemoveVolumeOptions { force: true }))
+                .await;
+        }
+    }
+    if let Ok(list) = docker
+        .list_networks(Some(ListNetworksOptions {
+            filters: Some(filter),
+        }))
+        .await
+    {
+        for n in list {
+            if let Some(name) = n.name {
+                let _ = docker.remove_network(&name).await;
+            }
+        }
+    }
+}
+
+/// A unique instance name per test server.
+pub fn unique_instance() -> String {
+    static N: AtomicU32 = AtomicU32::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    format!(
+        "sbt-{}-{}-{:x}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed),
+        nanos & 0xffff
+    )
+}
+
+/// Free loopback port at the time of asking.
+pub fn free_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");
+    l.local_addr().expect("local addr").port()
+}
+
+/// How to start a server.
+#[derive(Debug, Clone, Default)]
+pub struct ServerOptions {
+    pub env: Vec<(String, String)>,
+    pub token: Option<String>,
+    /// Do not wait for the engine at start (tests of a missing engine).
+    pub no_engine: bool,
+}
+
+impl ServerOptions {
+    pub fn env(mut self, k: &str, v: &str) -> Self {
+        self.env.push((k.to_string(), v.to_string()));
+        self
+    }
+
+    pub fn no_engine(mut self) -> Self {
+        self.no_engine = true;
+        self
+    }
+
+    pub fn token(mut self, t: &str) -> Self {
+        self.token = Some(t.to_string());
+        self
+    }
+}
+
+/// A running sandboxd.
+pub struct TestServer {
+    pub base: String,
+    pub instance: String,
+    pub log: PathBuf,
+    pub docker: Docker,
+    pub client: reqwest::Client,
+    options: ServerOptions,
+    child: Option<Child>,
+}
+
+/// Path of the binary under test.
+pub fn binary() -> &'static str {
+    env!("CARGO_BIN_EXE_sandboxd")
+}
+
+impl TestServer {
+    pub async fn start() -> TestServer {
+        TestServer::start_with(ServerOptions::default()).await
+    }
+
+    pub async fn start_with(options: ServerOptions) -> TestServer {
+        let docker = docker().await;
+        let instance = unique_instance();
+        let log = std::env::temp_dir().join(format!("{instance}.log"));
+        let mut server = TestServer {
+            base: String::new(),
+            instance,
+            log,
+            docker,
+            client: reqwest::Client::new(),
+            options,
+            child: None,
+        };
+        server.spawn().await;
+        if !server.options.no_engine {
+            server.wait_ready().await;
+        }
+        server
+    }
+
+    async fn spawn(&mut self) {
+        for _attempt in 0..3 {
+            let port = free_port();
+            let log = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&self.log)
+                .expect("open log file");
+            let mut cmd = Command::new(binary());
+            cmd.env("SANDBOXD_PORT", port.to_string())
+                .env("SANDBOXD_INSTANCE", &self.instance)
+                .env("RUST_LOG", "info")
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::from(log));
+            if let Some(t) = &self.options.token {
+                cmd.env("SANDBOXD_ADMIN_TOKEN", t);
+            }
+            for (k, v) in &self.options.env {
+                cmd.env(k, v);
+            }
+            let mut child = cmd.spawn().expect("spawn sandboxd");
+            self.base = format!("http://127.0.0.1:{port}");
+            let deadline = Instant::now() + Duration::from_secs(20);
+            loop {
+                if let Ok(Some(status)) = child.try_wait() {
+                    let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+                    if text.contains("Address already in use") {
+                        break;
+                    }
+                    panic!("sandboxd exited early ({status}); log:\n{text}");
+                }
+                if self
+                    .client
+                    .get(format!("{}/v1/health", self.base))
+                    .timeout(Duration::from_secs(3))
+                    .send()
+                    .await
+                    .is_ok()
+                {
+                    self.child = Some(child);
+                    return;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "sandboxd did not answer within 20 s; log: {}",
+                    self.log.display()
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+        panic!("could not find a free port for sandboxd");
+    }
+
+    /// SIGTERM, then wait for exit (bounded); returns the exit code.
+    pub fn stop_process(&mut self) -> Option<i32> {
+        let mut child = self.child.take()?;
+        let _ = Command::new("kill")
+            .arg("-TERM")
+            .arg(child.id().to_string())
+            .status();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if let Ok(Some(status)) = child.try_wait() {
+                return status.code();
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        None
+    }
+
+    /// Stops and starts the process again with the same instance and options.
+    pub async fn restart(&mut self) {
+        self.stop_process();
+        self.spawn().await;
+        self.wait_ready().await;
+    }
+
+    /// Waits until the engine is connected and the registry rebuilt.
+    pub async fn wait_ready(&self) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let (status, _) = self.get("/v1/sandboxes").await;
+            let healthy = self.get("/v1/health").await.0 == 200;
+            if healthy && status != 503 {
+                return;
+            }
+            assert!(Instant::now() < deadline, "sandboxd never became ready");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    fn auth(&self, rb: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
+        match &self.options.token {
+            Some(t) => rb.header("x-sandboxd-admin-token", t),
+            None => rb,
+        }
+    }
+
+    pub async fn get(&self, path: &str) -> (u16, Value) {
+        let resp = self
+            .auth(self.client.get(format!("{}{path}", self.base)))
+            .send()
+            .await
+            .expect("request");
+        into_parts(resp).await
+    }
+
+    pub async fn post(&self, path: &str, body: Value) -> (u16, Value) {
+        let resp = self
+            .auth(self.client.post(format!("{}{path}", self.base)))
+            .json(&body)
+            .send()
+            .await
+            .expect("request");
+        into_parts(resp).await
+    }
+
+    /// Creates a sandbox, asserting success; returns its id.
+    pub async fn create(&self, body: Value) -> String {
+        let (status, v) = self.post("/v1/sandboxes", body).await;
+        assert_eq!(status, 200, "create failed: {v}");
+        v["sandboxId"].as_str().expect("sandboxId").to_string()
+    }
+
+    /// Containers of this instance carrying `label=value` (all states).
+    pub async fn containers_with(
+        &self,
+        label: &str,
+        value: &str,
+    ) -> Vec<bollard::models::ContainerSummary> {
+        let filter = HashMap::from([(
+            "label".to_string(),
+            vec![
+                format!("{INSTANCE_LABEL}={}", self.instance),
+                format!("{label}={value}"),
+            ],
+        )]);
+        self.docker
+            .list_containers(Some(ListContainersOptions {
+                all: true,
+                filters: Some(filter),
+                ..Default::default()
+            }))
+            .await
+            .expect("list containers")
+    }
+
+    /// Every container of this instance.
+    pub async fn containers(&self) -> Vec<bollard::models::ContainerSummary> {
+        self.containers_with(INSTANCE_LABEL, &self.instance.clone())
+            .await
+    }
+
+    /// Every volume of this instance.
+    pub async fn volumes(&self) -> Vec<bollard::models::Volume> {
+        let filter = HashMap::from([(
+            "label".to_string(),
+            vec![format!("{INSTANCE_LABEL}={}", self.instance)],
+        )]);
+        self.docker
+            .list_volumes(Some(ListVolumesOptions {
+                filters: Some(filter),
+            }))
+            .await
+            .expect("list volumes")
+            .volumes
+            .unwrap_or_default()
+    }
+
+    pub fn container_name(&self, id: &str) -> String {
+        format!("{}-{id}", self.instance)
+    }
+
+    /// Runs `script` in the sandbox's container directly through the engine
+    /// (as the container's user), returning (exit code, stdout+stderr).
+    pub async fn docker_exec(&self, id: &str, script: &str) -> (i64, String) {
+        exec_in(&self.docker, &self.container_name(id), script).await
+    }
+}
+
+/// `sh -c script` in a container, output and exit code.
+pub async fn exec_in(docker: &Docker, container: &str, script: &str) -> (i64, String) {
+    use bollard::exec::{CreateExecOptions, StartExecResults};
+    use futures_util::StreamExt;
+    let exec = docker
+        .create_exec(
+            container,
+            CreateExecOptions {
+                cmd: Some(vec!["sh", "-c", script]),
+                attach_stdout: Some(true),
+                attach_stderr: Some(true),
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("create exec");
+    let mut out = String::new();
+    if let StartExecResults::Attached { mut output, .. } =
+        docker.start_exec(&exec.id, None).await.expect("start exec")
+    {
+        while let Some(Ok(chunk)) = output.next().await {
+            out.push_str(&String::from_utf8_lossy(&chunk.into_bytes()));
+        }
+    }
+    let code = docker
+        .inspect_exec(&exec.id)
+        .await
+        .expect("inspect exec")
+        .exit_code
+        .unwrap_or(-1);
+    (code, out)
+}
+
+async fn into_parts(resp: reqwest::Response) -> (u16, Value) {
+    let status = resp.status().as_u16();
+    let text = resp.text().await.expect("body");
+    let value = serde_json::from_str(&text).unwrap_or(Value::String(text));
+    (status, value)
+}
+
+/// Polls `f` until it returns true or `within` passes.
+pub async fn eventually<F, Fut>(within: Duration, what: &str, mut f: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + within;
+    loop {
+        if f().await {
+            return;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for: {what}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+impl Drop for TestServer {
+    fn drop(&mut self) {
+        self.stop_process();
+        let docker = self.docker.clone();
+        let instance = self.instance.clone();
+        block_on_side(async move { remove_instance_objects(&docker, &instance).await });
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_file(&self.log);
+        } else {
+            eprintln!("sandboxd log kept at {}", self.log.display());
+        }
+    }
+}
