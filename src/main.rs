@@ -1,6 +1,7 @@
 //! The `sandboxd` binary: parse the command line, load the configuration,
 //! set up logging, run the server. Everything else lives in the library.
 
+use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -51,6 +52,7 @@ fn init_tracing() {
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr);
     if std::env::var("SANDBOXD_LOG_FORMAT").is_ok_and(|v| v == "json") {
         builder.json().init();
