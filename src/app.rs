@@ -2,6 +2,9 @@
 
 use std::sync::Arc;
 
+use tokio_util::sync::CancellationToken;
+
+use crate::command::Commands;
 use crate::config::Config;
 use crate::engine::Engine;
 use crate::sandbox::Sandboxes;
@@ -12,6 +15,9 @@ pub struct App {
     pub config: Arc<Config>,
     pub engine: Engine,
     pub sandboxes: Arc<Sandboxes>,
+    pub commands: Arc<Commands>,
+    /// Cancelled on SIGTERM: background tasks and long requests end.
+    pub shutdown: CancellationToken,
 }
 
 impl App {
@@ -20,10 +26,17 @@ impl App {
         let config = Arc::new(config);
         let engine = Engine::new();
         let sandboxes = Arc::new(Sandboxes::new(Arc::clone(&config), engine.clone()));
+        let commands = Arc::new(Commands::new(
+            Arc::clone(&config),
+            engine.clone(),
+            Arc::clone(&sandboxes),
+        ));
         Arc::new(App {
             config,
             engine,
             sandboxes,
+            commands,
+            shutdown: CancellationToken::new(),
         })
     }
 }

@@ -45,6 +45,22 @@ pub const DEFAULT_VCPUS: u32 = 1;
 pub const DEFAULT_MEMORY_MB: u32 = 1024;
 /// User (uid:gid) every sandbox process runs as: the image's `sandbox` user.
 pub const DEFAULT_SANDBOX_USER: &str = "1000:1000";
+/// Timeout of a command whose request names none.
+pub const DEFAULT_TIMEOUT_MS: u64 = 30_000;
+/// Longest timeout a command may ask for.
+pub const DEFAULT_MAX_TIMEOUT_MS: u64 = 30 * 60 * 1000;
+/// Output one command retains for its readers (a ring; older output drops).
+pub const DEFAULT_OUTPUT_BUFFER_BYTES: usize = 8 * 1024 * 1024;
+/// Time between SIGTERM and SIGKILL when a command is killed or times out.
+pub const DEFAULT_KILL_GRACE_MS: u64 = 2_000;
+/// How long a finished command stays listed (and its output readable).
+pub const DEFAULT_COMMAND_RETENTION_MS: u64 = 10 * 60 * 1000;
+/// Most finished commands kept per sandbox.
+pub const DEFAULT_MAX_FINISHED_COMMANDS: usize = 100;
+/// Most commands running at once in one sandbox.
+pub const DEFAULT_MAX_RUNNING_COMMANDS: usize = 64;
+/// A silent log stream sends a heartbeat line this often.
+pub const DEFAULT_LOG_HEARTBEAT_MS: u64 = 15_000;
 /// Runtime names that exist without any configuration; RemcoChat sends the
 /// last two.
 pub const BUILTIN_RUNTIMES: [&str; 3] = ["default", "node24", "python3.13"];
@@ -105,6 +121,14 @@ pub struct Config {
     pub default_vcpus: u32,
     pub default_memory_mb: u32,
     pub sandbox_user: String,
+    pub default_timeout_ms: u64,
+    pub max_timeout_ms: u64,
+    pub output_buffer_bytes: usize,
+    pub kill_grace_ms: u64,
+    pub command_retention_ms: u64,
+    pub max_finished_commands: usize,
+    pub max_running_commands: usize,
+    pub log_heartbeat_ms: u64,
     pub runtimes: BTreeMap<String, RuntimeConfig>,
 }
 
@@ -159,6 +183,14 @@ struct FileConfig {
     default_vcpus: Option<u32>,
     default_memory_mb: Option<u32>,
     sandbox_user: Option<String>,
+    default_timeout_ms: Option<u64>,
+    max_timeout_ms: Option<u64>,
+    output_buffer_bytes: Option<usize>,
+    kill_grace_ms: Option<u64>,
+    command_retention_ms: Option<u64>,
+    max_finished_commands: Option<usize>,
+    max_running_commands: Option<usize>,
+    log_heartbeat_ms: Option<u64>,
     #[serde(default)]
     runtimes: BTreeMap<String, RuntimeConfig>,
 }
@@ -329,6 +361,46 @@ impl Config {
             )
             .map(|(_, v)| v)
             .unwrap_or_else(|| DEFAULT_SANDBOX_USER.into()),
+            default_timeout_ms: num!(
+                "SANDBOXD_DEFAULT_TIMEOUT_MS",
+                default_timeout_ms,
+                DEFAULT_TIMEOUT_MS
+            ),
+            max_timeout_ms: num!(
+                "SANDBOXD_MAX_TIMEOUT_MS",
+                max_timeout_ms,
+                DEFAULT_MAX_TIMEOUT_MS
+            ),
+            output_buffer_bytes: num!(
+                "SANDBOXD_OUTPUT_BUFFER_BYTES",
+                output_buffer_bytes,
+                DEFAULT_OUTPUT_BUFFER_BYTES
+            ),
+            kill_grace_ms: num!(
+                "SANDBOXD_KILL_GRACE_MS",
+                kill_grace_ms,
+                DEFAULT_KILL_GRACE_MS
+            ),
+            command_retention_ms: num!(
+                "SANDBOXD_COMMAND_RETENTION_MS",
+                command_retention_ms,
+                DEFAULT_COMMAND_RETENTION_MS
+            ),
+            max_finished_commands: num!(
+                "SANDBOXD_MAX_FINISHED_COMMANDS",
+                max_finished_commands,
+                DEFAULT_MAX_FINISHED_COMMANDS
+            ),
+            max_running_commands: num!(
+                "SANDBOXD_MAX_RUNNING_COMMANDS",
+                max_running_commands,
+                DEFAULT_MAX_RUNNING_COMMANDS
+            ),
+            log_heartbeat_ms: num!(
+                "SANDBOXD_LOG_HEARTBEAT_MS",
+                log_heartbeat_ms,
+                DEFAULT_LOG_HEARTBEAT_MS
+            ),
             runtimes,
         };
         let network_name = match network_name {
@@ -414,6 +486,54 @@ impl Config {
             ));
         }
         validate_user(&self.sandbox_user)?;
+        if !(1_000..=86_400_000).contains(&self.max_timeout_ms) {
+            return Err(ConfigError::invalid(
+                "max_timeout_ms",
+                "must be between 1000 (1 s) and 86400000 (24 h)",
+            ));
+        }
+        if !(1_000..=self.max_timeout_ms).contains(&self.default_timeout_ms) {
+            return Err(ConfigError::invalid(
+                "default_timeout_ms",
+                "must be between 1000 and max_timeout_ms",
+            ));
+        }
+        if !(64 * 1024..=1 << 30).contains(&self.output_buffer_bytes) {
+            return Err(ConfigError::invalid(
+                "output_buffer_bytes",
+                "must be between 65536 and 1073741824",
+            ));
+        }
+        if self.kill_grace_ms > 60_000 {
+            return Err(ConfigError::invalid(
+                "kill_grace_ms",
+                "must be at most 60000",
+            ));
+        }
+        if !(1_000..=86_400_000).contains(&self.command_retention_ms) {
+            return Err(ConfigError::invalid(
+                "command_retention_ms",
+                "must be between 1000 and 86400000",
+            ));
+        }
+        if !(1..=10_000).contains(&self.max_finished_commands) {
+            return Err(ConfigError::invalid(
+                "max_finished_commands",
+                "must be between 1 and 10000",
+            ));
+        }
+        if !(100..=60_000).contains(&self.log_heartbeat_ms) {
+            return Err(ConfigError::invalid(
+                "log_heartbeat_ms",
+                "must be between 100 and 60000",
+            ));
+        }
+        if !(1..=10_000).contains(&self.max_running_commands) {
+            return Err(ConfigError::invalid(
+                "max_running_commands",
+                "must be between 1 and 10000",
+            ));
+        }
         for (name, rt) in &self.runtimes {
             if name.is_empty() || name.len() > 64 {
                 return Err(ConfigError::invalid(

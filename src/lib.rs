@@ -12,11 +12,17 @@
 //! - [`app`]: the shared state handlers get.
 //! - [`api`]: routes, auth, extractors, the one error type.
 //! - [`sandbox`]: registry, lifecycle, labels, reaper, rehydration.
+//! - [`command`]: commands, their output logs, timeouts and tree kills.
+//! - [`files`]: workspace path rules.
+//! - [`id`]: random identifiers.
 //! - [`engine`]: the container engine, behind a small interface.
 
 pub mod api;
 pub mod app;
+pub mod command;
 pub mod config;
 pub mod engine;
+pub mod files;
+pub mod id;
 pub mod sandbox;
 pub mod server;

@@ -6,12 +6,11 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::app::App;
 use crate::config::Config;
-use crate::sandbox;
+use crate::{command, sandbox};
 
 /// Serves until a shutdown signal. Errors only when the address cannot be
 /// bound or the server fails.
@@ -21,7 +20,7 @@ pub async fn run(config: Config) -> std::io::Result<()> {
         .await
         .map_err(|e| std::io::Error::new(e.kind(), format!("cannot listen on {addr}: {e}")))?;
     let app = App::new(config);
-    let shutdown = CancellationToken::new();
+    let shutdown = app.shutdown.clone();
     let tasks = TaskTracker::new();
 
     {
@@ -30,9 +29,25 @@ pub async fn run(config: Config) -> std::io::Result<()> {
         let token = shutdown.clone();
         tasks.spawn(async move { engine.run_connector(socket, token).await });
     }
-    tasks.spawn(Arc::clone(&app.sandboxes).rehydrate_when_connected(shutdown.clone()));
+    {
+        // Rebuild sandboxes from labels, find commands that outlived us,
+        // and only then let requests in.
+        let sandboxes = Arc::clone(&app.sandboxes);
+        let commands = Arc::clone(&app.commands);
+        let token = shutdown.clone();
+        tasks.spawn(async move {
+            if Arc::clone(&sandboxes).rehydrate_when_connected(token).await {
+                commands.discover_lost().await;
+                sandboxes.mark_ready();
+            }
+        });
+    }
     tasks.spawn(sandbox::run_reaper(
         Arc::clone(&app.sandboxes),
+        shutdown.clone(),
+    ));
+    tasks.spawn(command::run_pruner(
+        Arc::clone(&app.commands),
         shutdown.clone(),
     ));
 

@@ -7,6 +7,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
+use crate::command::CommandError;
 use crate::sandbox::SandboxError;
 
 /// An error answer: `{"error": message, "code": code}` with `status`.
@@ -68,6 +69,26 @@ impl From<SandboxError> for ApiError {
                     "engine_error",
                     "the container engine refused the operation; sandboxd's log has the details",
                 )
+            }
+        }
+    }
+}
+
+impl From<CommandError> for ApiError {
+    fn from(e: CommandError) -> Self {
+        let message = e.to_string();
+        match e {
+            CommandError::Invalid(_) => ApiError::bad_request(message),
+            CommandError::Sandbox(inner) => inner.into(),
+            CommandError::NotFound(_) => {
+                ApiError::new(StatusCode::NOT_FOUND, "command_not_found", message)
+            }
+            CommandError::Lost(_) => ApiError::new(StatusCode::GONE, "command_lost", message),
+            CommandError::TooMany { .. } => {
+                ApiError::new(StatusCode::TOO_MANY_REQUESTS, "too_many_commands", message)
+            }
+            CommandError::ShuttingDown => {
+                ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "shutting_down", message)
             }
         }
     }

@@ -1,7 +1,7 @@
 //! Extractors whose rejections are [`ApiError`]s, so malformed input always
 //! gets our JSON error shape and a 4xx.
 
-use axum::extract::rejection::{BytesRejection, PathRejection};
+use axum::extract::rejection::{BytesRejection, PathRejection, QueryRejection};
 use axum::extract::{FromRequest, FromRequestParts, Request};
 use axum::http::request::Parts;
 use axum::http::{StatusCode, header};
@@ -64,5 +64,20 @@ impl<S: Send + Sync, T: DeserializeOwned + Send> FromRequestParts<S> for Path<T>
             .await
             .map(|p| Path(p.0))
             .map_err(|e: PathRejection| ApiError::bad_request(format!("invalid path: {e}")))
+    }
+}
+
+/// Query parameters.
+#[derive(Debug)]
+pub(super) struct Query<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned> FromRequestParts<S> for Query<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        axum::extract::Query::<T>::from_request_parts(parts, state)
+            .await
+            .map(|q| Query(q.0))
+            .map_err(|e: QueryRejection| ApiError::bad_request(format!("invalid query: {e}")))
     }
 }

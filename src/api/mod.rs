@@ -3,6 +3,7 @@
 //! errors through [`ApiError`]; no engine type is visible here.
 
 mod auth;
+mod commands;
 pub mod error;
 mod extract;
 mod health;
@@ -31,6 +32,26 @@ pub fn router(app: Arc<App>) -> Router {
         .route(
             "/v1/sandboxes/{id}",
             get(sandboxes::get_sandbox).post(sandboxes::sandbox_action),
+        )
+        .route(
+            "/v1/sandboxes/{id}/commands",
+            post(commands::start_command).get(commands::list_commands),
+        )
+        .route(
+            "/v1/sandboxes/{id}/commands:run",
+            post(commands::run_command),
+        )
+        .route(
+            "/v1/sandboxes/{id}/commands/{cid}",
+            post(commands::command_action),
+        )
+        .route(
+            "/v1/sandboxes/{id}/commands/{cid}/wait",
+            get(commands::wait_command),
+        )
+        .route(
+            "/v1/sandboxes/{id}/commands/{cid}/logs",
+            get(commands::stream_logs),
         )
         .route_layer(axum::middleware::from_fn_with_state(
             Arc::clone(&app),

@@ -7,6 +7,7 @@
 
 mod container;
 pub(crate) mod docker;
+mod exec;
 mod image;
 
 use std::collections::HashMap;
@@ -25,6 +26,7 @@ use tokio_util::sync::CancellationToken;
 
 pub use container::SandboxContainer;
 use docker::DiscoveryInputs;
+pub use exec::{ExecOutput, ExecRequest, ExecSession, OutputStream};
 
 /// How long an engine call that should be instant may take before we call
 /// the engine unavailable. Health must never hang.
@@ -403,6 +405,20 @@ impl Engine {
     ) -> EngineResult<()> {
         let docker = self.docker()?;
         image::build(&docker, tag, dockerfile, build_args).await
+    }
+}
+
+impl Engine {
+    /// Starts a process in a running container, attached.
+    pub async fn exec(&self, container: &str, req: &ExecRequest) -> EngineResult<ExecSession> {
+        let docker = self.docker()?;
+        exec::start(&docker, container, req).await
+    }
+
+    /// Exit code of a process started by [`Engine::exec`]; `None` while running.
+    pub async fn exec_exit_code(&self, exec_id: &str) -> EngineResult<Option<i64>> {
+        let docker = self.docker()?;
+        exec::exit_code(&docker, exec_id).await
     }
 }
 

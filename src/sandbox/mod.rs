@@ -413,14 +413,29 @@ impl Sandboxes {
         match self.engine.container_running(&s.container).await? {
             Some(true) => Ok(view(&s, "running")),
             Some(false) => {
-                self.engine.start_container(&s.container).await?;
-                tracing::info!(event = "restarted", sandbox_id = %s.id, session_key = %s.session_key, "stopped container started again");
+                self.revive(&s).await?;
                 Ok(view(&s, "running"))
             }
             None => {
                 self.forget_gone(&s).await;
                 Err(SandboxError::NotFound(id.to_string()))
             }
+        }
+    }
+
+    /// Starts a sandbox's stopped container again (its init was killed, the
+    /// engine restarted); a container that is gone makes it unknown.
+    pub async fn revive(&self, s: &Arc<Sandbox>) -> SandboxResult<()> {
+        match self.engine.start_container(&s.container).await {
+            Ok(()) => {
+                tracing::info!(event = "restarted", sandbox_id = %s.id, session_key = %s.session_key, "stopped container started again");
+                Ok(())
+            }
+            Err(EngineError::NotFound(_)) => {
+                self.forget_gone(s).await;
+                Err(SandboxError::NotFound(s.id.clone()))
+            }
+            Err(e) => Err(e.into()),
         }
     }
 
@@ -547,8 +562,8 @@ impl Sandboxes {
         Ok(())
     }
 
-    /// The registry, for rehydration and tests of this module.
-    pub(crate) fn registry(&self) -> &SandboxRegistry {
+    /// The registry: lookups without touching, for other domain modules.
+    pub fn registry(&self) -> &SandboxRegistry {
         &self.registry
     }
 
@@ -560,7 +575,8 @@ impl Sandboxes {
         &self.config
     }
 
-    pub(crate) fn mark_ready(&self) {
+    /// Lets requests in; called once startup reconciliation is complete.
+    pub fn mark_ready(&self) {
         self.ready.send_replace(true);
     }
 }

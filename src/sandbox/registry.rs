@@ -125,6 +125,12 @@ impl Sandbox {
         OpenRequest(Arc::clone(self))
     }
 
+    /// Counts a command as running until the guard drops.
+    pub fn command_started(self: &Arc<Self>) -> RunningCommand {
+        self.running_commands.fetch_add(1, Ordering::Relaxed);
+        RunningCommand(Arc::clone(self))
+    }
+
     /// The facts the labels carry.
     pub fn record(&self) -> SandboxRecord {
         SandboxRecord {
@@ -151,6 +157,17 @@ impl Drop for OpenRequest {
     }
 }
 
+/// Keeps a sandbox busy while a command runs; see [`Sandbox::command_started`].
+#[derive(Debug)]
+pub struct RunningCommand(Arc<Sandbox>);
+
+impl Drop for RunningCommand {
+    fn drop(&mut self) {
+        self.0.running_commands.fetch_sub(1, Ordering::Relaxed);
+        self.0.last_used_at.store(now_ms(), Ordering::Relaxed);
+    }
+}
+
 /// Engine name of a sandbox's container.
 pub fn container_name(instance: &str, id: &str) -> String {
     format!("{instance}-{id}")
@@ -163,21 +180,12 @@ pub fn volume_name(instance: &str, id: &str) -> String {
 
 /// A fresh sandbox id: 96 random bits as 24 lowercase hex digits.
 pub fn new_sandbox_id() -> String {
-    let mut bytes = [0u8; 12];
-    // getrandom only fails without an OS entropy source; fall back to time
-    // and a counter, which are unique per process, rather than refuse.
-    if getrandom::fill(&mut bytes).is_err() {
-        static COUNTER: AtomicU64 = AtomicU64::new(0);
-        let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-        bytes[..8].copy_from_slice(&now_ms().to_le_bytes());
-        bytes[8..].copy_from_slice(&(n as u32).to_le_bytes());
-    }
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+    crate::id::random_hex(12)
 }
 
 /// True for strings [`new_sandbox_id`] could have made.
 pub fn is_sandbox_id(s: &str) -> bool {
-    s.len() == 24 && s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+    crate::id::is_hex_id(s, 24)
 }
 
 #[derive(Debug)]

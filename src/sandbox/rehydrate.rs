@@ -13,10 +13,11 @@ use super::registry::{Sandbox, now_ms};
 use super::{Removal, Sandboxes, labels};
 
 impl Sandboxes {
-    /// Waits for the engine, reconciles, then lets requests in.
-    pub async fn rehydrate_when_connected(self: Arc<Self>, shutdown: CancellationToken) {
+    /// Waits for the engine, then reconciles; returns true once done (false
+    /// on shutdown). The caller lets requests in with `mark_ready`.
+    pub async fn rehydrate_when_connected(self: Arc<Self>, shutdown: CancellationToken) -> bool {
         tokio::select! {
-            _ = shutdown.cancelled() => return,
+            _ = shutdown.cancelled() => return false,
             _ = self.engine().connected() => {}
         }
         loop {
@@ -25,13 +26,13 @@ impl Sandboxes {
                 Err(e) => {
                     tracing::warn!(error = %e, "rehydration failed; retrying in 1 s");
                     tokio::select! {
-                        _ = shutdown.cancelled() => return,
+                        _ = shutdown.cancelled() => return false,
                         _ = tokio::time::sleep(std::time::Duration::from_secs(1)) => {}
                     }
                 }
             }
         }
-        self.mark_ready();
+        true
     }
 
     async fn rehydrate(&self) -> Result<(), crate::engine::EngineError> {

@@ -1,0 +1,760 @@
+//! Commands: processes run in a sandbox on request. Each runs under a small
+//! supervisor (`supervisor.sh`, bash) that marks its whole process tree with
+//! `SANDBOXD_CMD=<id>` and, asked through its stdin, ends that tree: SIGTERM,
+//! a grace period, then SIGSTOP+SIGKILL until nothing is left. Timeouts and
+//! kills go through it; no signal ever reaches another command's processes.
+//!
+//! Output is always drained into an [`log::OutputLog`] whether or not anyone
+//! reads it: the engine blocks a process whose exec output nobody drains.
+
+pub mod log;
+pub mod spec;
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use dashmap::DashMap;
+use futures_util::StreamExt;
+use serde::Serialize;
+use tokio::io::AsyncWriteExt;
+use tokio::sync::{mpsc, watch};
+use tokio_util::sync::CancellationToken;
+
+use crate::config::Config;
+use crate::engine::{Engine, EngineError, ExecRequest, ExecSession, OutputStream};
+use crate::sandbox::registry::{RunningCommand, now_ms};
+use crate::sandbox::{Sandbox, SandboxError, Sandboxes};
+use log::{ExitInfo, OutputLog, Tail};
+use spec::{CommandRequest, CommandSpec, MARKER_VAR};
+
+/// The supervisor script. It travels in an environment variable and runs
+/// through `eval`, so `ps` in the sandbox shows one short line, not the
+/// script; it unsets the variable before starting the command.
+const SUPERVISOR: &str = include_str!("supervisor.sh");
+const SUPERVISOR_VAR: &str = "SANDBOXD_SUPERVISOR";
+
+/// `bash -c 'eval "$SANDBOXD_SUPERVISOR"' NAME MODE ARGS...` plus its env.
+fn supervisor_exec(
+    name: &str,
+    args: impl IntoIterator<Item = String>,
+    mut env: Vec<String>,
+) -> ExecRequest {
+    let mut argv = vec![
+        "bash".to_string(),
+        "-c".to_string(),
+        format!("eval \"${SUPERVISOR_VAR}\""),
+        name.to_string(),
+    ];
+    argv.extend(args);
+    env.push(format!("{SUPERVISOR_VAR}={SUPERVISOR}"));
+    ExecRequest {
+        argv,
+        env,
+        working_dir: "/".into(),
+    }
+}
+/// After a kill request, how long past the grace period the supervisor gets
+/// before a separate sweep is started.
+const SUPERVISOR_SLACK: Duration = Duration::from_secs(3);
+/// After the fallback sweep, how long before we stop waiting for the stream.
+const ABANDON_AFTER: Duration = Duration::from_secs(10);
+/// How often finished commands are pruned.
+const PRUNE_EVERY: Duration = Duration::from_secs(5);
+
+/// What can go wrong with a command operation.
+#[derive(Debug, thiserror::Error)]
+pub enum CommandError {
+    #[error("{0}")]
+    Invalid(String),
+    #[error(transparent)]
+    Sandbox(#[from] SandboxError),
+    #[error("no command with id {0:?} in this sandbox")]
+    NotFound(String),
+    #[error(
+        "command {0:?} was running when sandboxd restarted; its output and exit status are lost (its processes were left running; kill ends them)"
+    )]
+    Lost(String),
+    #[error("this sandbox already runs {max} commands; wait for one to finish")]
+    TooMany { max: usize },
+    #[error("sandboxd is shutting down")]
+    ShuttingDown,
+}
+
+impl From<EngineError> for CommandError {
+    fn from(e: EngineError) -> Self {
+        CommandError::Sandbox(e.into())
+    }
+}
+
+/// Result of command operations.
+pub type CommandResult<T> = Result<T, CommandError>;
+
+/// How a command ended, with its timing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Finished {
+    #[serde(flatten)]
+    pub exit: ExitInfo,
+    pub duration_ms: u64,
+    #[serde(skip)]
+    pub finished_at: u64,
+}
+
+/// One command.
+#[derive(Debug)]
+pub struct Command {
+    pub id: String,
+    pub sandbox_id: String,
+    pub summary: String,
+    pub started_at: u64,
+    pub log: OutputLog,
+    /// Per-stream tails, kept only for `commands:run`.
+    tails: Option<Mutex<[Tail; 2]>>,
+    kill: mpsc::Sender<()>,
+    finished: watch::Sender<Option<Finished>>,
+    /// Found running after a restart of sandboxd: no output, no status.
+    lost: bool,
+}
+
+impl Command {
+    /// How it ended, once it has.
+    pub fn finished(&self) -> Option<Finished> {
+        *self.finished.borrow()
+    }
+
+    /// Resolves when it ends.
+    pub async fn ended(&self) -> Finished {
+        let mut rx = self.finished.subscribe();
+        loop {
+            if let Some(f) = *rx.borrow_and_update() {
+                return f;
+            }
+            if rx.changed().await.is_err() {
+                // The sender lives in self; this cannot happen while we run.
+                return Finished {
+                    exit: ExitInfo {
+                        exit_code: 137,
+                        timed_out: false,
+                        killed: true,
+                    },
+                    duration_ms: 0,
+                    finished_at: now_ms(),
+                };
+            }
+        }
+    }
+
+    pub fn is_lost(&self) -> bool {
+        self.lost
+    }
+}
+
+/// A command as `GET …/commands` lists it.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CommandView {
+    pub command_id: String,
+    pub state: &'static str,
+    pub exit_code: Option<i64>,
+    pub timed_out: Option<bool>,
+    pub killed: Option<bool>,
+    pub started_at: u64,
+    pub finished_at: Option<u64>,
+    pub duration_ms: Option<u64>,
+    pub summary: String,
+}
+
+/// The answer of `commands:run`.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RunOutput {
+    pub exit_code: i64,
+    pub stdout: String,
+    pub stderr: String,
+    pub stdout_truncated_bytes: u64,
+    pub stderr_truncated_bytes: u64,
+    pub timed_out: bool,
+    pub killed: bool,
+    pub duration_ms: u64,
+}
+
+/// See the module docs.
+#[derive(Debug)]
+pub struct Commands {
+    config: Arc<Config>,
+    engine: Engine,
+    sandboxes: Arc<Sandboxes>,
+    all: DashMap<String, Arc<Command>>,
+}
+
+/// A fresh command id: the start time in ms (12 hex digits) and 48 random
+/// bits, so a command found after a restart still has its start time.
+fn new_command_id() -> String {
+    format!(
+        "{:012x}{}",
+        now_ms() & 0xffff_ffff_ffff,
+        crate::id::random_hex(6)
+    )
+}
+
+fn started_at_of(id: &str) -> u64 {
+    id.get(..12)
+        .and_then(|h| u64::from_str_radix(h, 16).ok())
+        .unwrap_or(0)
+}
+
+impl Commands {
+    pub fn new(config: Arc<Config>, engine: Engine, sandboxes: Arc<Sandboxes>) -> Self {
+        Commands {
+            config,
+            engine,
+            sandboxes,
+            all: DashMap::new(),
+        }
+    }
+
+    /// Starts a command; returns once the process runs.
+    pub async fn start(
+        &self,
+        sandbox_id: &str,
+        req: CommandRequest,
+    ) -> CommandResult<Arc<Command>> {
+        self.start_inner(sandbox_id, req, false).await
+    }
+
+    /// Runs a command to its end and returns each stream's tail.
+    pub async fn run(&self, sandbox_id: &str, req: CommandRequest) -> CommandResult<RunOutput> {
+        let cmd = self.start_inner(sandbox_id, req, true).await?;
+        let done = cmd.ended().await;
+        let ((stdout, out_cut), (stderr, err_cut)) = match cmd.tails.as_ref().map(|t| t.lock()) {
+            Some(Ok(t)) => (t[0].finish(), t[1].finish()),
+            _ => ((String::new(), 0), (String::new(), 0)),
+        };
+        Ok(RunOutput {
+            exit_code: done.exit.exit_code,
+            stdout,
+            stderr,
+            stdout_truncated_bytes: out_cut,
+            stderr_truncated_bytes: err_cut,
+            timed_out: done.exit.timed_out,
+            killed: done.exit.killed,
+            duration_ms: done.duration_ms,
+        })
+    }
+
+    async fn start_inner(
+        &self,
+        sandbox_id: &str,
+        req: CommandRequest,
+        keep_tails: bool,
+    ) -> CommandResult<Arc<Command>> {
+        let spec = CommandSpec::parse(req, &self.config).map_err(CommandError::Invalid)?;
+        let sandbox = self.sandboxes.lookup(sandbox_id).await?;
+        if sandbox.running_commands() >= self.config.max_running_commands {
+            return Err(CommandError::TooMany {
+                max: self.config.max_running_commands,
+            });
+        }
+        let running = sandbox.command_started();
+        let id = new_command_id();
+        let exec = self.exec_request(&id, &spec);
+        let session = match self.engine.exec(&sandbox.container, &exec).await {
+            Ok(s) => s,
+            Err(EngineError::NotFound(_)) => {
+                self.sandboxes.forget_gone(&sandbox).await;
+                return Err(SandboxError::NotFound(sandbox_id.to_string()).into());
+            }
+            Err(EngineError::Conflict(_)) => {
+                // The container stopped (its init died, the engine restarted):
+                // start it again and try once more.
+                self.sandboxes.revive(&sandbox).await?;
+                self.engine.exec(&sandbox.container, &exec).await?
+            }
+            Err(e) => return Err(e.into()),
+        };
+        let (kill_tx, kill_rx) = mpsc::channel(1);
+        let tails = keep_tails.then(|| {
+            Mutex::new([
+                Tail::new(spec.max_output_bytes),
+                Tail::new(spec.max_output_bytes),
+            ])
+        });
+        let cmd = Arc::new(Command {
+            id: id.clone(),
+            sandbox_id: sandbox.id.clone(),
+            summary: spec.summary.clone(),
+            started_at: now_ms(),
+            log: OutputLog::new(self.config.output_buffer_bytes),
+            tails,
+            kill: kill_tx,
+            finished: watch::channel(None).0,
+            lost: false,
+        });
+        self.all.insert(id, Arc::clone(&cmd));
+        let drive = Drive {
+            cmd: Arc::clone(&cmd),
+            engine: self.engine.clone(),
+            container: sandbox.container.clone(),
+            session_key: sandbox.session_key.clone(),
+            timeout: spec.timeout,
+            grace: Duration::from_millis(self.config.kill_grace_ms),
+            grace_ms: self.config.kill_grace_ms,
+            stdin: spec.stdin,
+            _running: running,
+        };
+        tokio::spawn(drive.run(session, kill_rx));
+        Ok(cmd)
+    }
+
+    fn exec_request(&self, id: &str, spec: &CommandSpec) -> ExecRequest {
+        let args = [
+            "supervise".to_string(),
+            self.config.kill_grace_ms.to_string(),
+            spec.stdin.len().to_string(),
+            spec.cwd.clone().unwrap_or_default(),
+        ]
+        .into_iter()
+        .chain(spec.argv.iter().cloned());
+        let mut env = spec.env.clone();
+        env.push(format!("{MARKER_VAR}={id}"));
+        ExecRequest {
+            working_dir: self.config.workspace_dir.clone(),
+            ..supervisor_exec("sandboxd-supervisor", args, env)
+        }
+    }
+
+    /// A command of `sandbox_id`, counting as use of the sandbox.
+    pub async fn get(
+        &self,
+        sandbox_id: &str,
+        command_id: &str,
+    ) -> CommandResult<(Arc<Sandbox>, Arc<Command>)> {
+        let sandbox = self.sandboxes.lookup(sandbox_id).await?;
+        let cmd = self
+            .all
+            .get(command_id)
+            .map(|c| Arc::clone(&c))
+            .filter(|c| c.sandbox_id == sandbox.id)
+            .ok_or_else(|| CommandError::NotFound(command_id.to_string()))?;
+        Ok((sandbox, cmd))
+    }
+
+    /// Waits for the end of a command.
+    pub async fn wait(
+        &self,
+        sandbox_id: &str,
+        command_id: &str,
+        shutdown: &CancellationToken,
+    ) -> CommandResult<Finished> {
+        let (sandbox, cmd) = self.get(sandbox_id, command_id).await?;
+        if cmd.lost {
+            return Err(CommandError::Lost(cmd.id.clone()));
+        }
+        let _busy = sandbox.open_request();
+        tokio::select! {
+            f = cmd.ended() => Ok(f),
+            _ = shutdown.cancelled() => Err(CommandError::ShuttingDown),
+        }
+    }
+
+    /// Ends a command's whole process tree and waits until it is gone.
+    /// A finished command is left alone.
+    pub async fn kill(&self, sandbox_id: &str, command_id: &str) -> CommandResult<()> {
+        let (sandbox, cmd) = self.get(sandbox_id, command_id).await?;
+        if cmd.lost {
+            sweep(
+                &self.engine,
+                &sandbox.container,
+                &cmd.id,
+                self.config.kill_grace_ms,
+            )
+            .await;
+            self.all.remove(&cmd.id);
+            return Ok(());
+        }
+        if cmd.finished().is_some() {
+            return Ok(());
+        }
+        // A full channel means a kill is already under way.
+        let _ = cmd.kill.try_send(());
+        let bound =
+            Duration::from_millis(self.config.kill_grace_ms) + SUPERVISOR_SLACK + ABANDON_AFTER;
+        let _ = tokio::time::timeout(bound, cmd.ended()).await;
+        Ok(())
+    }
+
+    /// The commands of a sandbox, oldest first.
+    pub async fn list(&self, sandbox_id: &str) -> CommandResult<Vec<CommandView>> {
+        let sandbox = self.sandboxes.lookup(sandbox_id).await?;
+        let mut out: Vec<CommandView> = self
+            .all
+            .iter()
+            .filter(|c| c.sandbox_id == sandbox.id)
+            .map(|c| {
+                let f = c.finished();
+                CommandView {
+                    command_id: c.id.clone(),
+                    state: if c.lost {
+                        "lost"
+                    } else if f.is_some() {
+                        "exited"
+                    } else {
+                        "running"
+                    },
+                    exit_code: f.map(|f| f.exit.exit_code),
+                    timed_out: f.map(|f| f.exit.timed_out),
+                    killed: f.map(|f| f.exit.killed),
+                    started_at: c.started_at,
+                    finished_at: f.map(|f| f.finished_at),
+                    duration_ms: f.map(|f| f.duration_ms),
+                    summary: c.summary.clone(),
+                }
+            })
+            .collect();
+        out.sort_by(|a, b| (a.started_at, &a.command_id).cmp(&(b.started_at, &b.command_id)));
+        Ok(out)
+    }
+
+    /// The last lines of output of the sandbox's most recent command.
+    pub fn recent_output(&self, sandbox_id: &str, max_bytes: usize) -> Option<String> {
+        let latest = self
+            .all
+            .iter()
+            .filter(|c| c.sandbox_id == sandbox_id && !c.lost)
+            .max_by_key(|c| (c.started_at, c.id.clone()))
+            .map(|c| Arc::clone(&c))?;
+        let mut cursor = log::Cursor::after(0);
+        let mut text = String::new();
+        loop {
+            let batch = latest.log.read(&mut cursor);
+            for line in &batch.lines {
+                if let Ok(v) = serde_json::from_slice::<serde_json::Value>(line) {
+                    if let Some(d) = v.get("data").and_then(|d| d.as_str()) {
+                        text.push_str(d);
+                    }
+                }
+            }
+            if batch.done || batch.lines.is_empty() {
+                break;
+            }
+        }
+        let cut = text.len().saturating_sub(max_bytes);
+        let start = (cut..=text.len())
+            .find(|i| text.is_char_boundary(*i))
+            .unwrap_or(text.len());
+        Some(text[start..].to_string())
+    }
+
+    /// Drops finished commands past their retention, past the per-sandbox
+    /// count, or of sandboxes that are gone.
+    pub fn prune(&self) {
+        let now = now_ms();
+        let retention = self.config.command_retention_ms;
+        let mut per_sandbox: std::collections::HashMap<String, Vec<(u64, String)>> =
+            Default::default();
+        let mut remove = Vec::new();
+        for c in self.all.iter() {
+            let gone = self.sandboxes.registry().get(&c.sandbox_id).is_none();
+            match c.finished() {
+                Some(f) if gone || now.saturating_sub(f.finished_at) > retention => {
+                    remove.push(c.id.clone())
+                }
+                Some(f) => per_sandbox
+                    .entry(c.sandbox_id.clone())
+                    .or_default()
+                    .push((f.finished_at, c.id.clone())),
+                None if gone && c.lost => remove.push(c.id.clone()),
+                None => {}
+            }
+        }
+        for (_, mut done) in per_sandbox {
+            if done.len() > self.config.max_finished_commands {
+                done.sort();
+                let extra = done.len() - self.config.max_finished_commands;
+                remove.extend(done.into_iter().take(extra).map(|(_, id)| id));
+            }
+        }
+        for id in remove {
+            self.all.remove(&id);
+        }
+    }
+
+    /// Registers commands whose processes outlived a restart of sandboxd as
+    /// lost: listed, killable, but without output or exit status. Their
+    /// processes are left running (a preview server may be among them).
+    pub async fn discover_lost(&self) {
+        for sandbox in self.sandboxes.registry().list() {
+            let req = supervisor_exec(
+                "sandboxd-list",
+                ["list".to_string(), "0".to_string()],
+                vec![],
+            );
+            let out = match run_to_end(
+                &self.engine,
+                &sandbox.container,
+                &req,
+                Duration::from_secs(10),
+            )
+            .await
+            {
+                Some(o) => o,
+                None => continue,
+            };
+            for id in out
+                .lines()
+                .map(str::trim)
+                .filter(|l| crate::id::is_hex_id(l, 24))
+            {
+                if self.all.contains_key(id) {
+                    continue;
+                }
+                tracing::info!(sandbox_id = %sandbox.id, command_id = id, "command outlived a restart of sandboxd; listed as lost");
+                let (kill, _) = mpsc::channel(1);
+                self.all.insert(
+                    id.to_string(),
+                    Arc::new(Command {
+                        id: id.to_string(),
+                        sandbox_id: sandbox.id.clone(),
+                        summary: "(started before sandboxd restarted)".into(),
+                        started_at: started_at_of(id),
+                        log: OutputLog::new(1024),
+                        tails: None,
+                        kill,
+                        finished: watch::channel(None).0,
+                        lost: true,
+                    }),
+                );
+            }
+        }
+    }
+}
+
+/// Prunes finished commands until `shutdown`.
+pub async fn run_pruner(commands: Arc<Commands>, shutdown: CancellationToken) {
+    let mut tick = tokio::time::interval(PRUNE_EVERY);
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tick.tick() => commands.prune(),
+        }
+    }
+}
+
+/// Runs `req` and returns its stdout, or None if it failed or took too long.
+async fn run_to_end(
+    engine: &Engine,
+    container: &str,
+    req: &ExecRequest,
+    limit: Duration,
+) -> Option<String> {
+    let session = engine.exec(container, req).await.ok()?;
+    let ExecSession {
+        mut output, stdin, ..
+    } = session;
+    let collect = async {
+        let mut out = Vec::new();
+        while let Some(Ok((stream, bytes))) = output.next().await {
+            if stream == OutputStream::Stdout {
+                out.extend_from_slice(&bytes);
+            }
+        }
+        out
+    };
+    let out = tokio::time::timeout(limit, collect).await.ok();
+    drop(stdin);
+    out.map(|o| String::from_utf8_lossy(&o).into_owned())
+}
+
+/// Ends every process marked with `command_id` from a separate exec: the
+/// fallback when the command's own supervisor is gone or stuck.
+async fn sweep(engine: &Engine, container: &str, command_id: &str, grace_ms: u64) {
+    let req = supervisor_exec(
+        "sandboxd-sweep",
+        [
+            "sweep".to_string(),
+            grace_ms.to_string(),
+            command_id.to_string(),
+        ],
+        vec![],
+    );
+    let limit = Duration::from_millis(grace_ms) + ABANDON_AFTER;
+    if run_to_end(engine, container, &req, limit).await.is_none() {
+        tracing::warn!(command_id, "the fallback sweep did not finish");
+    }
+}
+
+/// The task that owns one running command: drains its output, enforces its
+/// timeout, passes kill requests to the supervisor, and records the end.
+struct Drive {
+    cmd: Arc<Command>,
+    engine: Engine,
+    container: String,
+    session_key: String,
+    timeout: Duration,
+    grace: Duration,
+    grace_ms: u64,
+    stdin: Vec<u8>,
+    _running: RunningCommand,
+}
+
+impl Drive {
+    async fn run(mut self, session: ExecSession, mut kill_rx: mpsc::Receiver<()>) {
+        let started = Instant::now();
+        let deadline = tokio::time::Instant::from_std(started + self.timeout);
+        let ExecSession {
+            id: exec_id,
+            mut output,
+            stdin,
+        } = session;
+        let payload = std::mem::take(&mut self.stdin);
+        // Staging stdin runs alongside draining, so a command that writes
+        // while the supervisor reads its input cannot deadlock us.
+        let mut stdin_write = Some(Box::pin(async move {
+            let mut stdin = stdin;
+            if !payload.is_empty() {
+                stdin.write_all(&payload).await?;
+                stdin.flush().await?;
+            }
+            Ok::<_, std::io::Error>(stdin)
+        }));
+        let mut control = None;
+        let (mut timed_out, mut killed) = (false, false);
+        let mut kill_sent: Option<tokio::time::Instant> = None;
+        let mut swept = false;
+        let mut abandoned = false;
+        let far = deadline + Duration::from_secs(86_400 * 365);
+
+        loop {
+            let sweep_at = kill_sent
+                .map(|t| t + self.grace + SUPERVISOR_SLACK)
+                .unwrap_or(far);
+            let abandon_at = kill_sent
+                .map(|t| t + self.grace + SUPERVISOR_SLACK + ABANDON_AFTER)
+                .unwrap_or(far);
+            let want_kill = tokio::select! {
+                biased;
+                _ = tokio::time::sleep_until(deadline), if kill_sent.is_none() => {
+                    timed_out = true;
+                    true
+                }
+                Some(()) = kill_rx.recv(), if kill_sent.is_none() => {
+                    killed = true;
+                    true
+                }
+                _ = tokio::time::sleep_until(sweep_at), if !swept => {
+                    swept = true;
+                    sweep(&self.engine, &self.container, &self.cmd.id, self.grace_ms).await;
+                    false
+                }
+                _ = tokio::time::sleep_until(abandon_at) => {
+                    tracing::warn!(command_id = %self.cmd.id, "the command's output did not end after a sweep; giving up on it");
+                    abandoned = true;
+                    break;
+                }
+                w = async {
+                    match stdin_write.as_mut() {
+                        Some(f) => f.await,
+                        None => std::future::pending().await,
+                    }
+                }, if stdin_write.is_some() => {
+                    stdin_write = None;
+                    control = w.ok();
+                    false
+                }
+                item = output.next() => {
+                    match item {
+                        Some(Ok((stream, bytes))) => {
+                            self.cmd.log.append(stream, &bytes);
+                            if let Some(t) = &self.cmd.tails {
+                                if let Ok(mut t) = t.lock() {
+                                    t[usize::from(stream == OutputStream::Stderr)].push(&bytes);
+                                }
+                            }
+                            false
+                        }
+                        Some(Err(e)) => {
+                            tracing::warn!(command_id = %self.cmd.id, error = %e, "the command's output stream broke");
+                            break;
+                        }
+                        None => break,
+                    }
+                }
+            };
+            if want_kill {
+                let now = tokio::time::Instant::now();
+                kill_sent = Some(now);
+                let delivered = match control.as_mut() {
+                    Some(c) => c.write_all(b"k\n").await.is_ok() && c.flush().await.is_ok(),
+                    None => false,
+                };
+                if !delivered {
+                    // No control channel (stdin still being staged, or the
+                    // supervisor is gone): sweep from outside right away.
+                    kill_sent = Some(now - self.grace - SUPERVISOR_SLACK);
+                }
+            }
+        }
+
+        let code = if abandoned {
+            None
+        } else {
+            exit_code_of(&self.engine, &exec_id).await
+        };
+        drop(control);
+        let exit = if timed_out {
+            ExitInfo {
+                exit_code: 124,
+                timed_out: true,
+                killed: false,
+            }
+        } else if killed {
+            ExitInfo {
+                exit_code: if code == Some(143) { 143 } else { 137 },
+                timed_out: false,
+                killed: true,
+            }
+        } else {
+            ExitInfo {
+                // A vanished container or engine leaves no code: report it
+                // as killed by SIGKILL, which is what happened to it.
+                exit_code: code.unwrap_or(137),
+                timed_out: false,
+                killed: false,
+            }
+        };
+        let duration_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.cmd.log.finish(exit);
+        let (out_bytes, err_bytes) = self.cmd.log.byte_counts();
+        tracing::info!(
+            event = "command_ended",
+            sandbox_id = %self.cmd.sandbox_id,
+            session_key = %self.session_key,
+            command_id = %self.cmd.id,
+            exit_code = exit.exit_code,
+            timed_out = exit.timed_out,
+            killed = exit.killed,
+            duration_ms,
+            stdout_bytes = out_bytes,
+            stderr_bytes = err_bytes,
+            "command ended"
+        );
+        self.cmd.finished.send_replace(Some(Finished {
+            exit,
+            duration_ms,
+            finished_at: now_ms(),
+        }));
+    }
+}
+
+/// The exec's exit code. The engine records it before it closes the output,
+/// so this normally answers at once; it retries briefly in case not.
+async fn exit_code_of(engine: &Engine, exec_id: &str) -> Option<i64> {
+    for _ in 0..40 {
+        match engine.exec_exit_code(exec_id).await {
+            Ok(Some(code)) => return Some(code),
+            Ok(None) => tokio::time::sleep(Duration::from_millis(25)).await,
+            Err(_) => return None,
+        }
+    }
+    None
+}

@@ -1,0 +1,347 @@
+//! A command request, validated into the argv, environment and limits that
+//! will run. Every refusal names the field.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::config::Config;
+use crate::files::path::WorkspacePath;
+
+/// Default for `maxOutputBytes` of `commands:run`.
+pub const DEFAULT_RUN_OUTPUT_BYTES: usize = 1024 * 1024;
+/// Most `maxOutputBytes` a run may ask for, per stream.
+pub const MAX_RUN_OUTPUT_BYTES: usize = 64 * 1024 * 1024;
+/// The environment variable that marks a command's processes.
+pub const MARKER_VAR: &str = "SANDBOXD_CMD";
+const SUMMARY_CHARS: usize = 120;
+
+/// `POST …/commands` and `…/commands:run` bodies.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct CommandRequest {
+    #[serde(default)]
+    pub cmd: Option<String>,
+    #[serde(default)]
+    pub args: Option<Vec<String>>,
+    #[serde(default)]
+    pub command: Option<String>,
+    #[serde(default)]
+    pub shell: Option<String>,
+    #[serde(default)]
+    pub login: Option<bool>,
+    #[serde(default)]
+    pub cwd: Option<String>,
+    #[serde(default)]
+    pub env: Option<BTreeMap<String, String>>,
+    #[serde(default)]
+    pub stdin: Option<String>,
+    #[serde(default)]
+    pub timeout_ms: Option<i64>,
+    /// Sent by RemcoChat; every command runs detached from the request.
+    #[serde(default)]
+    pub detached: Option<bool>,
+    /// Only for `commands:run`: bytes of each stream's tail to return.
+    #[serde(default)]
+    pub max_output_bytes: Option<i64>,
+}
+
+/// What will run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CommandSpec {
+    pub argv: Vec<String>,
+    /// `NAME=value`.
+    pub env: Vec<String>,
+    /// Absolute path inside the sandbox, created if missing.
+    pub cwd: Option<String>,
+    pub stdin: Vec<u8>,
+    pub timeout: Duration,
+    pub summary: String,
+    pub max_output_bytes: usize,
+}
+
+fn bad(field: &str, msg: impl std::fmt::Display) -> String {
+    format!("{field}: {msg}")
+}
+
+fn no_nul(field: &str, s: &str) -> Result<(), String> {
+    if s.contains('\0') {
+        Err(bad(field, "must not contain NUL bytes"))
+    } else {
+        Ok(())
+    }
+}
+
+fn is_shell(cmd: &str) -> bool {
+    matches!(
+        cmd,
+        "bash" | "sh" | "/bin/bash" | "/bin/sh" | "/usr/bin/bash" | "/usr/bin/sh"
+    )
+}
+
+fn summarise(text: &str) -> String {
+    let one_line: String = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    if one_line.chars().count() <= SUMMARY_CHARS {
+        one_line
+    } else {
+        let mut s: String = one_line.chars().take(SUMMARY_CHARS - 1).collect();
+        s.push('…');
+        s
+    }
+}
+
+impl CommandSpec {
+    /// Validates `req`; the error is a sentence naming the field.
+    pub fn parse(req: CommandRequest, config: &Config) -> Result<CommandSpec, String> {
+        let login = req.login.unwrap_or(true);
+        let shell = req.shell.unwrap_or_else(|| "bash".into());
+        let shell_ok = !shell.is_empty()
+            && shell.len() <= 256
+            && shell
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'/' | b'.' | b'_' | b'-'));
+        if !shell_ok {
+            return Err(bad("shell", "must be a program name or path, e.g. bash"));
+        }
+        let flag = if login { "-lc" } else { "-c" };
+        let (argv, summary) = match (req.cmd, req.command) {
+            (Some(_), Some(_)) => {
+                return Err("give either cmd (with args) or command, not both".into());
+            }
+            (None, None) => {
+                return Err("cmd: a command is required (cmd with args, or command)".into());
+            }
+            (None, Some(script)) => {
+                if req.args.is_some() {
+                    return Err(bad("args", "goes with cmd, not with command"));
+                }
+                no_nul("command", &script)?;
+                let summary = summarise(&script);
+                (vec![shell, flag.to_string(), script], summary)
+            }
+            (Some(cmd), None) => {
+                if cmd.is_empty() {
+                    return Err(bad("cmd", "must not be empty"));
+                }
+                no_nul("cmd", &cmd)?;
+                let args = req.args.unwrap_or_default();
+                for (i, a) in args.iter().enumerate() {
+                    no_nul(&format!("args[{i}]"), a)?;
+                }
+                if is_shell(&cmd) && args.first().is_some_and(|a| a.starts_with('-')) {
+                    // The client chose the shell and its flags (RemcoChat
+                    // sends bash -lc SCRIPT): run exactly that.
+                    let summary = match args
+                        .iter()
+                        .position(|a| a.starts_with('-') && a.contains('c'))
+                    {
+                        Some(i) if i + 1 < args.len() => summarise(&args[i + 1]),
+                        _ => summarise(&args.join(" ")),
+                    };
+                    let mut argv = vec![cmd];
+                    argv.extend(args);
+                    (argv, summary)
+                } else {
+                    let summary = summarise(
+                        &std::iter::once(cmd.as_str())
+                            .chain(args.iter().map(String::as_str))
+                            .collect::<Vec<_>>()
+                            .join(" "),
+                    );
+                    let mut argv = if login {
+                        // Through a login shell so PATH from profiles applies,
+                        // but without re-parsing: the argv goes as "$@".
+                        vec![
+                            shell,
+                            flag.to_string(),
+                            "exec \"$@\"".to_string(),
+                            "sandboxd".to_string(),
+                        ]
+                    } else {
+                        vec![]
+                    };
+                    argv.push(cmd);
+                    argv.extend(args);
+                    (argv, summary)
+                }
+            }
+        };
+
+        let mut env = Vec::new();
+        for (name, value) in req.env.unwrap_or_default() {
+            let valid = name
+                .bytes()
+                .next()
+                .is_some_and(|b| b.is_ascii_alphabetic() || b == b'_')
+                && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
+            if !valid {
+                return Err(bad("env", format!("{name:?} is not a valid variable name")));
+            }
+            if name == MARKER_VAR {
+                return Err(bad("env", format!("{MARKER_VAR} is reserved by sandboxd")));
+            }
+            no_nul(&format!("env.{name}"), &value)?;
+            env.push(format!("{name}={value}"));
+        }
+
+        let cwd = match req.cwd {
+            None => None,
+            Some(c) => {
+                let p =
+                    WorkspacePath::parse(&c, &config.workspace_dir).map_err(|e| bad("cwd", e))?;
+                Some(p.absolute(&config.workspace_dir))
+            }
+        };
+
+        let timeout_ms = match req.timeout_ms {
+            None => config.default_timeout_ms,
+            Some(t) => u64::try_from(t)
+                .ok()
+                .filter(|t| (1..=config.max_timeout_ms).contains(t))
+                .ok_or_else(|| {
+                    bad(
+                        "timeoutMs",
+                        format!("must be between 1 and {} (got {t})", config.max_timeout_ms),
+                    )
+                })?,
+        };
+        let max_output_bytes = match req.max_output_bytes {
+            None => DEFAULT_RUN_OUTPUT_BYTES,
+            Some(n) => usize::try_from(n)
+                .ok()
+                .filter(|n| *n <= MAX_RUN_OUTPUT_BYTES)
+                .ok_or_else(|| {
+                    bad(
+                        "maxOutputBytes",
+                        format!("must be between 0 and {MAX_RUN_OUTPUT_BYTES} (got {n})"),
+                    )
+                })?,
+        };
+
+        Ok(CommandSpec {
+            argv,
+            env,
+            cwd,
+            stdin: req.stdin.map(String::into_bytes).unwrap_or_default(),
+            timeout: Duration::from_millis(timeout_ms),
+            summary,
+            max_output_bytes,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config() -> Config {
+        Config::from_toml_and_env("", |_| None).expect("defaults")
+    }
+
+    fn parse(json: serde_json::Value) -> Result<CommandSpec, String> {
+        CommandSpec::parse(serde_json::from_value(json).expect("shape"), &config())
+    }
+
+    #[test]
+    fn remcochat_form_runs_as_sent() {
+        let s = parse(serde_json::json!({"cmd": "bash", "args": ["-lc", "npm test"], "timeoutMs": 30000, "detached": true})).expect("ok");
+        assert_eq!(s.argv, ["bash", "-lc", "npm test"]);
+        assert_eq!(s.summary, "npm test");
+        assert_eq!(s.timeout, Duration::from_secs(30));
+    }
+
+    #[test]
+    fn other_programs_go_through_a_login_shell_without_reparsing() {
+        let s =
+            parse(serde_json::json!({"cmd": "printf", "args": ["%s\n", "a b 'c'"]})).expect("ok");
+        assert_eq!(
+            s.argv,
+            [
+                "bash",
+                "-lc",
+                "exec \"$@\"",
+                "sandboxd",
+                "printf",
+                "%s\n",
+                "a b 'c'"
+            ]
+        );
+        let s = parse(serde_json::json!({"cmd": "ls", "login": false})).expect("ok");
+        assert_eq!(s.argv, ["ls"]);
+    }
+
+    #[test]
+    fn script_form_uses_the_shell() {
+        let s = parse(serde_json::json!({"command": "echo hi", "shell": "sh", "login": false}))
+            .expect("ok");
+        assert_eq!(s.argv, ["sh", "-c", "echo hi"]);
+        assert_eq!(
+            s.timeout,
+            Duration::from_millis(config().default_timeout_ms)
+        );
+    }
+
+    #[test]
+    fn refusals_name_the_field() {
+        for (json, field) in [
+            (serde_json::json!({}), "cmd"),
+            (serde_json::json!({"cmd": "a", "command": "b"}), "either"),
+            (serde_json::json!({"command": "b", "args": ["x"]}), "args"),
+            (serde_json::json!({"cmd": ""}), "cmd"),
+            (
+                serde_json::json!({"cmd": "a", "args": ["x\u{0}"]}),
+                "args[0]",
+            ),
+            (
+                serde_json::json!({"command": "a", "env": {"1X": "v"}}),
+                "env",
+            ),
+            (
+                serde_json::json!({"command": "a", "env": {"A-B": "v"}}),
+                "env",
+            ),
+            (
+                serde_json::json!({"command": "a", "env": {"SANDBOXD_CMD": "v"}}),
+                "env",
+            ),
+            (serde_json::json!({"command": "a", "cwd": "../x"}), "cwd"),
+            (serde_json::json!({"command": "a", "cwd": "/etc"}), "cwd"),
+            (
+                serde_json::json!({"command": "a", "timeoutMs": 0}),
+                "timeoutMs",
+            ),
+            (
+                serde_json::json!({"command": "a", "timeoutMs": 999_999_999_999i64}),
+                "timeoutMs",
+            ),
+            (
+                serde_json::json!({"command": "a", "shell": "bash; rm"}),
+                "shell",
+            ),
+            (
+                serde_json::json!({"command": "a", "maxOutputBytes": -1}),
+                "maxOutputBytes",
+            ),
+        ] {
+            let e = parse(json.clone()).expect_err("refused");
+            assert!(e.contains(field), "{json}: {e}");
+        }
+    }
+
+    #[test]
+    fn cwd_env_and_stdin_pass_through() {
+        let s = parse(serde_json::json!({"command": "x", "cwd": "sub/dir", "env": {"A_1": "v v"}, "stdin": "in"})).expect("ok");
+        assert_eq!(s.cwd.as_deref(), Some("/workspace/sub/dir"));
+        assert_eq!(s.env, ["A_1=v v"]);
+        assert_eq!(s.stdin, b"in");
+    }
+
+    #[test]
+    fn summaries_are_short_single_lines() {
+        let long = "x ".repeat(200);
+        let s = parse(serde_json::json!({"command": format!("echo\n{long}")})).expect("ok");
+        assert!(s.summary.chars().count() <= SUMMARY_CHARS);
+        assert!(!s.summary.contains('\n'));
+    }
+}

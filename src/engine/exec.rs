@@ -1,0 +1,110 @@
+//! Processes in a running container: start one with its output attached
+//! (stdout and stderr demultiplexed) and its stdin held open, and read its
+//! exit code once it ends. The engine has no way to kill an exec; ending
+//! one is the domain's job (see `command`).
+
+use std::pin::Pin;
+
+use bollard::Docker;
+use bollard::container::LogOutput;
+use bollard::exec::{CreateExecOptions, StartExecOptions, StartExecResults};
+use bytes::Bytes;
+use futures_util::{Stream, StreamExt};
+use tokio::io::AsyncWrite;
+
+use super::{EngineError, EngineResult};
+
+/// Biggest frame we ask bollard to buffer: large enough that a flood
+/// arrives in few, large chunks.
+const OUTPUT_CAPACITY: usize = 256 * 1024;
+
+/// Which output stream a chunk came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OutputStream {
+    Stdout,
+    Stderr,
+}
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct ExecRequest {
+    pub argv: Vec<String>,
+    /// `NAME=value` pairs added to the container's environment.
+    pub env: Vec<String>,
+    pub working_dir: String,
+}
+
+/// Output chunks of a process, tagged by stream, until it ends.
+pub type ExecOutput = Pin<Box<dyn Stream<Item = EngineResult<(OutputStream, Bytes)>> + Send>>;
+
+/// A started process: its output until it ends, and its stdin.
+pub struct ExecSession {
+    pub id: String,
+    pub output: ExecOutput,
+    pub stdin: Pin<Box<dyn AsyncWrite + Send>>,
+}
+
+impl std::fmt::Debug for ExecSession {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ExecSession").field("id", &self.id).finish()
+    }
+}
+
+/// Creates and starts `req` in `container`, attached.
+pub(super) async fn start(
+    docker: &Docker,
+    container: &str,
+    req: &ExecRequest,
+) -> EngineResult<ExecSession> {
+    let created = docker
+        .create_exec(
+            container,
+            CreateExecOptions {
+                attach_stdin: Some(true),
+                attach_stdout: Some(true),
+                attach_stderr: Some(true),
+                tty: Some(false),
+                cmd: Some(req.argv.clone()),
+                env: Some(req.env.clone()),
+                working_dir: Some(req.working_dir.clone()),
+                ..Default::default()
+            },
+        )
+        .await?;
+    let started = docker
+        .start_exec(
+            &created.id,
+            Some(StartExecOptions {
+                detach: false,
+                tty: false,
+                output_capacity: Some(OUTPUT_CAPACITY),
+            }),
+        )
+        .await?;
+    match started {
+        StartExecResults::Attached { output, input } => Ok(ExecSession {
+            id: created.id,
+            output: Box::pin(output.filter_map(|item| async move {
+                match item {
+                    Ok(LogOutput::StdOut { message }) => Some(Ok((OutputStream::Stdout, message))),
+                    Ok(LogOutput::StdErr { message }) => Some(Ok((OutputStream::Stderr, message))),
+                    Ok(_) => None,
+                    Err(e) => Some(Err(EngineError::from(e))),
+                }
+            })),
+            stdin: input,
+        }),
+        StartExecResults::Detached => Err(EngineError::Failed(
+            "the engine started the process detached".into(),
+        )),
+    }
+}
+
+/// The exit code of an ended process; `None` while it still runs.
+pub(super) async fn exit_code(docker: &Docker, exec_id: &str) -> EngineResult<Option<i64>> {
+    let info = docker.inspect_exec(exec_id).await?;
+    if info.running.unwrap_or(false) {
+        return Ok(None);
+    }
+    Ok(info.exit_code)
+}
