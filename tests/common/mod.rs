@@ -248,6 +248,11 @@ impl TestServer {
         panic!("could not find a free port for sandboxd");
     }
 
+    /// The sandboxd process id, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     /// SIGTERM, then wait for exit (bounded); returns the exit code.
     pub fn stop_process(&mut self) -> Option<i32> {
         let mut child = self.child.take()?;

@@ -1,0 +1,706 @@
+//! Issue 4 against the real binary and engine: exit codes, tree kills and
+//! timeouts, the NDJSON log stream (replay, follow, resume, drops, UTF-8,
+//! heartbeats), bounded memory, stdin/cwd/env/argv/login PATH, limits,
+//! busy sandboxes, retention and commands lost to a restart.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{ServerOptions, TestServer, eventually};
+use futures_util::StreamExt;
+use serde_json::{Value, json};
+
+async fn sandbox(server: &TestServer) -> String {
+    server
+        .create(json!({"sessionKey": common::unique_instance(), "network": {"mode": "none"}}))
+        .await
+}
+
+async fn start(server: &TestServer, sid: &str, body: Value) -> String {
+    let (status, v) = server
+        .post(&format!("/v1/sandboxes/{sid}/commands"), body)
+        .await;
+    assert_eq!(status, 200, "{v}");
+    v["commandId"].as_str().expect("commandId").to_string()
+}
+
+async fn wait(server: &TestServer, sid: &str, cid: &str) -> Value {
+    let (status, v) = server
+        .get(&format!("/v1/sandboxes/{sid}/commands/{cid}/wait"))
+        .await;
+    assert_eq!(status, 200, "{v}");
+    v
+}
+
+async fn run(server: &TestServer, sid: &str, body: Value) -> Value {
+    let (status, v) = server
+        .post(&format!("/v1/sandboxes/{sid}/commands:run"), body)
+        .await;
+    assert_eq!(status, 200, "{v}");
+    v
+}
+
+async fn sh(server: &TestServer, sid: &str, script: &str) -> Value {
+    run(server, sid, json!({"cmd": "bash", "args": ["-lc", script]})).await
+}
+
+/// The whole log stream, parsed.
+async fn logs(server: &TestServer, sid: &str, cid: &str, query: &str) -> Vec<Value> {
+    let resp = server
+        .client
+        .get(format!(
+            "{}/v1/sandboxes/{sid}/commands/{cid}/logs{query}",
+            server.base
+        ))
+        .send()
+        .await
+        .expect("logs");
+    assert_eq!(resp.status(), 200);
+    assert_eq!(
+        resp.headers()
+            .get("content-type")
+            .and_then(|v| v.to_str().ok()),
+        Some("application/x-ndjson")
+    );
+    let text = resp.text().await.expect("body");
+    text.lines()
+        .map(|l| serde_json::from_str(l).expect("NDJSON line"))
+        .collect()
+}
+
+fn text_of(lines: &[Value], stream: &str) -> String {
+    lines
+        .iter()
+        .filter(|l| l["stream"] == stream)
+        .map(|l| l["data"].as_str().expect("data").to_string())
+        .collect()
+}
+
+#[tokio::test]
+async fn exit_codes_are_exact() {
+    let server = TestServer::start().await;
+    let sid = sandbox(&server).await;
+    // The compat form: start, then wait.
+    let cid = start(
+        &server,
+        &sid,
+        json!({"cmd": "bash", "args": ["-lc", "exit 3"], "timeoutMs": 30000, "detached": true}),
+    )
+    .await;
+    let w = wait(&server, &sid, &cid).await;
+    assert_eq!(w["exitCode"], 3);
+    assert_eq!(w["timedOut"], false);
+    assert_eq!(w["killed"], false);
+    assert!(w["durationMs"].as_u64().is_some());
+
+    assert_eq!(sh(&server, &sid, "true").await["exitCode"], 0);
+    let missing = run(
+        &server,
+        &sid,
+        json!({"cmd": "no-such-program", "args": ["x"]}),
+    )
+    .await;
+    assert_eq!(missing["exitCode"], 127, "{missing}");
+    assert!(
+        missing["stderr"]
+            .as_str()
+            .unwrap_or("")
+            .contains("no-such-program"),
+        "{missing}"
+    );
+    let segv = sh(
+        &server,
+        &sid,
+        "python3 -c 'import ctypes; ctypes.string_at(0)'",
+    )
+    .await;
+    assert_eq!(segv["exitCode"], 139, "{segv}");
+    let timed = run(
+        &server,
+        &sid,
+        json!({"command": "sleep 30", "timeoutMs": 1000}),
+    )
+    .await;
+    assert_eq!(
+        (timed["exitCode"].clone(), timed["timedOut"].clone()),
+        (json!(124), json!(true))
+    );
+
+    // kill: SIGTERM suffices -> 143; ignored -> SIGKILL -> 137.
+    let cid = start(&server, &sid, json!({"command": "sleep 300"})).await;
+    let (s, v) = server
+        .post(
+            &format!("/v1/sandboxes/{sid}/commands/{cid}:kill"),
+            json!(null),
+        )
+        .await;
+    assert_eq!((s, v), (200, json!({"ok": true})));
+    let w = wait(&server, &sid, &cid).await;
+    assert_eq!(
+        (w["exitCode"].clone(), w["killed"].clone()),
+        (json!(143), json!(true))
+    );
+    let cid = start(
+        &server,
+        &sid,
+        json!({"command": "trap '' TERM; sleep 300 & wait; sleep 300"}),
+    )
+    .await;
+    let started = Instant::now();
+    server
+        .post(
+            &format!("/v1/sandboxes/{sid}/commands/{cid}:kill"),
+            json!(null),
+        )
+        .await;
+    let w = wait(&server, &sid, &cid).await;
+    assert_eq!(
+        (w["exitCode"].clone(), w["killed"].clone()),
+        (json!(137), json!(true)),
+        "{w}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(8),
+        "grace then SIGKILL"
+    );
+    // Killing a finished command changes nothing.
+    let (s, v) = server
+        .post(
+            &format!("/v1/sandboxes/{sid}/commands/{cid}:kill"),
+            json!(null),
+        )
+        .await;
+    assert_eq!((s, v), (200, json!({"ok": true})));
+    assert_eq!(wait(&server, &sid, &cid).await["exitCode"], 137);
+    // Unknown command and sandbox.
+    let (s, v) = server
+        .get(&format!(
+            "/v1/sandboxes/{sid}/commands/000000000000000000000000/wait"
+        ))
+        .await;
+    assert_eq!((s, v["code"].clone()), (404, json!("command_not_found")));
+    let (s, _) = server
+        .post(
+            "/v1/sandboxes/0123456789abcdef01234567/commands",
+            json!({"command": "true"}),
+        )
+        .await;
+    assert_eq!(s, 404);
+}
+
+fn pids_matching(ps: &str, needle: &str) -> Vec<String> {
+    ps.lines()
+        .filter(|l| l.contains(needle))
+        .map(str::to_string)
+        .collect()
+}
+
+#[tokio::test]
+async fn timeout_and_kill_end_the_whole_tree_but_spare_earlier_servers() {
+    let server = TestServer::start().await;
+    let sid = sandbox(&server).await;
+    // A preview server left running by a command that exited normally.
+    let r = sh(&server, &sid, "nohup sleep 4242 >/dev/null 2>&1 & exit 0").await;
+    assert_eq!(r["exitCode"], 0);
+    // Another command's long process, which must not be touched.
+    let neighbour = start(&server, &sid, json!({"command": "sleep 4343"})).await;
+
+    let tree =
+        "sleep 1001 & setsid sleep 1002 & nohup sleep 1003 >/dev/null 2>&1 & (sleep 1004 &) ; wait";
+    let timed = run(&server, &sid, json!({"command": tree, "timeoutMs": 1500})).await;
+    assert_eq!(timed["exitCode"], 124);
+    let ps = sh(&server, &sid, "ps -eo args").await["stdout"]
+        .as_str()
+        .expect("ps")
+        .to_string();
+    for n in ["sleep 1001", "sleep 1002", "sleep 1003", "sleep 1004"] {
+        assert!(
+            pids_matching(&ps, n).is_empty(),
+            "{n} survived the timeout:\n{ps}"
+        );
+    }
+    let cid = start(
+        &server,
+        &sid,
+        json!({"command": tree.replace("100", "200")}),
+    )
+    .await;
+    eventually(Duration::from_secs(5), "the tree is up", || async {
+        sh(&server, &sid, "ps -eo args").await["stdout"]
+            .as_str()
+            .unwrap_or("")
+            .contains("sleep 2004")
+    })
+    .await;
+    server
+        .post(
+            &format!("/v1/sandboxes/{sid}/commands/{cid}:kill"),
+            json!(null),
+        )
+        .await;
+    let ps = sh(&server, &sid, "ps -eo args").await["stdout"]
+        .as_str()
+        .expect("ps")
+        .to_string();
+    for n in ["sleep 2001", "sleep 2002", "sleep 2003", "sleep 2004"] {
+        assert!(
+            pids_matching(&ps, n).is_empty(),
+            "{n} survived the kill:\n{ps}"
+        );
+    }
+    assert!(
+        !pids_matching(&ps, "sleep 4242").is_empty(),
+        "the earlier server survives:\n{ps}"
+    );
+    assert!(
+        !pids_matching(&ps, "sleep 4343").is_empty(),
+        "the other command is untouched:\n{ps}"
+    );
+    server
+        .post(
+            &format!("/v1/sandboxes/{sid}/commands/{neighbour}:kill"),
+            json!(null),
+        )
+        .await;
+}
+
+#[tokio::test]
+async fn a_fork_bomb_dies_at_its_timeout_and_the_sandbox_works_again() {
+    let server = TestServer::start().await;
+    let sid = sandbox(&server).await;
+    let bomb = run(
+        &server,
+        &sid,
+        json!({"command": "bomb() { bomb | bomb; }; bomb", "timeoutMs": 3000}),
+    )
+    .await;
+    assert_eq!(bomb["exitCode"], 124, "{}", bomb["exitCode"]);
+    let started = Instant::now();
+    let ok = sh(&server, &sid, "echo ok").await;
+    assert_eq!(ok["stdout"], "ok\n");
+    assert!(started.elapsed() < Duration::from_secs(5));
+    let count = sh(&server, &sid, "ps -e --no-headers | wc -l").await;
+    let n: u32 = count["stdout"]
+        .as_str()
+        .unwrap_or("")
+        .trim()
+        .parse()
+        .expect("count");
+    assert!(n < 10, "no bomb process left ({n} processes)");
+}
+
+#[tokio::test]
+async fn stdin_cwd_env_argv_and_login_path() {
+    let server = TestServer::start().await;
+    let sid = sandbox(&server).await;
+    let r = run(&server, &sid, json!({"command": "cat; pwd; echo \"$GREETING\"", "stdin": "from stdin\n", "cwd": "made/here", "env": {"GREETING": "hi there"}})).await;
+    assert_eq!(r["stdout"], "from stdin\n/workspace/made/here\nhi there\n");
+    let r = run(
+        &server,
+        &sid,
+        json!({"command": "pwd", "cwd": "/workspace/made"}),
+    )
+    .await;
+    assert_eq!(r["stdout"], "/workspace/made\n");
+    // Without stdin, a reader sees EOF at once.
+    let r = run(
+        &server,
+        &sid,
+        json!({"command": "cat; echo done", "timeoutMs": 5000}),
+    )
+    .await;
+    assert_eq!(
+        (r["stdout"].clone(), r["exitCode"].clone()),
+        (json!("done\n"), json!(0))
+    );
+    // argv is passed as is: spaces and quotes stay inside one argument.
+    let r = run(
+        &server,
+        &sid,
+        json!({"cmd": "printf", "args": ["<%s>\n", "a b", "it's \"q\"", "$HOME", ""]}),
+    )
+    .await;
+    assert_eq!(r["stdout"], "<a b>\n<it's \"q\">\n<$HOME>\n<>\n");
+    // A directory added to PATH by ~/.profile (HOME is the workspace) is found.
+    let setup = "mkdir -p ~/bin && printf '#!/bin/sh\\necho from-profile-path\\n' > ~/bin/myprog && chmod +x ~/bin/myprog && echo 'export PATH=\"$HOME/bin:$PATH\"' >> ~/.profile";
+    assert_eq!(sh(&server, &sid, setup).await["exitCode"], 0);
+    let r = run(&server, &sid, json!({"cmd": "myprog"})).await;
+    assert_eq!(r["stdout"], "from-profile-path\n", "{r}");
+    let r = run(&server, &sid, json!({"cmd": "myprog", "login": false})).await;
+    assert_eq!(r["exitCode"], 127, "no login shell, no profile PATH");
+    // The sandbox user runs it, in a login shell.
+    let r = sh(&server, &sid, "id -u; shopt -q login_shell && echo login").await;
+    assert_eq!(r["stdout"], "1000\nlogin\n");
+    // Bad input is 400 and runs nothing.
+    for body in [
+        json!({"command": "x", "cwd": "../etc"}),
+        json!({"command": "x", "cwd": "/etc"}),
+        json!({"command": "x", "env": {"BAD-NAME": "v"}}),
+        json!({"command": "x", "timeoutMs": -5}),
+        json!({}),
+        json!({"command": "x", "bogus": 1}),
+    ] {
+        let (s, v) = server
+            .post(&format!("/v1/sandboxes/{sid}/commands"), body.clone())
+            .await;
+        assert_eq!(s, 400, "{body}: {v}");
+    }
+}
+
+#[tokio::test]
+async fn run_keeps_the_tail_of_each_stream() {
+    let server = TestServer::start().await;
+    let sid = sandbox(&server).await;
+    let r = run(
+        &server,
+        &sid,
+        json!({"command": "seq 1 1000; seq 1 5 >&2", "maxOutputBytes": 10}),
+    )
+    .await;
+    assert_eq!(r["stdout"], "\n999\n1000\n");
+    assert_eq!(r["stderr"], "1\n2\n3\n4\n5\n");
+    let total_out = (1..=1000)
+        .map(|n: u32| n.to_string().len() as u64 + 1)
+        .sum::<u64>();
+    assert_eq!(r["stdoutTruncatedBytes"].as_u64(), Some(total_out - 10));
+    assert_eq!(r["stderrTruncatedBytes"], 0);
+    assert_eq!(r["timedOut"], false);
+    assert_eq!(r["killed"], false);
+}
+
+#[tokio::test]
+async fn logs_replay_follow_resume_and_keep_streams_apart() {
+    let server =
+        TestServer::start_with(ServerOptions::default().env("SANDBOXD_LOG_HEARTBEAT_MS", "300"))
+            .await;
+    let sid = sandbox(&server).await;
+    let script = "echo one; echo two >&2; printf '\\xe2\\x82'; sleep 0.3; printf '\\xac\\n'; printf 'bad\\xff\\n'; sleep 1; echo three";
+    let cid = start(&server, &sid, json!({"command": script})).await;
+    // Two readers at once, each gets the whole stream.
+    let (a, b) = tokio::join!(logs(&server, &sid, &cid, ""), logs(&server, &sid, &cid, ""));
+    for lines in [&a, &b] {
+        assert_eq!(text_of(lines, "stdout"), "one\n€\nbad\u{FFFD}\nthree\n");
+        assert_eq!(text_of(lines, "stderr"), "two\n");
+        let last = lines.last().expect("exit line");
+        assert_eq!(last["stream"], "exit");
+        assert_eq!(last["exitCode"], 0);
+        assert!(
+            lines.iter().any(|l| l["stream"] == "heartbeat"),
+            "a silent second brings a heartbeat"
+        );
+        let seqs: Vec<u64> = lines
+            .iter()
+            .filter(|l| l["stream"] != "heartbeat")
+            .map(|l| l["seq"].as_u64().expect("seq"))
+            .collect();
+        assert!(
+            seqs.windows(2).all(|w| w[0] < w[1]),
+            "increasing seq: {seqs:?}"
+        );
+    }
+    // ?after= resumes after a record; a replay of a finished command ends.
+    let first = a.iter().find(|l| l["stream"] == "stdout").expect("first")["seq"]
+        .as_u64()
+        .expect("seq");
+    let rest = logs(&server, &sid, &cid, &format!("?after={first}")).await;
+    assert!(rest.iter().all(|l| l["seq"].as_u64().expect("seq") > first));
+    assert_eq!(text_of(&rest, "stderr"), "two\n");
+    assert!(!text_of(&rest, "stdout").contains("one"));
+    let (s, _) = server
+        .get(&format!("/v1/sandboxes/{sid}/commands/{cid}/logs?after=x"))
+        .await;
+    assert_eq!(s, 400);
+}
+
+#[tokio::test]
+async fn output_reaches_a_reader_promptly() {
+    let server = TestServer::start().await;
+    let sid = sandbox(&server).await;
+    let cid = start(
+        &server,
+        &sid,
+        json!({"command": "for i in 1 2 3 4; do date +%s%N; sleep 1; done"}),
+    )
+    .await;
+    let resp = server
+        .client
+        .get(format!(
+            "{}/v1/sandboxes/{sid}/commands/{cid}/logs",
+            server.base
+        ))
+        .send()
+        .await
+        .expect("logs");
+    let mut body = resp.bytes_stream();
+    let mut buf = String::new();
+    let mut lags = Vec::new();
+    while let Some(chunk) = body.next().await {
+        buf.push_str(&String::from_utf8_lossy(&chunk.expect("chunk")));
+        while let Some(i) = buf.find('\n') {
+            let line: Value = serde_json::from_str(&buf[..i]).expect("json");
+            buf.drain(..=i);
+            if line["stream"] == "stdout" {
+                let printed: u128 = line["data"]
+                    .as_str()
+                    .unwrap_or("")
+                    .trim()
+                    .parse()
+                    .expect("ns");
+                let now = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .expect("clock")
+                    .as_nanos();
+                lags.push(now.saturating_sub(printed) / 1_000_000);
+            }
+        }
+    }
+    assert_eq!(lags.len(), 4);
+    assert!(lags.iter().all(|ms| *ms < 200), "lags in ms: {lags:?}");
+}
+
+/// Reads a whole log stream, counting output bytes and dropped bytes.
+async fn count_stream(server: &TestServer, sid: &str, cid: &str) -> (u64, u64, Value) {
+    let resp = server
+        .client
+        .get(format!(
+            "{}/v1/sandboxes/{sid}/commands/{cid}/logs",
+            server.base
+        ))
+        .send()
+        .await
+        .expect("logs");
+    let mut body = resp.bytes_stream();
+    let mut buf: Vec<u8> = Vec::new();
+    let (mut data, mut dropped, mut exit) = (0u64, 0u64, Value::Null);
+    while let Some(chunk) = body.next().await {
+        buf.extend_from_slice(&chunk.expect("chunk"));
+        let mut start = 0;
+        while let Some(i) = buf[start..].iter().position(|b| *b == b'\n') {
+            let line: Value = serde_json::from_slice(&buf[start..start + i]).expect("json");
+            start += i + 1;
+            match line["stream"].as_str() {
+                Some("stdout") => data += line["data"].as_str().expect("data").len() as u64,
+                Some("dropped") => dropped += line["bytes"].as_u64().expect("bytes"),
+                Some("exit") => exit = line,
+                _ => {}
+            }
+        }
+        buf.drain(..start);
+    }
+    (data, dropped, exit)
+}
+
+#[tokio::test]
+async fn two_hundred_megabytes_are_accounted_for_exactly() {
+    let server = TestServer::start().await;
+    let sid = sandbox(&server).await;
+    let total: u64 = 200 * 1024 * 1024;
+    let cid = start(&server, &sid, json!({"command": format!("yes abcdefghijklmnopqrstuvwxyz0123456789 | head -c {total}"), "timeoutMs": 120000})).await;
+    let (data, dropped, exit) = count_stream(&server, &sid, &cid).await;
+    assert_eq!(exit["exitCode"], 0);
+    assert_eq!(data + dropped, total, "data {data} + dropped {dropped}");
+}
+
+#[tokio::test]
+async fn a_late_reader_is_told_what_it_missed() {
+    let server = TestServer::start_with(
+        ServerOptions::default().env("SANDBOXD_OUTPUT_BUFFER_BYTES", "65536"),
+    )
+    .await;
+    let sid = sandbox(&server).await;
+    let total: u64 = 1024 * 1024;
+    let cid = start(
+        &server,
+        &sid,
+        json!({"command": format!("yes 0123456789 | head -c {total}")}),
+    )
+    .await;
+    wait(&server, &sid, &cid).await;
+    let lines = logs(&server, &sid, &cid, "").await;
+    assert_eq!(lines[0]["stream"], "dropped", "{}", lines[0]);
+    let dropped = lines[0]["bytes"].as_u64().expect("bytes");
+    let kept = text_of(&lines, "stdout").len() as u64;
+    assert_eq!(dropped + kept, total);
+    assert!(kept <= 65536);
+    assert_eq!(lines.last().expect("exit")["stream"], "exit");
+}
+
+fn rss_kb(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
+    status
+        .lines()
+        .find(|l| l.starts_with("VmRSS:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|n| n.parse().ok())
+        .expect("VmRSS")
+}
+
+#[tokio::test]
+async fn a_gigabyte_nobody_reads_keeps_memory_bounded_and_is_not_blocked() {
+    let server = TestServer::start().await;
+    let sid = sandbox(&server).await;
+    sh(&server, &sid, "true").await;
+    let pid = server.pid().expect("pid");
+    let before = rss_kb(pid);
+    let r = run(&server, &sid, json!({"command": "head -c 1073741824 /dev/zero | tr '\\0' x; echo", "timeoutMs": 300000, "maxOutputBytes": 16})).await;
+    assert_eq!(r["exitCode"], 0);
+    assert_eq!(r["stdoutTruncatedBytes"].as_u64(), Some(1_073_741_825 - 16));
+    let after = rss_kb(pid);
+    let growth_mb = after.saturating_sub(before) / 1024;
+    assert!(
+        growth_mb < 8 + 32,
+        "RSS grew by {growth_mb} MB (ring is 8 MB)"
+    );
+}
+
+#[tokio::test]
+async fn concurrency_limit_and_busy_sandboxes() {
+    let server = TestServer::start_with(
+        ServerOptions::default()
+            .env("SANDBOXD_MAX_RUNNING_COMMANDS", "2")
+            .env("SANDBOXD_MAX_CONCURRENT", "1"),
+    )
+    .await;
+    let sid = server
+        .create(json!({"sessionKey": "busy", "idleTtlMs": 10000, "network": {"mode": "none"}}))
+        .await;
+    let a = start(&server, &sid, json!({"command": "sleep 14"})).await;
+    let _b = start(&server, &sid, json!({"command": "sleep 14"})).await;
+    let (s, v) = server
+        .post(
+            &format!("/v1/sandboxes/{sid}/commands"),
+            json!({"command": "true"}),
+        )
+        .await;
+    assert_eq!(
+        (s, v["code"].clone()),
+        (429, json!("too_many_commands")),
+        "{v}"
+    );
+    let (_, view) = server.get(&format!("/v1/sandboxes/{sid}")).await;
+    assert_eq!(view["runningCommands"], 2);
+    // At capacity with every sandbox busy: 429, nothing evicted.
+    let (s, v) = server
+        .post("/v1/sandboxes", json!({"sessionKey": "other"}))
+        .await;
+    assert_eq!((s, v["code"].clone()), (429, json!("at_capacity")), "{v}");
+    // Past its 10 s TTL while busy: not expired.
+    tokio::time::sleep(Duration::from_secs(12)).await;
+    assert_eq!(
+        server.get(&format!("/v1/sandboxes/{sid}")).await.0,
+        200,
+        "busy sandboxes do not expire"
+    );
+    wait(&server, &sid, &a).await;
+    assert!(server.log_text().contains("command_ended"));
+}
+
+#[tokio::test]
+async fn commands_are_listed_then_forgotten_after_retention() {
+    let server = TestServer::start_with(
+        ServerOptions::default().env("SANDBOXD_COMMAND_RETENTION_MS", "1000"),
+    )
+    .await;
+    let sid = sandbox(&server).await;
+    let done = start(
+        &server,
+        &sid,
+        json!({"cmd": "bash", "args": ["-lc", "echo listed"]}),
+    )
+    .await;
+    wait(&server, &sid, &done).await;
+    let running = start(&server, &sid, json!({"command": "sleep 30"})).await;
+    let (s, v) = server.get(&format!("/v1/sandboxes/{sid}/commands")).await;
+    assert_eq!(s, 200);
+    let list = v["commands"].as_array().expect("array");
+    assert_eq!(list.len(), 2);
+    assert_eq!(list[0]["commandId"], json!(done));
+    assert_eq!(list[0]["state"], "exited");
+    assert_eq!(list[0]["exitCode"], 0);
+    assert_eq!(list[0]["summary"], "echo listed");
+    assert!(list[0]["finishedAt"].as_u64().is_some());
+    assert_eq!(list[1]["state"], "running");
+    assert_eq!(list[1]["exitCode"], Value::Null);
+    eventually(
+        Duration::from_secs(15),
+        "the finished command is forgotten",
+        || async {
+            server
+                .get(&format!("/v1/sandboxes/{sid}/commands/{done}/wait"))
+                .await
+                .0
+                == 404
+        },
+    )
+    .await;
+    assert_eq!(
+        server.get(&format!("/v1/sandboxes/{sid}/commands")).await.1["commands"]
+            .as_array()
+            .map(Vec::len),
+        Some(1)
+    );
+    server
+        .post(
+            &format!("/v1/sandboxes/{sid}/commands/{running}:kill"),
+            json!(null),
+        )
+        .await;
+}
+
+#[tokio::test]
+async fn a_command_running_across_a_restart_is_reported_lost() {
+    let mut server = TestServer::start().await;
+    let sid = sandbox(&server).await;
+    let cid = start(
+        &server,
+        &sid,
+        json!({"command": "sleep 5151", "timeoutMs": 600000}),
+    )
+    .await;
+    eventually(Duration::from_secs(5), "it runs", || async {
+        sh(&server, &sid, "ps -eo args").await["stdout"]
+            .as_str()
+            .unwrap_or("")
+            .contains("sleep 5151")
+    })
+    .await;
+    server.restart().await;
+    let (_, v) = server.get(&format!("/v1/sandboxes/{sid}/commands")).await;
+    let entry = v["commands"]
+        .as_array()
+        .and_then(|l| l.iter().find(|c| c["commandId"] == json!(cid)).cloned())
+        .expect("listed");
+    assert_eq!(entry["state"], "lost");
+    assert_eq!(entry["exitCode"], Value::Null, "no invented exit code");
+    for path in ["wait", "logs"] {
+        let (s, v) = server
+            .get(&format!("/v1/sandboxes/{sid}/commands/{cid}/{path}"))
+            .await;
+        assert_eq!(
+            (s, v["code"].clone()),
+            (410, json!("command_lost")),
+            "{path}: {v}"
+        );
+    }
+    // Its processes kept running; kill ends them.
+    assert!(
+        sh(&server, &sid, "ps -eo args").await["stdout"]
+            .as_str()
+            .unwrap_or("")
+            .contains("sleep 5151")
+    );
+    let (s, _) = server
+        .post(
+            &format!("/v1/sandboxes/{sid}/commands/{cid}:kill"),
+            json!(null),
+        )
+        .await;
+    assert_eq!(s, 200);
+    assert!(
+        !sh(&server, &sid, "ps -eo args").await["stdout"]
+            .as_str()
+            .unwrap_or("")
+            .contains("sleep 5151")
+    );
+}
