@@ -7,6 +7,7 @@ use tokio_util::sync::CancellationToken;
 use crate::command::Commands;
 use crate::config::Config;
 use crate::engine::Engine;
+use crate::files::Files;
 use crate::sandbox::Sandboxes;
 
 /// Shared state: configuration, the engine handle and the domain services.
@@ -16,6 +17,7 @@ pub struct App {
     pub engine: Engine,
     pub sandboxes: Arc<Sandboxes>,
     pub commands: Arc<Commands>,
+    pub files: Files,
     /// Cancelled on SIGTERM: background tasks and long requests end.
     pub shutdown: CancellationToken,
 }
@@ -31,11 +33,13 @@ impl App {
             engine.clone(),
             Arc::clone(&sandboxes),
         ));
+        let files = Files::new(Arc::clone(&config), engine.clone(), Arc::clone(&sandboxes));
         Arc::new(App {
             config,
             engine,
             sandboxes,
             commands,
+            files,
             shutdown: CancellationToken::new(),
         })
     }

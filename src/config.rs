@@ -59,6 +59,8 @@ pub const DEFAULT_COMMAND_RETENTION_MS: u64 = 10 * 60 * 1000;
 pub const DEFAULT_MAX_FINISHED_COMMANDS: usize = 100;
 /// Most commands running at once in one sandbox.
 pub const DEFAULT_MAX_RUNNING_COMMANDS: usize = 64;
+/// Largest file `files:read` returns.
+pub const DEFAULT_MAX_FILE_BYTES: u64 = 32 * 1024 * 1024;
 /// A silent log stream sends a heartbeat line this often.
 pub const DEFAULT_LOG_HEARTBEAT_MS: u64 = 15_000;
 /// Runtime names that exist without any configuration; RemcoChat sends the
@@ -129,6 +131,7 @@ pub struct Config {
     pub max_finished_commands: usize,
     pub max_running_commands: usize,
     pub log_heartbeat_ms: u64,
+    pub max_file_bytes: u64,
     pub runtimes: BTreeMap<String, RuntimeConfig>,
 }
 
@@ -191,6 +194,7 @@ struct FileConfig {
     max_finished_commands: Option<usize>,
     max_running_commands: Option<usize>,
     log_heartbeat_ms: Option<u64>,
+    max_file_bytes: Option<u64>,
     #[serde(default)]
     runtimes: BTreeMap<String, RuntimeConfig>,
 }
@@ -401,6 +405,11 @@ impl Config {
                 log_heartbeat_ms,
                 DEFAULT_LOG_HEARTBEAT_MS
             ),
+            max_file_bytes: num!(
+                "SANDBOXD_MAX_FILE_BYTES",
+                max_file_bytes,
+                DEFAULT_MAX_FILE_BYTES
+            ),
             runtimes,
         };
         let network_name = match network_name {
@@ -520,6 +529,12 @@ impl Config {
             return Err(ConfigError::invalid(
                 "max_finished_commands",
                 "must be between 1 and 10000",
+            ));
+        }
+        if !(1..=1 << 32).contains(&self.max_file_bytes) {
+            return Err(ConfigError::invalid(
+                "max_file_bytes",
+                "must be between 1 and 4294967296",
             ));
         }
         if !(100..=60_000).contains(&self.log_heartbeat_ms) {

@@ -13,7 +13,7 @@
 //! - [`api`]: routes, auth, extractors, the one error type.
 //! - [`sandbox`]: registry, lifecycle, labels, reaper, rehydration.
 //! - [`command`]: commands, their output logs, timeouts and tree kills.
-//! - [`files`]: workspace path rules.
+//! - [`files`]: read, write, list, delete inside the workspace, symlink-safe.
 //! - [`id`]: random identifiers.
 //! - [`engine`]: the container engine, behind a small interface.
 

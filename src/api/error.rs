@@ -8,6 +8,7 @@ use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
 use crate::command::CommandError;
+use crate::files::FileError;
 use crate::sandbox::SandboxError;
 
 /// An error answer: `{"error": message, "code": code}` with `status`.
@@ -91,5 +92,30 @@ impl From<CommandError> for ApiError {
                 ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "shutting_down", message)
             }
         }
+    }
+}
+
+impl From<FileError> for ApiError {
+    fn from(e: FileError) -> Self {
+        let message = e.to_string();
+        let (status, code) = match e {
+            FileError::Sandbox(inner) => return inner.into(),
+            FileError::Invalid(_) => (StatusCode::BAD_REQUEST, "invalid_request"),
+            FileError::Escape(_) => (StatusCode::BAD_REQUEST, "symlink_escape"),
+            FileError::NotFound(_) => (StatusCode::NOT_FOUND, "file_not_found"),
+            FileError::IsDirectory(_) => (StatusCode::BAD_REQUEST, "is_a_directory"),
+            FileError::NotDirectory(_) => (StatusCode::BAD_REQUEST, "not_a_directory"),
+            FileError::NeedsRecursive(_) => (StatusCode::CONFLICT, "needs_recursive"),
+            FileError::NotRegular(_) => (StatusCode::BAD_REQUEST, "not_a_regular_file"),
+            FileError::TooLarge(_) => (StatusCode::PAYLOAD_TOO_LARGE, "file_too_large"),
+            FileError::Changed(_) => (StatusCode::CONFLICT, "path_changed"),
+            FileError::NoSpace(_) => (StatusCode::INSUFFICIENT_STORAGE, "insufficient_storage"),
+            FileError::PermissionDenied(_) => (StatusCode::FORBIDDEN, "permission_denied"),
+            FileError::Helper(ref m) => {
+                tracing::error!(error = %m, "file helper failed");
+                (StatusCode::BAD_GATEWAY, "file_helper_failed")
+            }
+        };
+        ApiError::new(status, code, message)
     }
 }

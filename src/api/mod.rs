@@ -6,6 +6,7 @@ mod auth;
 mod commands;
 pub mod error;
 mod extract;
+mod files;
 mod health;
 mod sandboxes;
 
@@ -53,6 +54,10 @@ pub fn router(app: Arc<App>) -> Router {
             "/v1/sandboxes/{id}/commands/{cid}/logs",
             get(commands::stream_logs),
         )
+        .route("/v1/sandboxes/{id}/files:read", get(files::read_file))
+        .route("/v1/sandboxes/{id}/files:write", post(files::write_files))
+        .route("/v1/sandboxes/{id}/files:list", get(files::list_files))
+        .route("/v1/sandboxes/{id}/files:delete", post(files::delete_files))
         .route_layer(axum::middleware::from_fn_with_state(
             Arc::clone(&app),
             auth::require_token,
@@ -85,15 +90,23 @@ async fn refuse_declared_oversize(
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
     match declared {
-        Some(n) if n > app.config.max_body_bytes as u64 => ApiError::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "body_too_large",
-            format!(
-                "the request body ({n} bytes) is larger than max_body_bytes ({})",
-                app.config.max_body_bytes
-            ),
-        )
-        .into_response(),
+        Some(n) if n > app.config.max_body_bytes as u64 => {
+            let mut resp = ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "body_too_large",
+                format!(
+                    "the request body ({n} bytes) is larger than max_body_bytes ({})",
+                    app.config.max_body_bytes
+                ),
+            )
+            .into_response();
+            // The body stays unread: the connection cannot be reused.
+            resp.headers_mut().insert(
+                header::CONNECTION,
+                header::HeaderValue::from_static("close"),
+            );
+            resp
+        }
         _ => next.run(req).await,
     }
 }
