@@ -59,6 +59,9 @@ pub const DEFAULT_COMMAND_RETENTION_MS: u64 = 10 * 60 * 1000;
 pub const DEFAULT_MAX_FINISHED_COMMANDS: usize = 100;
 /// Most commands running at once in one sandbox.
 pub const DEFAULT_MAX_RUNNING_COMMANDS: usize = 64;
+/// Output all commands together may hold; past it the oldest finished
+/// logs are dropped, then running ones are trimmed.
+pub const DEFAULT_OUTPUT_MEMORY_BYTES: usize = 256 * 1024 * 1024;
 /// Largest file `files:read` returns.
 pub const DEFAULT_MAX_FILE_BYTES: u64 = 32 * 1024 * 1024;
 /// A silent log stream sends a heartbeat line this often.
@@ -132,6 +135,7 @@ pub struct Config {
     pub max_running_commands: usize,
     pub log_heartbeat_ms: u64,
     pub max_file_bytes: u64,
+    pub output_memory_bytes: usize,
     pub runtimes: BTreeMap<String, RuntimeConfig>,
 }
 
@@ -195,6 +199,7 @@ struct FileConfig {
     max_running_commands: Option<usize>,
     log_heartbeat_ms: Option<u64>,
     max_file_bytes: Option<u64>,
+    output_memory_bytes: Option<usize>,
     #[serde(default)]
     runtimes: BTreeMap<String, RuntimeConfig>,
 }
@@ -410,6 +415,11 @@ impl Config {
                 max_file_bytes,
                 DEFAULT_MAX_FILE_BYTES
             ),
+            output_memory_bytes: num!(
+                "SANDBOXD_OUTPUT_MEMORY_BYTES",
+                output_memory_bytes,
+                DEFAULT_OUTPUT_MEMORY_BYTES
+            ),
             runtimes,
         };
         let network_name = match network_name {
@@ -529,6 +539,12 @@ impl Config {
             return Err(ConfigError::invalid(
                 "max_finished_commands",
                 "must be between 1 and 10000",
+            ));
+        }
+        if self.output_memory_bytes < self.output_buffer_bytes {
+            return Err(ConfigError::invalid(
+                "output_memory_bytes",
+                "must be at least output_buffer_bytes",
             ));
         }
         if !(1..=1 << 32).contains(&self.max_file_bytes) {

@@ -34,7 +34,7 @@ pub(super) async fn run_command(
     Path(id): Path<String>,
     Json(req): Json<CommandRequest>,
 ) -> Result<Response, ApiError> {
-    let out = app.commands.run(&id, req).await?;
+    let out = app.commands.run(&id, req, &app.shutdown).await?;
     Ok(axum::Json(out).into_response())
 }
 

@@ -263,6 +263,25 @@ impl OutputLog {
             .unwrap_or((0, 0))
     }
 
+    /// Bytes of lines held now.
+    pub fn retained_bytes(&self) -> usize {
+        self.state.lock().map(|st| st.retained).unwrap_or(0)
+    }
+
+    /// Drops the oldest records until at most `max` bytes are held (the
+    /// exit record stays). Readers that needed them get a `dropped` record.
+    pub fn trim_to(&self, max: usize) {
+        if let Ok(mut st) = self.state.lock() {
+            while st.retained > max {
+                let Some(old) = st.records.pop_front() else {
+                    break;
+                };
+                st.retained -= old.line.len();
+                st.checkpoint(old.seq, old.start + old.raw_len);
+            }
+        }
+    }
+
     /// The last record number handed out.
     pub fn last_seq(&self) -> u64 {
         self.state.lock().map(|st| st.next_seq - 1).unwrap_or(0)
@@ -551,6 +570,24 @@ mod tests {
         assert!(st.retained <= 64 * 1024 + 40 * 1024, "{}", st.retained);
         assert!(st.checkpoints.len() <= MAX_CHECKPOINTS);
         assert_eq!(st.stdout_bytes, 2000 * 32 * 1024);
+    }
+
+    #[test]
+    fn trimming_reports_drops_and_keeps_the_exit() {
+        let log = OutputLog::new(1 << 20);
+        for _ in 0..10 {
+            log.append(OutputStream::Stdout, b"0123456789");
+        }
+        log.finish(ExitInfo {
+            exit_code: 0,
+            timed_out: false,
+            killed: false,
+        });
+        log.trim_to(0);
+        assert_eq!(log.retained_bytes(), 0);
+        let v = lines(&log.read(&mut Cursor::after(0)));
+        assert_eq!(v.len(), 1, "{v:?}");
+        assert_eq!(v[0]["stream"], "exit");
     }
 
     #[test]

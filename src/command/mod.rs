@@ -114,6 +114,8 @@ pub struct Command {
     finished: watch::Sender<Option<Finished>>,
     /// Found running after a restart of sandboxd: no output, no status.
     lost: bool,
+    /// When a lost command was found (ms); 0 for others.
+    found_at: u64,
 }
 
 impl Command {
@@ -223,9 +225,17 @@ impl Commands {
     }
 
     /// Runs a command to its end and returns each stream's tail.
-    pub async fn run(&self, sandbox_id: &str, req: CommandRequest) -> CommandResult<RunOutput> {
+    pub async fn run(
+        &self,
+        sandbox_id: &str,
+        req: CommandRequest,
+        shutdown: &CancellationToken,
+    ) -> CommandResult<RunOutput> {
         let cmd = self.start_inner(sandbox_id, req, true).await?;
-        let done = cmd.ended().await;
+        let done = tokio::select! {
+            f = cmd.ended() => f,
+            _ = shutdown.cancelled() => return Err(CommandError::ShuttingDown),
+        };
         let ((stdout, out_cut), (stderr, err_cut)) = match cmd.tails.as_ref().map(|t| t.lock()) {
             Some(Ok(t)) => (t[0].finish(), t[1].finish()),
             _ => ((String::new(), 0), (String::new(), 0)),
@@ -250,12 +260,10 @@ impl Commands {
     ) -> CommandResult<Arc<Command>> {
         let spec = CommandSpec::parse(req, &self.config).map_err(CommandError::Invalid)?;
         let sandbox = self.sandboxes.lookup(sandbox_id).await?;
-        if sandbox.running_commands() >= self.config.max_running_commands {
-            return Err(CommandError::TooMany {
-                max: self.config.max_running_commands,
-            });
-        }
-        let running = sandbox.command_started();
+        let max = self.config.max_running_commands;
+        let running = sandbox
+            .command_started(max)
+            .ok_or(CommandError::TooMany { max })?;
         let id = new_command_id();
         let exec = self.exec_request(&id, &spec);
         let session = match self.engine.exec(&sandbox.container, &exec).await {
@@ -289,6 +297,7 @@ impl Commands {
             kill: kill_tx,
             finished: watch::channel(None).0,
             lost: false,
+            found_at: 0,
         });
         self.all.insert(id, Arc::clone(&cmd));
         let drive = Drive {
@@ -415,36 +424,6 @@ impl Commands {
         Ok(out)
     }
 
-    /// The last lines of output of the sandbox's most recent command.
-    pub fn recent_output(&self, sandbox_id: &str, max_bytes: usize) -> Option<String> {
-        let latest = self
-            .all
-            .iter()
-            .filter(|c| c.sandbox_id == sandbox_id && !c.lost)
-            .max_by_key(|c| (c.started_at, c.id.clone()))
-            .map(|c| Arc::clone(&c))?;
-        let mut cursor = log::Cursor::after(0);
-        let mut text = String::new();
-        loop {
-            let batch = latest.log.read(&mut cursor);
-            for line in &batch.lines {
-                if let Ok(v) = serde_json::from_slice::<serde_json::Value>(line) {
-                    if let Some(d) = v.get("data").and_then(|d| d.as_str()) {
-                        text.push_str(d);
-                    }
-                }
-            }
-            if batch.done || batch.lines.is_empty() {
-                break;
-            }
-        }
-        let cut = text.len().saturating_sub(max_bytes);
-        let start = (cut..=text.len())
-            .find(|i| text.is_char_boundary(*i))
-            .unwrap_or(text.len());
-        Some(text[start..].to_string())
-    }
-
     /// Drops finished commands past their retention, past the per-sandbox
     /// count, or of sandboxes that are gone.
     pub fn prune(&self) {
@@ -463,7 +442,11 @@ impl Commands {
                     .entry(c.sandbox_id.clone())
                     .or_default()
                     .push((f.finished_at, c.id.clone())),
-                None if gone && c.lost => remove.push(c.id.clone()),
+                // We cannot see a lost command end: it stays listed for the
+                // retention time after it was found, then is forgotten.
+                None if c.lost && (gone || now.saturating_sub(c.found_at) > retention) => {
+                    remove.push(c.id.clone())
+                }
                 None => {}
             }
         }
@@ -476,6 +459,40 @@ impl Commands {
         }
         for id in remove {
             self.all.remove(&id);
+        }
+        self.enforce_output_budget();
+    }
+
+    /// Keeps the output all commands retain under `output_memory_bytes`:
+    /// the logs of finished commands go first, oldest first; then the
+    /// biggest running ones are halved. Readers see `dropped` records.
+    fn enforce_output_budget(&self) {
+        let budget = self.config.output_memory_bytes;
+        let mut logs: Vec<(Option<u64>, usize, Arc<Command>)> = self
+            .all
+            .iter()
+            .map(|c| {
+                (
+                    c.finished().map(|f| f.finished_at),
+                    c.log.retained_bytes(),
+                    Arc::clone(&c),
+                )
+            })
+            .collect();
+        let mut total: usize = logs.iter().map(|(_, n, _)| n).sum();
+        if total <= budget {
+            return;
+        }
+        logs.sort_by_key(|(finished, n, _)| {
+            (finished.is_none(), finished.unwrap_or(0), usize::MAX - n)
+        });
+        for (finished, n, c) in &logs {
+            if total <= budget {
+                return;
+            }
+            let keep = if finished.is_some() { 0 } else { n / 2 };
+            c.log.trim_to(keep);
+            total = total - n + c.log.retained_bytes();
         }
     }
 
@@ -497,7 +514,7 @@ impl Commands {
             )
             .await
             {
-                Some(o) => o,
+                Some((o, _)) => o,
                 None => continue,
             };
             for id in out
@@ -522,6 +539,7 @@ impl Commands {
                         kill,
                         finished: watch::channel(None).0,
                         lost: true,
+                        found_at: now_ms(),
                     }),
                 );
             }
@@ -540,16 +558,19 @@ pub async fn run_pruner(commands: Arc<Commands>, shutdown: CancellationToken) {
     }
 }
 
-/// Runs `req` and returns its stdout, or None if it failed or took too long.
+/// Runs `req` and returns its stdout and exit code, or None if it failed or
+/// took too long.
 async fn run_to_end(
     engine: &Engine,
     container: &str,
     req: &ExecRequest,
     limit: Duration,
-) -> Option<String> {
+) -> Option<(String, Option<i64>)> {
     let session = engine.exec(container, req).await.ok()?;
     let ExecSession {
-        mut output, stdin, ..
+        id,
+        mut output,
+        stdin,
     } = session;
     let collect = async {
         let mut out = Vec::new();
@@ -562,12 +583,17 @@ async fn run_to_end(
     };
     let out = tokio::time::timeout(limit, collect).await.ok();
     drop(stdin);
-    out.map(|o| String::from_utf8_lossy(&o).into_owned())
+    let out = out?;
+    Some((
+        String::from_utf8_lossy(&out).into_owned(),
+        exit_code_of(engine, &id).await,
+    ))
 }
 
 /// Ends every process marked with `command_id` from a separate exec: the
-/// fallback when the command's own supervisor is gone or stuck.
-async fn sweep(engine: &Engine, container: &str, command_id: &str, grace_ms: u64) {
+/// fallback when the command's own supervisor is gone or stuck. Returns the
+/// sweep's verdict: 143 when SIGTERM sufficed, 137 when SIGKILL was needed.
+async fn sweep(engine: &Engine, container: &str, command_id: &str, grace_ms: u64) -> Option<i64> {
     let req = supervisor_exec(
         "sandboxd-sweep",
         [
@@ -578,8 +604,12 @@ async fn sweep(engine: &Engine, container: &str, command_id: &str, grace_ms: u64
         vec![],
     );
     let limit = Duration::from_millis(grace_ms) + ABANDON_AFTER;
-    if run_to_end(engine, container, &req, limit).await.is_none() {
-        tracing::warn!(command_id, "the fallback sweep did not finish");
+    match run_to_end(engine, container, &req, limit).await {
+        Some((_, code)) => code,
+        None => {
+            tracing::warn!(command_id, "the fallback sweep did not finish");
+            None
+        }
     }
 }
 
@@ -621,6 +651,7 @@ impl Drive {
         let (mut timed_out, mut killed) = (false, false);
         let mut kill_sent: Option<tokio::time::Instant> = None;
         let mut swept = false;
+        let mut sweep_code = None;
         let mut abandoned = false;
         let far = deadline + Duration::from_secs(86_400 * 365);
 
@@ -643,7 +674,7 @@ impl Drive {
                 }
                 _ = tokio::time::sleep_until(sweep_at), if !swept => {
                     swept = true;
-                    sweep(&self.engine, &self.container, &self.cmd.id, self.grace_ms).await;
+                    sweep_code = sweep(&self.engine, &self.container, &self.cmd.id, self.grace_ms).await;
                     false
                 }
                 _ = tokio::time::sleep_until(abandon_at) => {
@@ -708,8 +739,12 @@ impl Drive {
                 killed: false,
             }
         } else if killed {
+            // The supervisor reports 143 or 137; when the fallback sweep ran
+            // instead, the supervisor itself was among those it signalled,
+            // so the sweep's own verdict is the one that counts.
+            let verdict = if swept { sweep_code } else { code };
             ExitInfo {
-                exit_code: if code == Some(143) { 143 } else { 137 },
+                exit_code: if verdict == Some(143) { 143 } else { 137 },
                 timed_out: false,
                 killed: true,
             }

@@ -12,7 +12,7 @@ use crate::files::path::WorkspacePath;
 /// Default for `maxOutputBytes` of `commands:run`.
 pub const DEFAULT_RUN_OUTPUT_BYTES: usize = 1024 * 1024;
 /// Most `maxOutputBytes` a run may ask for, per stream.
-pub const MAX_RUN_OUTPUT_BYTES: usize = 64 * 1024 * 1024;
+pub const MAX_RUN_OUTPUT_BYTES: usize = 16 * 1024 * 1024;
 /// The environment variable that marks a command's processes.
 pub const MARKER_VAR: &str = "SANDBOXD_CMD";
 const SUMMARY_CHARS: usize = 120;

@@ -14,8 +14,9 @@
 #   ... NAME sweep GRACE_MS COMMAND_ID
 # is the fallback, when the supervisor itself is gone, and
 #   ... NAME list 0
-# prints the ids of commands that still have processes (after a restart of
-# sandboxd, to report them as lost).
+# prints the ids of commands whose supervisor still runs (after a restart of
+# sandboxd, to report them as lost; leftovers of finished commands, such as
+# a preview server, do not count).
 set -u
 # The script itself travels in this variable; the command must not inherit it.
 unset SANDBOXD_SUPERVISOR
@@ -78,6 +79,8 @@ if [ "$mode" = list ]; then
   declare -A seen=()
   for d in /proc/[0-9]*; do
     [ "${d#/proc/}" = "$$" ] && continue
+    mapfile -d '' -t argv 2>/dev/null <"$d/cmdline" || continue
+    [ "${argv[3]:-}" = sandboxd-supervisor ] && [ "${argv[4]:-}" = supervise ] || continue
     mapfile -d '' -t envs 2>/dev/null <"$d/environ" || continue
     for e in "${envs[@]}"; do
       case $e in SANDBOXD_CMD=*) seen[${e#SANDBOXD_CMD=}]=1 ;; esac
@@ -122,7 +125,9 @@ exec 4<&0 0</dev/null
 
 killed=0
 trap 'killed=1' USR1
-"$@" <&3 3<&- 4<&- &
+# A background job of a non-interactive shell starts with SIGINT and SIGQUIT
+# ignored; the command should see them like in a terminal.
+( trap - INT QUIT; exec "$@" ) <&3 3<&- 4<&- &
 child=$!
 exec 3<&-
 { IFS= read -r _ <&4 && kill -USR1 $$; } &

@@ -125,10 +125,16 @@ impl Sandbox {
         OpenRequest(Arc::clone(self))
     }
 
-    /// Counts a command as running until the guard drops.
-    pub fn command_started(self: &Arc<Self>) -> RunningCommand {
-        self.running_commands.fetch_add(1, Ordering::Relaxed);
-        RunningCommand(Arc::clone(self))
+    /// Counts a command as running until the guard drops, unless `max`
+    /// already run (checked and counted in one step, so racing starts
+    /// cannot pass the limit together).
+    pub fn command_started(self: &Arc<Self>, max: usize) -> Option<RunningCommand> {
+        self.running_commands
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < max).then_some(n + 1)
+            })
+            .ok()
+            .map(|_| RunningCommand(Arc::clone(self)))
     }
 
     /// The facts the labels carry.
