@@ -8,6 +8,7 @@ use crate::command::Commands;
 use crate::config::Config;
 use crate::engine::Engine;
 use crate::files::Files;
+use crate::ports::Ports;
 use crate::sandbox::Sandboxes;
 
 /// Shared state: configuration, the engine handle and the domain services.
@@ -18,6 +19,7 @@ pub struct App {
     pub sandboxes: Arc<Sandboxes>,
     pub commands: Arc<Commands>,
     pub files: Files,
+    pub ports: Ports,
     /// Cancelled on SIGTERM: background tasks and long requests end.
     pub shutdown: CancellationToken,
 }
@@ -34,12 +36,14 @@ impl App {
             Arc::clone(&sandboxes),
         ));
         let files = Files::new(Arc::clone(&config), engine.clone(), Arc::clone(&sandboxes));
+        let ports = Ports::new(Arc::clone(&config), engine.clone(), Arc::clone(&sandboxes));
         Arc::new(App {
             config,
             engine,
             sandboxes,
             commands,
             files,
+            ports,
             shutdown: CancellationToken::new(),
         })
     }

@@ -62,6 +62,8 @@ pub const DEFAULT_MAX_RUNNING_COMMANDS: usize = 64;
 /// Output all commands together may hold; past it the oldest finished
 /// logs are dropped, then running ones are trimmed.
 pub const DEFAULT_OUTPUT_MEMORY_BYTES: usize = 256 * 1024 * 1024;
+/// Where link networks (sandbox <-> its port proxies) get their /29s.
+pub const DEFAULT_LINK_SUBNET_POOL: &str = "10.213.0.0/16";
 /// Largest file `files:read` returns.
 pub const DEFAULT_MAX_FILE_BYTES: u64 = 32 * 1024 * 1024;
 /// A silent log stream sends a heartbeat line this often.
@@ -136,6 +138,8 @@ pub struct Config {
     pub log_heartbeat_ms: u64,
     pub max_file_bytes: u64,
     pub output_memory_bytes: usize,
+    pub proxy_image: Option<String>,
+    pub link_subnet_pool: String,
     pub runtimes: BTreeMap<String, RuntimeConfig>,
 }
 
@@ -200,6 +204,8 @@ struct FileConfig {
     log_heartbeat_ms: Option<u64>,
     max_file_bytes: Option<u64>,
     output_memory_bytes: Option<usize>,
+    proxy_image: Option<String>,
+    link_subnet_pool: Option<String>,
     #[serde(default)]
     runtimes: BTreeMap<String, RuntimeConfig>,
 }
@@ -420,6 +426,19 @@ impl Config {
                 output_memory_bytes,
                 DEFAULT_OUTPUT_MEMORY_BYTES
             ),
+            proxy_image: pick_str(
+                "SANDBOXD_PROXY_IMAGE",
+                file.proxy_image.clone(),
+                "proxy_image",
+            )
+            .map(|(_, v)| v),
+            link_subnet_pool: pick_str(
+                "SANDBOXD_LINK_SUBNET_POOL",
+                file.link_subnet_pool.clone(),
+                "link_subnet_pool",
+            )
+            .map(|(_, v)| v)
+            .unwrap_or_else(|| DEFAULT_LINK_SUBNET_POOL.into()),
             runtimes,
         };
         let network_name = match network_name {
@@ -539,6 +558,15 @@ impl Config {
             return Err(ConfigError::invalid(
                 "max_finished_commands",
                 "must be between 1 and 10000",
+            ));
+        }
+        if crate::ports::link_subnets(&self.link_subnet_pool).is_empty() {
+            return Err(ConfigError::invalid(
+                "link_subnet_pool",
+                format!(
+                    "{:?} must be an IPv4 CIDR of /29 or larger, e.g. 10.213.0.0/16",
+                    self.link_subnet_pool
+                ),
             ));
         }
         if self.output_memory_bytes < self.output_buffer_bytes {

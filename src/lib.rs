@@ -14,6 +14,7 @@
 //! - [`sandbox`]: registry, lifecycle, labels, reaper, rehydration.
 //! - [`command`]: commands, their output logs, timeouts and tree kills.
 //! - [`files`]: read, write, list, delete inside the workspace, symlink-safe.
+//! - [`ports`]: relays and proxy containers that publish sandbox ports.
 //! - [`id`]: random identifiers.
 //! - [`engine`]: the container engine, behind a small interface.
 
@@ -24,5 +25,6 @@ pub mod config;
 pub mod engine;
 pub mod files;
 pub mod id;
+pub mod ports;
 pub mod sandbox;
 pub mod server;

@@ -9,6 +9,7 @@ use serde_json::json;
 
 use crate::command::CommandError;
 use crate::files::FileError;
+use crate::ports::PortError;
 use crate::sandbox::SandboxError;
 
 /// An error answer: `{"error": message, "code": code}` with `status`.
@@ -117,5 +118,20 @@ impl From<FileError> for ApiError {
             }
         };
         ApiError::new(status, code, message)
+    }
+}
+
+impl From<PortError> for ApiError {
+    fn from(e: PortError) -> Self {
+        let message = e.to_string();
+        match e {
+            PortError::Sandbox(inner) => inner.into(),
+            PortError::Invalid(_) => ApiError::bad_request(message),
+            PortError::NoNetwork => ApiError::new(StatusCode::CONFLICT, "no_network", message),
+            PortError::Failed(_) => {
+                tracing::error!(error = %message, "publishing a port failed");
+                ApiError::new(StatusCode::BAD_GATEWAY, "port_publish_failed", message)
+            }
+        }
     }
 }

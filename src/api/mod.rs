@@ -8,6 +8,7 @@ pub mod error;
 mod extract;
 mod files;
 mod health;
+mod ports;
 mod sandboxes;
 
 use std::sync::Arc;
@@ -58,6 +59,7 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/v1/sandboxes/{id}/files:write", post(files::write_files))
         .route("/v1/sandboxes/{id}/files:list", get(files::list_files))
         .route("/v1/sandboxes/{id}/files:delete", post(files::delete_files))
+        .route("/v1/sandboxes/{id}/ports/{port}", get(ports::port_url))
         .route_layer(axum::middleware::from_fn_with_state(
             Arc::clone(&app),
             auth::require_token,

@@ -424,6 +424,37 @@ impl Commands {
         Ok(out)
     }
 
+    /// The last `max_bytes` of output of the sandbox's most recent command
+    /// (stdout and stderr as they came), to explain why a server is not up.
+    pub fn last_output(&self, sandbox_id: &str, max_bytes: usize) -> Option<String> {
+        let latest = self
+            .all
+            .iter()
+            .filter(|c| c.sandbox_id == sandbox_id && !c.lost)
+            .max_by_key(|c| (c.started_at, c.id.clone()))
+            .map(|c| Arc::clone(&c))?;
+        let mut cursor = log::Cursor::after(0);
+        let mut text = String::new();
+        loop {
+            let batch = latest.log.read(&mut cursor);
+            for line in &batch.lines {
+                if let Ok(v) = serde_json::from_slice::<serde_json::Value>(line) {
+                    if let Some(d) = v.get("data").and_then(|d| d.as_str()) {
+                        text.push_str(d);
+                    }
+                }
+            }
+            if batch.done || batch.lines.is_empty() {
+                break;
+            }
+        }
+        let cut = text.len().saturating_sub(max_bytes);
+        let start = (cut..=text.len())
+            .find(|i| text.is_char_boundary(*i))
+            .unwrap_or(text.len());
+        Some(text[start..].to_string())
+    }
+
     /// Drops finished commands past their retention, past the per-sandbox
     /// count, or of sandboxes that are gone.
     pub fn prune(&self) {

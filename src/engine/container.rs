@@ -5,8 +5,8 @@
 use std::collections::HashMap;
 
 use bollard::models::{
-    ContainerCreateBody, HostConfig, HostConfigCgroupnsModeEnum, Mount, MountType, RestartPolicy,
-    RestartPolicyNameEnum,
+    ContainerCreateBody, HostConfig, HostConfigCgroupnsModeEnum, Mount, MountType, PortBinding,
+    RestartPolicy, RestartPolicyNameEnum,
 };
 
 /// What the domain asks for when it wants a sandbox container.
@@ -95,6 +95,77 @@ pub(crate) fn sandbox_container_body(spec: &SandboxContainer) -> ContainerCreate
     }
 }
 
+/// What the domain asks for when it wants a port proxy: a socat that
+/// listens on `listen_port`, published on `publish_ip` at a random host
+/// port, and forwards to `target_host:target_port`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProxyContainer {
+    pub name: String,
+    pub image: String,
+    pub user: String,
+    /// The network the published port lives on.
+    pub network: String,
+    /// The network shared with the sandbox only.
+    pub link_network: String,
+    pub publish_ip: String,
+    pub listen_port: u16,
+    pub target_host: String,
+    pub target_port: u16,
+    pub labels: HashMap<String, String>,
+}
+
+/// Limits of a proxy: it only shuffles bytes.
+const PROXY_MEMORY: i64 = 64 * MIB;
+const PROXY_PIDS: i64 = 64;
+
+/// The engine request for a proxy container: hardened like a sandbox.
+pub(crate) fn proxy_container_body(spec: &ProxyContainer) -> ContainerCreateBody {
+    let port_key = format!("{}/tcp", spec.listen_port);
+    let host_config = HostConfig {
+        readonly_rootfs: Some(true),
+        cap_drop: Some(vec!["ALL".into()]),
+        cap_add: Some(vec![]),
+        security_opt: Some(vec!["no-new-privileges:true".into()]),
+        privileged: Some(false),
+        pids_limit: Some(PROXY_PIDS),
+        memory: Some(PROXY_MEMORY),
+        memory_swap: Some(PROXY_MEMORY),
+        nano_cpus: Some(500_000_000),
+        init: Some(true),
+        binds: Some(vec![]),
+        devices: Some(vec![]),
+        network_mode: Some(spec.network.clone()),
+        ipc_mode: Some("private".into()),
+        cgroupns_mode: Some(HostConfigCgroupnsModeEnum::PRIVATE),
+        port_bindings: Some(HashMap::from([(
+            port_key.clone(),
+            Some(vec![PortBinding {
+                host_ip: Some(spec.publish_ip.clone()),
+                host_port: Some(String::new()),
+            }]),
+        )])),
+        restart_policy: Some(RestartPolicy {
+            name: Some(RestartPolicyNameEnum::NO),
+            maximum_retry_count: None,
+        }),
+        ..Default::default()
+    };
+    ContainerCreateBody {
+        image: Some(spec.image.clone()),
+        user: Some(spec.user.clone()),
+        working_dir: Some("/".into()),
+        cmd: Some(vec![
+            "socat".into(),
+            format!("TCP-LISTEN:{},fork,reuseaddr", spec.listen_port),
+            format!("TCP:{}:{}", spec.target_host, spec.target_port),
+        ]),
+        exposed_ports: Some(vec![port_key]),
+        labels: Some(spec.labels.clone()),
+        host_config: Some(host_config),
+        ..Default::default()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -156,6 +227,45 @@ mod tests {
         let env = body.env.expect("env");
         assert!(env.contains(&"HOME=/workspace".to_string()));
         assert!(env.contains(&"GIT_DISCOVERY_ACROSS_FILESYSTEM=1".to_string()));
+    }
+
+    #[test]
+    fn proxy_is_hardened_and_published_on_the_host_ip() {
+        let body = proxy_container_body(&ProxyContainer {
+            name: "inst-abc-port-3000".into(),
+            image: "sandboxd-runtime:latest".into(),
+            user: "1000:1000".into(),
+            network: "inst-net".into(),
+            link_network: "inst-abc-link".into(),
+            publish_ip: "127.0.0.1".into(),
+            listen_port: 8080,
+            target_host: "inst-abc".into(),
+            target_port: 52152,
+            labels: HashMap::new(),
+        });
+        let hc = body.host_config.expect("host config");
+        assert_eq!(hc.readonly_rootfs, Some(true));
+        assert_eq!(hc.cap_drop, Some(vec!["ALL".to_string()]));
+        assert_eq!(
+            hc.security_opt,
+            Some(vec!["no-new-privileges:true".to_string()])
+        );
+        assert_eq!(hc.privileged, Some(false));
+        assert!(hc.memory.is_some_and(|m| m <= 64 * MIB));
+        assert!(hc.pids_limit.is_some_and(|p| p <= 64));
+        let bindings = hc.port_bindings.expect("bindings");
+        let b = bindings["8080/tcp"].clone().expect("binding");
+        assert_eq!(b[0].host_ip.as_deref(), Some("127.0.0.1"));
+        assert_eq!(b[0].host_port.as_deref(), Some(""), "a random host port");
+        assert_eq!(body.user.as_deref(), Some("1000:1000"));
+        assert_eq!(
+            body.cmd,
+            Some(vec![
+                "socat".into(),
+                "TCP-LISTEN:8080,fork,reuseaddr".into(),
+                "TCP:inst-abc:52152".into()
+            ])
+        );
     }
 
     #[test]

@@ -16,15 +16,17 @@ use std::time::Duration;
 
 use bollard::Docker;
 use bollard::errors::Error as BollardError;
-use bollard::models::{NetworkCreateRequest, VolumeCreateRequest};
+use bollard::models::{
+    Ipam, IpamConfig, NetworkConnectRequest, NetworkCreateRequest, VolumeCreateRequest,
+};
 use bollard::query_parameters::{
-    InspectContainerOptions, ListContainersOptions, ListVolumesOptions, RemoveContainerOptions,
-    RemoveVolumeOptions, RestartContainerOptions, StartContainerOptions,
+    InspectContainerOptions, ListContainersOptions, ListNetworksOptions, ListVolumesOptions,
+    RemoveContainerOptions, RemoveVolumeOptions, RestartContainerOptions, StartContainerOptions,
 };
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-pub use container::SandboxContainer;
+pub use container::{ProxyContainer, SandboxContainer};
 use docker::DiscoveryInputs;
 pub use exec::{ExecOutput, ExecRequest, ExecSession, OutputStream};
 
@@ -78,6 +80,16 @@ pub struct ContainerRecord {
     pub name: String,
     pub labels: HashMap<String, String>,
     pub running: bool,
+    /// (container port, host port) of published TCP ports.
+    pub published: Vec<(u16, u16)>,
+}
+
+/// A network as listed.
+#[derive(Debug, Clone)]
+pub struct NetworkRecord {
+    pub name: String,
+    pub labels: HashMap<String, String>,
+    pub subnets: Vec<String>,
 }
 
 /// A volume as listed.
@@ -362,6 +374,12 @@ impl Engine {
                     .unwrap_or_default(),
                 labels: c.labels.unwrap_or_default(),
                 running: c.state.map(|s| s.to_string() == "running").unwrap_or(false),
+                published: c
+                    .ports
+                    .unwrap_or_default()
+                    .into_iter()
+                    .filter_map(|p| Some((p.private_port, p.public_port?)))
+                    .collect(),
             })
             .collect())
     }
@@ -419,6 +437,136 @@ impl Engine {
     pub async fn exec_exit_code(&self, exec_id: &str) -> EngineResult<Option<i64>> {
         let docker = self.docker()?;
         exec::exit_code(&docker, exec_id).await
+    }
+}
+
+impl Engine {
+    /// Creates a network. `internal` networks have no way out; `subnet`
+    /// pins the address range (an overlap is reported as a conflict).
+    pub async fn create_network(
+        &self,
+        name: &str,
+        labels: HashMap<String, String>,
+        internal: bool,
+        subnet: Option<&str>,
+    ) -> EngineResult<()> {
+        let docker = self.docker()?;
+        let req = NetworkCreateRequest {
+            name: name.to_string(),
+            driver: Some("bridge".into()),
+            internal: Some(internal),
+            labels: Some(labels),
+            ipam: subnet.map(|s| Ipam {
+                config: Some(vec![IpamConfig {
+                    subnet: Some(s.to_string()),
+                    ..Default::default()
+                }]),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        match docker.create_network(req).await {
+            Ok(_) => Ok(()),
+            Err(e) => match EngineError::from(e) {
+                EngineError::Failed(m) if m.contains("overlap") => Err(EngineError::Conflict(m)),
+                other => Err(other),
+            },
+        }
+    }
+
+    /// Attaches a container to a network, under extra DNS `aliases` that
+    /// resolve on that network only; already attached is fine.
+    pub async fn connect_network(
+        &self,
+        network: &str,
+        container: &str,
+        aliases: &[&str],
+    ) -> EngineResult<()> {
+        let docker = self.docker()?;
+        let req = NetworkConnectRequest {
+            container: container.to_string(),
+            endpoint_config: (!aliases.is_empty()).then(|| bollard::models::EndpointSettings {
+                aliases: Some(aliases.iter().map(|a| a.to_string()).collect()),
+                ..Default::default()
+            }),
+        };
+        match docker.connect_network(network, req).await {
+            Ok(()) => Ok(()),
+            Err(e) => match EngineError::from(e) {
+                EngineError::Failed(m) if m.contains("already exists") => Ok(()),
+                other => Err(other),
+            },
+        }
+    }
+
+    /// Removes a network; a missing one is fine.
+    pub async fn remove_network(&self, name: &str) -> EngineResult<()> {
+        let docker = self.docker()?;
+        match docker.remove_network(name).await {
+            Ok(()) => Ok(()),
+            Err(e) => match EngineError::from(e) {
+                EngineError::NotFound(_) => Ok(()),
+                other => Err(other),
+            },
+        }
+    }
+
+    /// Every network carrying all of `labels`.
+    pub async fn list_networks(&self, labels: &[(&str, &str)]) -> EngineResult<Vec<NetworkRecord>> {
+        let docker = self.docker()?;
+        let list = docker
+            .list_networks(Some(ListNetworksOptions {
+                filters: Some(label_filter(labels)),
+            }))
+            .await?;
+        Ok(list
+            .into_iter()
+            .map(|n| NetworkRecord {
+                name: n.name.unwrap_or_default(),
+                labels: n.labels.unwrap_or_default(),
+                subnets: n
+                    .ipam
+                    .and_then(|i| i.config)
+                    .unwrap_or_default()
+                    .into_iter()
+                    .filter_map(|c| c.subnet)
+                    .collect(),
+            })
+            .collect())
+    }
+
+    /// Creates a proxy container, attaches it to its link network, starts it.
+    pub async fn start_proxy(&self, spec: &ProxyContainer) -> EngineResult<()> {
+        let docker = self.docker()?;
+        let options = bollard::query_parameters::CreateContainerOptions {
+            name: Some(spec.name.clone()),
+            platform: String::new(),
+        };
+        docker
+            .create_container(Some(options), container::proxy_container_body(spec))
+            .await?;
+        // API 1.41 takes one network at create; the second is attached
+        // before start so the proxy never runs half-connected.
+        self.connect_network(&spec.link_network, &spec.name, &[])
+            .await?;
+        self.start_container(&spec.name).await
+    }
+
+    /// The host port a running container publishes `port/tcp` on.
+    pub async fn published_port(&self, container: &str, port: u16) -> EngineResult<Option<u16>> {
+        let docker = self.docker()?;
+        let info = docker
+            .inspect_container(container, None::<InspectContainerOptions>)
+            .await?;
+        if !info.state.and_then(|s| s.running).unwrap_or(false) {
+            return Ok(None);
+        }
+        Ok(info
+            .network_settings
+            .and_then(|n| n.ports)
+            .and_then(|mut p| p.remove(&format!("{port}/tcp")))
+            .flatten()
+            .and_then(|b| b.into_iter().find_map(|b| b.host_port?.parse().ok())))
     }
 }
 

@@ -559,6 +559,10 @@ impl Sandboxes {
         for name in &volumes {
             self.engine.remove_volume(name).await?;
         }
+        // Link networks, once no container holds them.
+        for n in self.engine.list_networks(&filter).await? {
+            self.engine.remove_network(&n.name).await?;
+        }
         Ok(())
     }
 

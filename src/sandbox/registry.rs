@@ -52,6 +52,8 @@ pub struct PortState {
     pub allowed: BTreeSet<u16>,
     /// Sandbox port -> host port.
     pub published: BTreeMap<u16, u16>,
+    /// The sandbox is attached to its link network (see `ports`).
+    pub linked: bool,
 }
 
 impl Sandbox {
@@ -71,6 +73,7 @@ impl Sandbox {
             ports: Mutex::new(PortState {
                 allowed: r.ports.clone(),
                 published: BTreeMap::new(),
+                linked: false,
             }),
             running_commands: AtomicUsize::new(0),
             open_requests: AtomicUsize::new(0),
@@ -107,6 +110,23 @@ impl Sandbox {
         }
         ports.allowed = union.clone();
         Ok(union)
+    }
+
+    /// Records a published port (`host` = None forgets it).
+    pub fn set_published(&self, port: u16, host: Option<u16>) {
+        if let Ok(mut p) = self.ports.lock() {
+            match host {
+                Some(h) => p.published.insert(port, h),
+                None => p.published.remove(&port),
+            };
+        }
+    }
+
+    /// Records that the sandbox is attached to its link network.
+    pub fn set_linked(&self) {
+        if let Ok(mut p) = self.ports.lock() {
+            p.linked = true;
+        }
     }
 
     pub fn running_commands(&self) -> usize {

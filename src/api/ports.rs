@@ -1,0 +1,51 @@
+//! `GET /v1/sandboxes/{id}/ports/{port}`: the URL of a sandbox port.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::http::{HeaderMap, header};
+use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
+
+use super::error::ApiError;
+use super::extract::{Path, Query};
+use crate::app::App;
+use crate::ports::MAX_WAIT_MS;
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub(super) struct PortQuery {
+    #[serde(default)]
+    wait_ms: Option<u64>,
+}
+
+/// Publishes the port if needed and answers its URL.
+pub(super) async fn port_url(
+    State(app): State<Arc<App>>,
+    Path((id, port)): Path<(String, String)>,
+    Query(q): Query<PortQuery>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let port: u16 = port.parse().ok().filter(|p| *p >= 1).ok_or_else(|| {
+        ApiError::bad_request(format!("port: {port:?} is not a number from 1 to 65535"))
+    })?;
+    if q.wait_ms.is_some_and(|w| w > MAX_WAIT_MS) {
+        return Err(ApiError::bad_request(format!(
+            "waitMs: at most {MAX_WAIT_MS}"
+        )));
+    }
+    let host = headers.get(header::HOST).and_then(|h| h.to_str().ok());
+    let commands = Arc::clone(&app.commands);
+    let answer = app
+        .ports
+        .publish(
+            &id,
+            port,
+            host,
+            q.wait_ms.map(Duration::from_millis),
+            move |sid, n| commands.last_output(sid, n),
+        )
+        .await?;
+    Ok(axum::Json(answer).into_response())
+}

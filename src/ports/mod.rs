@@ -1,0 +1,547 @@
+//! Ports: a web server running in a sandbox becomes a URL the chat user can
+//! open. Path of a connection: host port (published by a proxy container on
+//! the instance network) -> proxy (socat) -> the sandbox's link network ->
+//! relay inside the sandbox (socat on a port derived from the target) ->
+//! 127.0.0.1:PORT, so servers bound to loopback work too.
+//!
+//! The instance network has inter-container traffic off, so sandboxes cannot
+//! reach each other; a proxy reaches its sandbox only through a small
+//! internal link network that holds just the two of them (and the sandbox's
+//! other proxies). Link networks get explicit /29 subnets from
+//! `link_subnet_pool`, so they do not use up the engine's address pools.
+
+use std::net::{IpAddr, Ipv4Addr};
+use std::sync::Arc;
+use std::time::Duration;
+
+use dashmap::DashMap;
+use futures_util::StreamExt;
+use serde::Serialize;
+
+use crate::config::Config;
+use crate::engine::{Engine, EngineError, ExecRequest, ProxyContainer};
+use crate::sandbox::spec::NetworkMode;
+use crate::sandbox::{Sandbox, SandboxError, Sandboxes, labels};
+
+/// The port a proxy listens on inside its own container.
+const PROXY_LISTEN_PORT: u16 = 8080;
+/// Longest `waitMs` honoured.
+pub const MAX_WAIT_MS: u64 = 60_000;
+/// Bytes of recent output returned when a server did not come up.
+const LAST_OUTPUT_BYTES: usize = 4096;
+/// The sandbox's DNS name on its link network. The container name resolves
+/// on the instance network too, where inter-container traffic is off; this
+/// alias exists only on the link network.
+const LINK_ALIAS: &str = "sandbox-link";
+/// `sandboxd.role` of a link network.
+const ROLE_LINK: &str = "link";
+/// Label on proxies: the sandbox port they publish.
+pub const PORT_LABEL: &str = "sandboxd.port";
+
+/// Inside the sandbox: start the relay for $1 (target) on $2 (relay port)
+/// unless one answers already, then wait until it does. Bash builtins only
+/// for the checks (/dev/tcp).
+const RELAY_SCRIPT: &str = r#"
+t=$1 r=$2
+up() { (exec 3<>"/dev/tcp/127.0.0.1/$r") 2>/dev/null; }
+up && exit 0
+setsid nohup socat "TCP-LISTEN:$r,fork,reuseaddr" "TCP:127.0.0.1:$t" </dev/null >/dev/null 2>&1 &
+for _ in $(seq 100); do up && exit 0; sleep 0.02; done
+echo "the relay on port $r did not start" >&2
+exit 1
+"#;
+
+/// Inside the sandbox: wait up to $2 ms for something to answer on $1.
+const WAIT_SCRIPT: &str = r#"
+p=$1 end=$(( ${EPOCHREALTIME/./} / 1000 + $2 ))
+while :; do
+  (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null && { echo ready; exit 0; }
+  [ $(( ${EPOCHREALTIME/./} / 1000 )) -ge $end ] && { echo not-ready; exit 0; }
+  sleep 0.1
+done
+"#;
+
+/// What can go wrong publishing a port.
+#[derive(Debug, thiserror::Error)]
+pub enum PortError {
+    #[error("{0}")]
+    Invalid(String),
+    #[error(
+        "this sandbox was created with network mode \"none\": it has no network to publish a port on"
+    )]
+    NoNetwork,
+    #[error(transparent)]
+    Sandbox(#[from] SandboxError),
+    #[error("could not publish the port: {0}")]
+    Failed(String),
+}
+
+impl From<EngineError> for PortError {
+    fn from(e: EngineError) -> Self {
+        PortError::Sandbox(e.into())
+    }
+}
+
+/// The answer of `GET …/ports/{port}`.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct PortAnswer {
+    pub found: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub host_port: Option<u16>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub url: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ready: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_output: Option<String>,
+}
+
+impl PortAnswer {
+    fn not_found() -> Self {
+        PortAnswer {
+            found: false,
+            host_port: None,
+            url: None,
+            ready: None,
+            last_output: None,
+        }
+    }
+}
+
+/// The relay port inside the sandbox for target `port`: stable, in the
+/// dynamic range, never equal to `port` itself.
+pub fn relay_port(port: u16) -> u16 {
+    49152 + ((port as u32 + 8191) % 16384) as u16
+}
+
+/// The URL a user opens for `host_port`: public_host when set, else the
+/// publish address when it is a specific one, else the host the request
+/// was sent to, else the bind address. Never 0.0.0.0.
+pub fn public_url(config: &Config, request_host: Option<&str>, host_port: u16) -> String {
+    let proto = &config.public_proto;
+    let specific = |ip: IpAddr| !ip.is_unspecified();
+    let host = if let Some(h) = config.public_host.as_deref().filter(|h| !h.is_empty()) {
+        h.to_string()
+    } else if specific(config.publish_host_ip) {
+        bracket(config.publish_host_ip)
+    } else if let Some(h) = request_host
+        .and_then(host_of)
+        .filter(|h| h != "0.0.0.0" && h != "[::]")
+    {
+        h
+    } else if specific(config.bind_host) {
+        bracket(config.bind_host)
+    } else {
+        "127.0.0.1".to_string()
+    };
+    format!("{proto}://{host}:{host_port}")
+}
+
+fn bracket(ip: IpAddr) -> String {
+    match ip {
+        IpAddr::V4(v4) => v4.to_string(),
+        IpAddr::V6(v6) => format!("[{v6}]"),
+    }
+}
+
+/// The host part of a Host header value ("example.com:8080" -> "example.com",
+/// "[::1]:80" -> "[::1]"); None for anything that is not a plain host.
+fn host_of(header: &str) -> Option<String> {
+    let h = header.trim();
+    let host = if h.starts_with('[') {
+        &h[..=h.find(']')?]
+    } else {
+        h.rsplit_once(':').map(|(h, _)| h).unwrap_or(h)
+    };
+    let ok = !host.is_empty()
+        && host.len() <= 253
+        && host
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b'[' | b']' | b':'));
+    ok.then(|| host.to_ascii_lowercase())
+}
+
+/// The /29 subnets of `pool` ("10.213.0.0/16"), in order.
+pub fn link_subnets(pool: &str) -> Vec<String> {
+    let Some((base, bits)) = pool.split_once('/') else {
+        return vec![];
+    };
+    let (Ok(base), Ok(bits)) = (base.parse::<Ipv4Addr>(), bits.parse::<u32>()) else {
+        return vec![];
+    };
+    if bits > 29 {
+        return vec![];
+    }
+    let start = u32::from(base) & (u32::MAX.checked_shl(32 - bits).unwrap_or(0));
+    let count = 1u32 << (29 - bits);
+    (0..count)
+        .map(|i| format!("{}/29", Ipv4Addr::from(start + i * 8)))
+        .collect()
+}
+
+/// See the module docs.
+#[derive(Debug)]
+pub struct Ports {
+    config: Arc<Config>,
+    engine: Engine,
+    sandboxes: Arc<Sandboxes>,
+    /// One publish at a time per (sandbox, port); key port 0 guards the
+    /// sandbox's link network.
+    locks: DashMap<(String, u16), Arc<tokio::sync::Mutex<()>>>,
+}
+
+impl Ports {
+    pub fn new(config: Arc<Config>, engine: Engine, sandboxes: Arc<Sandboxes>) -> Self {
+        Ports {
+            config,
+            engine,
+            sandboxes,
+            locks: DashMap::new(),
+        }
+    }
+
+    fn lock_for(&self, sandbox: &str, port: u16) -> Arc<tokio::sync::Mutex<()>> {
+        self.locks
+            .entry((sandbox.to_string(), port))
+            .or_insert_with(|| Arc::new(tokio::sync::Mutex::new(())))
+            .clone()
+    }
+
+    /// Makes sure `port` of the sandbox is published and answers its URL.
+    /// With `wait`, also waits (bounded) until something answers on the
+    /// port inside the sandbox; `last_output` explains a server that did
+    /// not come up.
+    pub async fn publish(
+        &self,
+        sandbox_id: &str,
+        port: u16,
+        request_host: Option<&str>,
+        wait: Option<Duration>,
+        last_output: impl FnOnce(&str, usize) -> Option<String>,
+    ) -> Result<PortAnswer, PortError> {
+        let sandbox = self.sandboxes.lookup(sandbox_id).await?;
+        if !sandbox.ports().allowed.contains(&port) {
+            return Ok(PortAnswer::not_found());
+        }
+        if sandbox.network == NetworkMode::None {
+            return Err(PortError::NoNetwork);
+        }
+        let _busy = sandbox.open_request();
+        let host_port = {
+            let lock = self.lock_for(&sandbox.id, port);
+            let _one = lock.lock().await;
+            self.ensure_published(&sandbox, port).await?
+        };
+        let mut answer = PortAnswer {
+            found: true,
+            host_port: Some(host_port),
+            url: Some(public_url(&self.config, request_host, host_port)),
+            ready: None,
+            last_output: None,
+        };
+        if let Some(wait) = wait {
+            let ready = self.wait_ready(&sandbox, port, wait).await?;
+            answer.ready = Some(ready);
+            if !ready {
+                answer.last_output =
+                    Some(last_output(&sandbox.id, LAST_OUTPUT_BYTES).unwrap_or_default());
+            }
+        }
+        Ok(answer)
+    }
+
+    async fn ensure_published(&self, sandbox: &Arc<Sandbox>, port: u16) -> Result<u16, PortError> {
+        self.ensure_link(sandbox).await?;
+        let relay = relay_port(port);
+        self.ensure_relay(sandbox, port, relay).await?;
+        let name = proxy_name(&self.config.instance, &sandbox.id, port);
+        if let Some(host) = self
+            .engine
+            .published_port(&name, PROXY_LISTEN_PORT)
+            .await
+            .or_else(|e| match e {
+                EngineError::NotFound(_) => Ok(None),
+                e => Err(e),
+            })?
+        {
+            sandbox.set_published(port, Some(host));
+            return Ok(host);
+        }
+        // Missing, or there but stopped (its host port is gone with it).
+        self.engine.remove_container(&name).await?;
+        let mut labels = labels::instance_only(&self.config.instance);
+        labels.insert(labels::ROLE.into(), labels::ROLE_PROXY.into());
+        labels.insert(labels::SANDBOX_ID.into(), sandbox.id.clone());
+        labels.insert(labels::SESSION_KEY.into(), sandbox.session_key.clone());
+        labels.insert(PORT_LABEL.into(), port.to_string());
+        let spec = ProxyContainer {
+            name: name.clone(),
+            image: self
+                .config
+                .proxy_image
+                .clone()
+                .unwrap_or_else(|| self.config.image.clone()),
+            user: self.config.sandbox_user.clone(),
+            network: self.config.network_name.clone(),
+            link_network: link_name(&self.config.instance, &sandbox.id),
+            publish_ip: self.config.publish_host_ip.to_string(),
+            listen_port: PROXY_LISTEN_PORT,
+            target_host: LINK_ALIAS.to_string(),
+            target_port: relay,
+            labels,
+        };
+        if let Err(e) = self.engine.start_proxy(&spec).await {
+            let _ = self.engine.remove_container(&name).await;
+            return Err(e.into());
+        }
+        let host = self
+            .engine
+            .published_port(&name, PROXY_LISTEN_PORT)
+            .await?
+            .ok_or_else(|| PortError::Failed("the proxy started but publishes no port".into()))?;
+        sandbox.set_published(port, Some(host));
+        tracing::info!(event = "port_published", sandbox_id = %sandbox.id, session_key = %sandbox.session_key, port, host_port = host, "port published");
+        Ok(host)
+    }
+
+    /// Creates the sandbox's link network (once) and attaches the sandbox.
+    async fn ensure_link(&self, sandbox: &Arc<Sandbox>) -> Result<(), PortError> {
+        if sandbox.ports().linked {
+            return Ok(());
+        }
+        let lock = self.lock_for(&sandbox.id, 0);
+        let _one = lock.lock().await;
+        if sandbox.ports().linked {
+            return Ok(());
+        }
+        let name = link_name(&self.config.instance, &sandbox.id);
+        let exists = !self
+            .engine
+            .list_networks(&[
+                (labels::INSTANCE, &self.config.instance),
+                (labels::SANDBOX_ID, &sandbox.id),
+                (labels::ROLE, ROLE_LINK),
+            ])
+            .await?
+            .is_empty();
+        if !exists {
+            self.create_link_network(&name, &sandbox.id).await?;
+        }
+        self.engine
+            .connect_network(&name, &sandbox.container, &[LINK_ALIAS])
+            .await?;
+        sandbox.set_linked();
+        Ok(())
+    }
+
+    async fn create_link_network(&self, name: &str, sandbox_id: &str) -> Result<(), PortError> {
+        let mut labels = labels::instance_only(&self.config.instance);
+        labels.insert(labels::SANDBOX_ID.into(), sandbox_id.to_string());
+        labels.insert(labels::ROLE.into(), ROLE_LINK.into());
+        // Subnets in use by any sandboxd on this engine (reading others'
+        // networks is fine; we never change them).
+        let used: std::collections::HashSet<String> = self
+            .engine
+            .list_networks(&[(labels::ROLE, ROLE_LINK)])
+            .await?
+            .into_iter()
+            .flat_map(|n| n.subnets)
+            .collect();
+        let candidates = link_subnets(&self.config.link_subnet_pool);
+        let offset = usize::from(
+            u16::from_str_radix(&sandbox_id[..4.min(sandbox_id.len())], 16).unwrap_or(0),
+        );
+        let n = candidates.len().max(1);
+        for i in 0..candidates.len() {
+            let subnet = &candidates[(offset + i) % n];
+            if used.contains(subnet) {
+                continue;
+            }
+            match self
+                .engine
+                .create_network(name, labels.clone(), true, Some(subnet))
+                .await
+            {
+                Ok(()) => return Ok(()),
+                // Taken meanwhile (or the name exists from a lost race): next.
+                Err(EngineError::Conflict(m)) if m.contains("overlap") => continue,
+                Err(EngineError::Conflict(_)) => return Ok(()),
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Err(PortError::Failed(format!(
+            "no free /29 left in link_subnet_pool {}",
+            self.config.link_subnet_pool
+        )))
+    }
+
+    async fn ensure_relay(
+        &self,
+        sandbox: &Arc<Sandbox>,
+        port: u16,
+        relay: u16,
+    ) -> Result<(), PortError> {
+        let (code, out) = self
+            .script(
+                sandbox,
+                RELAY_SCRIPT,
+                &[port.to_string(), relay.to_string()],
+                Duration::from_secs(10),
+            )
+            .await?;
+        if code == Some(0) {
+            Ok(())
+        } else {
+            Err(PortError::Failed(format!("relay: {}", out.trim())))
+        }
+    }
+
+    async fn wait_ready(
+        &self,
+        sandbox: &Arc<Sandbox>,
+        port: u16,
+        wait: Duration,
+    ) -> Result<bool, PortError> {
+        let ms = wait.as_millis().min(u128::from(MAX_WAIT_MS)).to_string();
+        let (_, out) = self
+            .script(
+                sandbox,
+                WAIT_SCRIPT,
+                &[port.to_string(), ms],
+                wait + Duration::from_secs(5),
+            )
+            .await?;
+        Ok(out.trim() == "ready")
+    }
+
+    /// Runs a bash script in the sandbox (as its user, no command marker)
+    /// and returns its exit code and combined output.
+    async fn script(
+        &self,
+        sandbox: &Arc<Sandbox>,
+        script: &str,
+        args: &[String],
+        limit: Duration,
+    ) -> Result<(Option<i64>, String), PortError> {
+        let mut argv = vec![
+            "bash".to_string(),
+            "-c".to_string(),
+            script.to_string(),
+            "sandboxd-ports".to_string(),
+        ];
+        argv.extend(args.iter().cloned());
+        let req = ExecRequest {
+            argv,
+            env: vec![],
+            working_dir: "/".into(),
+        };
+        let session = match self.engine.exec(&sandbox.container, &req).await {
+            Ok(s) => s,
+            Err(EngineError::NotFound(_)) => {
+                self.sandboxes.forget_gone(sandbox).await;
+                return Err(SandboxError::NotFound(sandbox.id.clone()).into());
+            }
+            Err(EngineError::Conflict(_)) => {
+                self.sandboxes.revive(sandbox).await?;
+                self.engine.exec(&sandbox.container, &req).await?
+            }
+            Err(e) => return Err(e.into()),
+        };
+        let id = session.id.clone();
+        let mut output = session.output;
+        let collect = async {
+            let mut out = Vec::new();
+            while let Some(Ok((_, b))) = output.next().await {
+                out.extend_from_slice(&b);
+            }
+            out
+        };
+        let out = tokio::time::timeout(limit, collect)
+            .await
+            .map_err(|_| PortError::Failed("the sandbox did not answer in time".into()))?;
+        drop(session.stdin);
+        let code = self.engine.exec_exit_code(&id).await.ok().flatten();
+        Ok((code, String::from_utf8_lossy(&out).into_owned()))
+    }
+}
+
+/// Engine name of a port's proxy container.
+pub fn proxy_name(instance: &str, sandbox_id: &str, port: u16) -> String {
+    format!("{instance}-{sandbox_id}-port-{port}")
+}
+
+/// Engine name of a sandbox's link network.
+pub fn link_name(instance: &str, sandbox_id: &str) -> String {
+    format!("{instance}-{sandbox_id}-link")
+}
+
+/// `sandboxd.role` of link networks, for rehydration.
+pub fn is_link_network(labels: &std::collections::HashMap<String, String>) -> bool {
+    labels.get(labels::ROLE).map(String::as_str) == Some(ROLE_LINK)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(toml: &str) -> Config {
+        Config::from_toml_and_env(toml, |_| None).expect("config")
+    }
+
+    #[test]
+    fn relay_ports_are_stable_and_never_the_target() {
+        for p in [1u16, 80, 3000, 8080, 49152, 57343, 57344, 65535] {
+            let r = relay_port(p);
+            assert!(r >= 49152, "{p} -> {r}");
+            assert_ne!(r, p);
+            assert_eq!(r, relay_port(p));
+        }
+    }
+
+    #[test]
+    fn url_prefers_public_host_then_publish_ip_then_request_host() {
+        let c = config("public_host = \"sandbox.example\"\npublic_proto = \"https\"");
+        assert_eq!(
+            public_url(&c, Some("other:1"), 32768),
+            "https://sandbox.example:32768"
+        );
+        let c = config("publish_host_ip = \"127.0.0.1\"");
+        assert_eq!(
+            public_url(&c, Some("other:1"), 32768),
+            "http://127.0.0.1:32768"
+        );
+        let c = config("publish_host_ip = \"0.0.0.0\"");
+        assert_eq!(
+            public_url(&c, Some("myhost.lan:8080"), 5),
+            "http://myhost.lan:5"
+        );
+        assert_eq!(public_url(&c, Some("[::1]:8080"), 5), "http://[::1]:5");
+        assert_eq!(
+            public_url(&c, Some("0.0.0.0:8080"), 5),
+            "http://127.0.0.1:5"
+        );
+        assert_eq!(public_url(&c, Some("bad host/"), 5), "http://127.0.0.1:5");
+        assert_eq!(public_url(&c, None, 5), "http://127.0.0.1:5");
+        let c = config(
+            "publish_host_ip = \"0.0.0.0\"\nbind_host = \"0.0.0.0\"\nallow_insecure_no_token = true",
+        );
+        assert_eq!(
+            public_url(&c, None, 5),
+            "http://127.0.0.1:5",
+            "never 0.0.0.0"
+        );
+    }
+
+    #[test]
+    fn link_subnets_are_29s_of_the_pool() {
+        let s = link_subnets("10.213.0.0/16");
+        assert_eq!(s.len(), 8192);
+        assert_eq!(s[0], "10.213.0.0/29");
+        assert_eq!(s[1], "10.213.0.8/29");
+        assert_eq!(s[8191], "10.213.255.248/29");
+        assert!(link_subnets("nonsense").is_empty());
+        assert!(link_subnets("10.0.0.0/30").is_empty());
+        assert_eq!(link_subnets("10.1.2.3/29"), ["10.1.2.0/29"]);
+    }
+}

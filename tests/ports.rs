@@ -1,0 +1,356 @@
+//! Issue 6 against the real binary and engine: a server in a sandbox becomes
+//! a URL that works from the host; allowlist, network none, races, restarts
+//! of sandboxd and of the sandbox, waitMs, cleanup, proxy hardening, and
+//! isolation between sandboxes.
+
+mod common;
+
+use std::time::Duration;
+
+use bollard::query_parameters::InspectContainerOptions;
+use common::{TestServer, eventually};
+use serde_json::{Value, json};
+
+async fn start(server: &TestServer, sid: &str, script: &str) -> String {
+    let (s, v) = server
+        .post(
+            &format!("/v1/sandboxes/{sid}/commands"),
+            json!({"command": script, "timeoutMs": 600000}),
+        )
+        .await;
+    assert_eq!(s, 200, "{v}");
+    v["commandId"].as_str().expect("id").to_string()
+}
+
+/// A python http.server on 127.0.0.1:PORT serving `body` as index.html.
+fn server_script(port: u16, body: &str) -> String {
+    format!(
+        "mkdir -p /tmp/site{port} && echo '{body}' > /tmp/site{port}/index.html && cd /tmp/site{port} && exec python3 -m http.server {port} --bind 127.0.0.1"
+    )
+}
+
+async fn port(server: &TestServer, sid: &str, p: u16, query: &str) -> (u16, Value) {
+    server
+        .get(&format!("/v1/sandboxes/{sid}/ports/{p}{query}"))
+        .await
+}
+
+async fn fetch(url: &str) -> Option<String> {
+    let resp = reqwest::Client::new()
+        .get(format!("{url}/index.html"))
+        .timeout(Duration::from_secs(3))
+        .send()
+        .await
+        .ok()?;
+    if !resp.status().is_success() {
+        return None;
+    }
+    resp.text().await.ok()
+}
+
+async fn proxies(server: &TestServer, sid: &str) -> Vec<bollard::models::ContainerSummary> {
+    server
+        .containers_with("sandboxd.sandbox_id", sid)
+        .await
+        .into_iter()
+        .filter(|c| {
+            c.labels
+                .as_ref()
+                .and_then(|l| l.get("sandboxd.role"))
+                .map(String::as_str)
+                == Some("proxy")
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn a_loopback_server_becomes_a_url_that_works_from_the_host() {
+    let server = TestServer::start().await;
+    let sid = server
+        .create(json!({"sessionKey": "web", "ports": [3000, 4000]}))
+        .await;
+    start(
+        &server,
+        &sid,
+        &server_script(3000, "hello from the sandbox"),
+    )
+    .await;
+    let (s, v) = port(&server, &sid, 3000, "?waitMs=10000").await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(v["found"], true);
+    assert_eq!(v["ready"], true);
+    let host_port = v["hostPort"].as_u64().expect("hostPort");
+    let url = v["url"].as_str().expect("url").to_string();
+    assert_eq!(url, format!("http://127.0.0.1:{host_port}"));
+    assert_eq!(
+        fetch(&url).await.as_deref(),
+        Some("hello from the sandbox\n")
+    );
+
+    // Idempotent: same URL, one proxy.
+    let (_, again) = port(&server, &sid, 3000, "").await;
+    assert_eq!(again["url"], json!(url));
+    assert_eq!(again.get("ready"), None, "ready only with waitMs");
+    // The view shows it.
+    let (_, view) = server.get(&format!("/v1/sandboxes/{sid}")).await;
+    assert_eq!(view["ports"]["published"]["3000"], json!(host_port));
+
+    // Not allowlisted, and bad ports.
+    assert_eq!(
+        port(&server, &sid, 5000, "").await,
+        (200, json!({"found": false}))
+    );
+    for bad in ["0", "65536", "http", "-1"] {
+        let (s, _) = server
+            .get(&format!("/v1/sandboxes/{sid}/ports/{bad}"))
+            .await;
+        assert_eq!(s, 400, "{bad}");
+    }
+    let (s, _) = port(&server, &sid, 3000, "?waitMs=60001").await;
+    assert_eq!(s, 400);
+    let (s, _) = port(&server, "0123456789abcdef01234567", 3000, "").await;
+    assert_eq!(s, 404);
+
+    // The proxy: hardened like a sandbox, bound to the publish address.
+    let list = proxies(&server, &sid).await;
+    assert_eq!(list.len(), 1);
+    let name = list[0].names.clone().unwrap_or_default()[0]
+        .trim_start_matches('/')
+        .to_string();
+    let info = server
+        .docker
+        .inspect_container(&name, None::<InspectContainerOptions>)
+        .await
+        .expect("inspect");
+    let hc = info.host_config.expect("host config");
+    assert_eq!(hc.readonly_rootfs, Some(true));
+    assert_eq!(hc.cap_drop, Some(vec!["ALL".to_string()]));
+    assert!(hc.cap_add.unwrap_or_default().is_empty());
+    assert_eq!(
+        hc.security_opt,
+        Some(vec!["no-new-privileges:true".to_string()])
+    );
+    assert_eq!(hc.privileged, Some(false));
+    assert!(hc.memory.is_some_and(|m| m > 0 && m <= 64 * 1024 * 1024));
+    assert!(hc.pids_limit.is_some_and(|p| p > 0 && p <= 64));
+    assert_eq!(
+        info.config.as_ref().and_then(|c| c.user.clone()).as_deref(),
+        Some("1000:1000")
+    );
+    let binding = hc
+        .port_bindings
+        .unwrap_or_default()
+        .into_values()
+        .flatten()
+        .flatten()
+        .next()
+        .expect("binding");
+    assert_eq!(binding.host_ip.as_deref(), Some("127.0.0.1"));
+    let labels = info.config.and_then(|c| c.labels).unwrap_or_default();
+    assert_eq!(
+        labels.get("sandboxd.role").map(String::as_str),
+        Some("proxy")
+    );
+    assert_eq!(
+        labels.get("sandboxd.port").map(String::as_str),
+        Some("3000")
+    );
+    assert_eq!(labels.get("sandboxd.sandbox_id"), Some(&sid));
+    assert_eq!(labels.get("sandboxd.instance"), Some(&server.instance));
+
+    // :stop removes proxies and the link network.
+    let (s, _) = server
+        .post(&format!("/v1/sandboxes/{sid}:stop"), json!(null))
+        .await;
+    assert_eq!(s, 200);
+    assert!(
+        server
+            .containers_with("sandboxd.sandbox_id", &sid)
+            .await
+            .is_empty()
+    );
+    let nets = server
+        .docker
+        .list_networks(Some(bollard::query_parameters::ListNetworksOptions {
+            filters: Some(std::collections::HashMap::from([(
+                "label".to_string(),
+                vec![format!("sandboxd.sandbox_id={sid}")],
+            )])),
+        }))
+        .await
+        .expect("networks");
+    assert!(nets.is_empty(), "link network removed");
+    assert_eq!(fetch(&url).await, None);
+}
+
+#[tokio::test]
+async fn concurrent_gets_make_one_proxy_and_a_late_server_still_works() {
+    let server = TestServer::start().await;
+    let sid = server
+        .create(json!({"sessionKey": "race", "ports": [8000]}))
+        .await;
+    let results =
+        futures_util::future::join_all((0..4).map(|_| port(&server, &sid, 8000, ""))).await;
+    let urls: Vec<&Value> = results
+        .iter()
+        .map(|(s, v)| {
+            assert_eq!(*s, 200, "{v}");
+            &v["url"]
+        })
+        .collect();
+    assert!(urls.iter().all(|u| *u == urls[0]), "{urls:?}");
+    assert_eq!(
+        proxies(&server, &sid).await.len(),
+        1,
+        "one proxy for concurrent GETs"
+    );
+    // The server starts after the port was published.
+    let url = urls[0].as_str().expect("url").to_string();
+    assert_eq!(fetch(&url).await, None, "nothing listens yet");
+    start(&server, &sid, &server_script(8000, "late")).await;
+    eventually(
+        Duration::from_secs(15),
+        "the URL serves once the server listens",
+        || async { fetch(&url).await.as_deref() == Some("late\n") },
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn network_none_is_409() {
+    let server = TestServer::start().await;
+    let sid = server
+        .create(json!({"sessionKey": "offline", "network": {"mode": "none"}, "ports": [3000]}))
+        .await;
+    let (s, v) = port(&server, &sid, 3000, "").await;
+    assert_eq!((s, v["code"].clone()), (409, json!("no_network")), "{v}");
+    assert!(proxies(&server, &sid).await.is_empty());
+}
+
+#[tokio::test]
+async fn wait_ms_reports_ready_or_why_not() {
+    let server = TestServer::start().await;
+    let sid = server
+        .create(json!({"sessionKey": "wait", "ports": [3000]}))
+        .await;
+    let (s, _) = server
+        .post(
+            &format!("/v1/sandboxes/{sid}/commands:run"),
+            json!({"command": "echo 'Error: Cannot find module vite'; exit 1"}),
+        )
+        .await;
+    assert_eq!(s, 200);
+    let started = std::time::Instant::now();
+    let (s, v) = port(&server, &sid, 3000, "?waitMs=1500").await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(v["ready"], false);
+    assert!(
+        v["lastOutput"]
+            .as_str()
+            .unwrap_or("")
+            .contains("Cannot find module vite"),
+        "{v}"
+    );
+    assert!(
+        started.elapsed() >= Duration::from_millis(1400),
+        "it waited"
+    );
+    assert!(started.elapsed() < Duration::from_secs(8));
+    start(
+        &server,
+        &sid,
+        &format!("sleep 1; {}", server_script(3000, "up")),
+    )
+    .await;
+    let (_, v) = port(&server, &sid, 3000, "?waitMs=15000").await;
+    assert_eq!(v["ready"], true, "{v}");
+    assert_eq!(v.get("lastOutput"), None);
+    assert_eq!(
+        fetch(v["url"].as_str().expect("url")).await.as_deref(),
+        Some("up\n")
+    );
+}
+
+#[tokio::test]
+async fn urls_survive_a_sandboxd_restart_and_relays_come_back_after_a_sandbox_restart() {
+    let mut server = TestServer::start().await;
+    let sid = server
+        .create(json!({"sessionKey": "keep", "ports": [3000]}))
+        .await;
+    start(&server, &sid, &server_script(3000, "kept")).await;
+    let (_, v) = port(&server, &sid, 3000, "?waitMs=10000").await;
+    let url = v["url"].as_str().expect("url").to_string();
+    assert_eq!(fetch(&url).await.as_deref(), Some("kept\n"));
+
+    server.restart().await;
+    assert_eq!(
+        fetch(&url).await.as_deref(),
+        Some("kept\n"),
+        "the proxy kept running"
+    );
+    let (_, v) = port(&server, &sid, 3000, "").await;
+    assert_eq!(v["url"], json!(url), "same host port after the restart");
+    assert_eq!(proxies(&server, &sid).await.len(), 1);
+
+    // A sandbox restart ends the server and the relay; the next GET brings
+    // the relay back, and the URL works once the server runs again.
+    let (s, _) = server
+        .post(&format!("/v1/sandboxes/{sid}:restart"), json!(null))
+        .await;
+    assert_eq!(s, 200);
+    start(&server, &sid, &server_script(3000, "again")).await;
+    let (_, v) = port(&server, &sid, 3000, "?waitMs=10000").await;
+    assert_eq!(v["ready"], true);
+    assert_eq!(v["url"], json!(url));
+    eventually(
+        Duration::from_secs(10),
+        "served after the sandbox restart",
+        || async { fetch(&url).await.as_deref() == Some("again\n") },
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn sandboxes_cannot_reach_each_other() {
+    let server = TestServer::start().await;
+    let a = server
+        .create(json!({"sessionKey": "a", "ports": [3000]}))
+        .await;
+    let b = server.create(json!({"sessionKey": "b"})).await;
+    // a serves on all interfaces, and is published (link network exists).
+    start(&server, &a, "mkdir -p /tmp/s && cd /tmp/s && echo secret > index.html && exec python3 -m http.server 3000 --bind 0.0.0.0").await;
+    let (_, v) = port(&server, &a, 3000, "?waitMs=10000").await;
+    assert_eq!(v["ready"], true);
+    let info = server
+        .docker
+        .inspect_container(&server.container_name(&a), None::<InspectContainerOptions>)
+        .await
+        .expect("inspect");
+    let ips: Vec<String> = info
+        .network_settings
+        .and_then(|n| n.networks)
+        .unwrap_or_default()
+        .values()
+        .filter_map(|e| e.ip_address.clone())
+        .filter(|ip| !ip.is_empty())
+        .collect();
+    assert!(
+        ips.len() >= 2,
+        "instance and link network addresses: {ips:?}"
+    );
+    for ip in ips {
+        let relay = sandboxd::ports::relay_port(3000);
+        for p in [3000, relay] {
+            let script =
+                format!("curl -s -m 2 http://{ip}:{p}/index.html && echo REACHED || echo blocked");
+            let (s, r) = server
+                .post(
+                    &format!("/v1/sandboxes/{b}/commands:run"),
+                    json!({"command": script}),
+                )
+                .await;
+            assert_eq!(s, 200);
+            assert_eq!(r["stdout"], "blocked\n", "sandbox b reached a at {ip}:{p}");
+        }
+    }
+}
