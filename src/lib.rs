@@ -15,6 +15,7 @@
 //! - [`command`]: commands, their output logs, timeouts and tree kills.
 //! - [`files`]: read, write, list, delete inside the workspace, symlink-safe.
 //! - [`ports`]: relays and proxy containers that publish sandbox ports.
+//! - [`healthcheck`]: the `sandboxd healthcheck` subcommand.
 //! - [`id`]: random identifiers.
 //! - [`engine`]: the container engine, behind a small interface.
 
@@ -24,6 +25,7 @@ pub mod command;
 pub mod config;
 pub mod engine;
 pub mod files;
+pub mod healthcheck;
 pub mod id;
 pub mod ports;
 pub mod sandbox;

@@ -12,8 +12,16 @@ use clap::Parser;
 #[command(name = "sandboxd", version)]
 struct Cli {
     /// TOML configuration file; environment variables override it.
-    #[arg(long, env = "SANDBOXD_CONFIG")]
+    #[arg(long, env = "SANDBOXD_CONFIG", global = true)]
     config: Option<PathBuf>,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Debug, clap::Subcommand)]
+enum Command {
+    /// Ask the configured address for /v1/health: exit 0 when ok, 1 otherwise.
+    Healthcheck,
 }
 
 fn main() -> ExitCode {
@@ -25,6 +33,9 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    if let Some(Command::Healthcheck) = cli.command {
+        return healthcheck(&config);
+    }
     init_tracing();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -40,6 +51,24 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("sandboxd: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn healthcheck(config: &sandboxd::config::Config) -> ExitCode {
+    let result = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("unhealthy: cannot start the async runtime: {e}"))
+        .and_then(|rt| rt.block_on(sandboxd::healthcheck::check(config)));
+    match result {
+        Ok(line) => {
+            println!("{line}");
+            ExitCode::SUCCESS
+        }
+        Err(line) => {
+            println!("{line}");
             ExitCode::FAILURE
         }
     }

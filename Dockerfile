@@ -1,0 +1,38 @@
+# sandboxd as a container image.
+#
+#   docker build -t sandboxd .                    # compile here (needs a registry for the Rust image)
+#   docker build --target prebuilt -t sandboxd .  # copy target/release/sandboxd built on the host
+#
+# Stage order matters for the classic builder, which builds every stage up
+# to the target: `prebuilt` comes before the Rust builder, so machines
+# without a registry never need the Rust image.
+ARG BASE_IMAGE=debian:bookworm-slim
+ARG RUST_IMAGE=rust:1-bookworm
+
+FROM ${BASE_IMAGE} AS base
+# A system user without a home or shell. It reaches the engine socket
+# through the socket's group, added at run time (compose: group_add with
+# DOCKER_GID), never by running as root.
+RUN useradd --system --uid 10001 --user-group --no-create-home --shell /usr/sbin/nologin sandboxd
+# The runtime image sources, for operators; sandboxd itself builds the
+# runtime image from a copy of the Dockerfile embedded in the binary.
+COPY sandbox-images /usr/share/sandboxd/sandbox-images
+ENV SANDBOXD_BIND_HOST=0.0.0.0 \
+    SANDBOXD_PORT=8080
+EXPOSE 8080
+USER 10001:10001
+HEALTHCHECK --interval=10s --timeout=6s --start-period=5s --retries=3 CMD ["sandboxd", "healthcheck"]
+ENTRYPOINT ["sandboxd"]
+
+FROM base AS prebuilt
+COPY target/release/sandboxd /usr/local/bin/sandboxd
+
+FROM ${RUST_IMAGE} AS builder
+WORKDIR /src
+COPY Cargo.toml Cargo.lock ./
+COPY src ./src
+COPY sandbox-images ./sandbox-images
+RUN cargo build --release --locked && cp target/release/sandboxd /sandboxd
+
+FROM base AS runtime
+COPY --from=builder /sandboxd /usr/local/bin/sandboxd

@@ -1,0 +1,135 @@
+#!/usr/bin/env bash
+# The deployment as operators run it, on a machine without a registry:
+# builds the `prebuilt` sandboxd image on the offline Debian base, starts
+# docker-compose.yml (+ docker-compose.prebuilt.yml) with Debian's
+# docker-compose (v1), and drives a full flow with the token: health,
+# create, a command with streamed logs, a file written and read, a published
+# port fetched from the host; then restarts the stack and checks that the
+# session survived, and stops it. Cleans up after itself, also on failure.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+log() { echo "deploy-test: $*" >&2; }
+passed=0
+ok() { passed=$((passed + 1)); log "ok - $*"; }
+fail() { log "FAILED - $*"; echo "deploy-test: $passed passed, 1 failed"; exit 1; }
+
+scripts/ensure-docker.sh
+if ! command -v docker-compose >/dev/null 2>&1; then
+  log "installing Debian's docker-compose"
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker-compose >/dev/null \
+    || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker-compose >/dev/null; }
+fi
+command -v jq >/dev/null 2>&1 || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq jq >/dev/null
+sandbox-images/build.sh
+BASE_IMAGE=$(sandbox-images/build.sh --base-only)
+export BASE_IMAGE
+log "building the release binary"
+cargo build --release --locked --quiet
+
+export SANDBOXD_ADMIN_TOKEN
+SANDBOXD_ADMIN_TOKEN=$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')
+export DOCKER_GID
+DOCKER_GID=$(stat -c %g /var/run/docker.sock)
+export SANDBOXD_INSTANCE="deploytest-$$"
+export SANDBOXD_HOST_PORT
+SANDBOXD_HOST_PORT=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+export SANDBOXD_COMPOSE_IMAGE="sandboxd:deploytest-$$"
+project="sbxdeploy$$"
+base="http://127.0.0.1:$SANDBOXD_HOST_PORT"
+
+compose() { docker-compose -p "$project" -f docker-compose.yml -f docker-compose.prebuilt.yml "$@"; }
+
+cleanup() {
+  compose logs --no-color >/tmp/deploy-test-sandboxd.log 2>&1 || true
+  compose down --remove-orphans >/dev/null 2>&1 || true
+  local f="label=sandboxd.instance=$SANDBOXD_INSTANCE"
+  local ids
+  ids=$(docker ps -aq --filter "$f")
+  [ -z "$ids" ] || docker rm -f $ids >/dev/null 2>&1 || true
+  ids=$(docker volume ls -q --filter "$f")
+  [ -z "$ids" ] || docker volume rm -f $ids >/dev/null 2>&1 || true
+  for n in $(docker network ls -q --filter "$f"); do docker network rm "$n" >/dev/null 2>&1 || true; done
+  docker rmi "$SANDBOXD_COMPOSE_IMAGE" >/dev/null 2>&1 || true
+}
+trap cleanup EXIT
+
+api() { # METHOD PATH [JSON]
+  if [ $# -ge 3 ]; then
+    curl -sS -m 60 -X "$1" -H "x-sandboxd-admin-token: $SANDBOXD_ADMIN_TOKEN" -H 'content-type: application/json' -d "$3" "$base$2"
+  else
+    curl -sS -m 60 -X "$1" -H "x-sandboxd-admin-token: $SANDBOXD_ADMIN_TOKEN" "$base$2"
+  fi
+}
+
+wait_healthy() {
+  local deadline=$((SECONDS + 90))
+  until [ "$(curl -s -m 3 "$base/v1/health" | jq -r .ok 2>/dev/null)" = true ]; do
+    [ $SECONDS -lt $deadline ] || { compose logs --no-color | tail -30 >&2; fail "sandboxd did not become healthy"; }
+    sleep 0.5
+  done
+}
+
+# Compose must refuse to start without the token.
+if SANDBOXD_ADMIN_TOKEN= compose config >/dev/null 2>/tmp/deploy-test-notoken.err; then
+  fail "compose accepted a missing SANDBOXD_ADMIN_TOKEN"
+fi
+grep -q SANDBOXD_ADMIN_TOKEN /tmp/deploy-test-notoken.err || fail "the refusal names SANDBOXD_ADMIN_TOKEN"
+ok "compose refuses to start without SANDBOXD_ADMIN_TOKEN"
+
+log "docker-compose up (project $project, port $SANDBOXD_HOST_PORT)"
+compose up -d --build >/dev/null 2>&1 || { compose up -d --build; fail "compose up"; }
+wait_healthy
+version=$(curl -s "$base/v1/health" | jq -r .version)
+ok "health ok (engine $version)"
+
+cid=$(compose ps -q sandboxd)
+[ "$(docker inspect -f '{{.Config.User}}' "$cid")" = "10001:10001" ] || fail "sandboxd runs as its non-root user"
+state=""
+for _ in $(seq 60); do
+  state=$(docker inspect -f '{{.State.Health.Status}}' "$cid")
+  [ "$state" = healthy ] && break
+  sleep 1
+done
+[ "$state" = healthy ] || fail "the compose healthcheck reports $state"
+ok "non-root, and the image healthcheck (sandboxd healthcheck) reports healthy"
+
+[ "$(curl -s -o /dev/null -w '%{http_code}' "$base/v1/sandboxes")" = 401 ] || fail "no token -> 401"
+ok "the token is required"
+
+sid=$(api POST /v1/sandboxes '{"sessionKey":"deploy:1","ports":[3000]}' | jq -r .sandboxId)
+[ -n "$sid" ] && [ "$sid" != null ] || fail "create"
+ok "sandbox $sid created"
+
+cmd=$(api POST "/v1/sandboxes/$sid/commands" '{"cmd":"bash","args":["-lc","for i in 1 2 3; do echo line$i; done"],"timeoutMs":30000,"detached":true}' | jq -r .commandId)
+logs=$(api GET "/v1/sandboxes/$sid/commands/$cmd/logs")
+[ "$(echo "$logs" | jq -r 'select(.stream=="stdout") | .data' | tr -d '\n')" = line1line2line3 ] || fail "streamed logs: $logs"
+[ "$(api GET "/v1/sandboxes/$sid/commands/$cmd/wait" | jq -r .exitCode)" = 0 ] || fail "wait"
+ok "command with streamed logs"
+
+content=$(printf 'deployed\n' | base64)
+[ "$(api POST "/v1/sandboxes/$sid/files:write" "{\"files\":[{\"path\":\"/workspace/note.txt\",\"contentBase64\":\"$content\"}]}" | jq -r .ok)" = true ] || fail "write"
+[ "$(api GET "/v1/sandboxes/$sid/files:read?path=/workspace/note.txt" | jq -r .contentBase64)" = "$content" ] || fail "read"
+ok "file written and read"
+
+api POST "/v1/sandboxes/$sid/commands" '{"command":"mkdir -p /tmp/www && echo served-from-compose > /tmp/www/index.html && cd /tmp/www && exec python3 -m http.server 3000 --bind 127.0.0.1","timeoutMs":600000}' >/dev/null
+url=$(api GET "/v1/sandboxes/$sid/ports/3000?waitMs=15000" | jq -r .url)
+case "$url" in http://127.0.0.1:*) ;; *) fail "port URL $url" ;; esac
+[ "$(curl -s -m 5 "$url/index.html")" = served-from-compose ] || fail "fetching $url from the host"
+ok "published port fetched from the host at $url"
+
+log "restarting the stack"
+compose down >/dev/null 2>&1
+compose up -d >/dev/null 2>&1
+wait_healthy
+again=$(api POST /v1/sandboxes '{"sessionKey":"deploy:1"}')
+[ "$(echo "$again" | jq -r .sandboxId)" = "$sid" ] && [ "$(echo "$again" | jq -r .created)" = false ] || fail "rehydration: $again"
+[ "$(api GET "/v1/sandboxes/$sid/files:read?path=note.txt" | jq -r .contentBase64)" = "$content" ] || fail "file after restart"
+[ "$(curl -s -m 5 "$url/index.html")" = served-from-compose ] || fail "port URL after restart"
+ok "the session, its files and its URL survived a restart of the stack"
+
+[ "$(api POST "/v1/sandboxes/$sid:stop" | jq -r .ok)" = true ] || fail "stop"
+[ -z "$(docker ps -aq --filter "label=sandboxd.sandbox_id=$sid")" ] || fail "containers left after stop"
+ok "stop removed the sandbox and its proxy"
+
+echo "deploy-test: $passed passed, 0 failed"
