@@ -137,6 +137,12 @@ async fn create_hardens_the_container_and_reconnect_reuses_it() {
     assert_eq!((code, out.trim()), (0, "1000"), "not root");
     let (code, _) = server.docker_exec(&id, "touch /evil").await;
     assert_ne!(code, 0, "writing / must fail");
+    let (code, _) = server.docker_exec(&id, "touch /usr/evil").await;
+    assert_ne!(code, 0, "writing /usr must fail");
+    let (code, out) = server
+        .docker_exec(&id, "cp /bin/true /tmp/t && /tmp/t")
+        .await;
+    assert_eq!(code, 126, "a binary copied to /tmp must not run: {out}");
     let (_, status) = server.docker_exec(&id, "cat /proc/self/status").await;
     assert!(status.contains("CapEff:\t0000000000000000"), "{status}");
     assert!(status.contains("NoNewPrivs:\t1"), "{status}");
