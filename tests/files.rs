@@ -493,4 +493,44 @@ async fn limits_and_special_files() {
     );
     let (s, _) = read(&server, &sid, "/dev/null").await;
     assert_eq!(s, 400);
+    // A Unix socket is a special file too.
+    sh(
+        &server,
+        &sid,
+        "python3 -c \"import socket; socket.socket(socket.AF_UNIX).bind('sock')\"",
+    )
+    .await;
+    let (s, v) = read(&server, &sid, "sock").await;
+    assert_eq!(
+        (s, v["code"].clone()),
+        (400, json!("not_a_regular_file")),
+        "{v}"
+    );
+}
+
+#[tokio::test]
+async fn odd_names_and_a_helper_that_died() {
+    let server = TestServer::start().await;
+    let sid = sandbox(&server).await;
+    // A name that is not UTF-8 is listed (lossily), not a 502.
+    sh(&server, &sid, "touch \"$(printf 'bad\\377name')\"").await;
+    let (s, v) = server.get(&format!("/v1/sandboxes/{sid}/files:list")).await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(v["entries"][0]["name"], "bad\u{FFFD}name");
+    // The helper is killed from inside the sandbox: the next call starts a new one.
+    write(
+        &server,
+        &sid,
+        json!([{"path": "a.txt", "contentBase64": b64(b"one")}]),
+    )
+    .await;
+    let killed = sh(
+        &server,
+        &sid,
+        "pkill -f 'exec[(]os.environ' && echo killed",
+    )
+    .await;
+    assert_eq!(killed["stdout"], "killed\n", "{killed}");
+    let (s, v) = read(&server, &sid, "a.txt").await;
+    assert_eq!((s, v["contentBase64"].clone()), (200, json!(b64(b"one"))));
 }

@@ -32,7 +32,7 @@ pub struct SandboxContainer {
 const MIB: i64 = 1024 * 1024;
 
 /// The engine request for a sandbox container.
-pub(crate) fn sandbox_container_body(spec: &SandboxContainer) -> ContainerCreateBody {
+pub fn sandbox_container_body(spec: &SandboxContainer) -> ContainerCreateBody {
     let memory = i64::from(spec.memory_mb) * MIB;
     let tmp_bytes = spec.tmp_size_mb.saturating_mul(1024 * 1024);
     let host_config = HostConfig {

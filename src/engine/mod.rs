@@ -26,7 +26,7 @@ use bollard::query_parameters::{
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-pub use container::{ProxyContainer, SandboxContainer};
+pub use container::{ProxyContainer, SandboxContainer, sandbox_container_body};
 use docker::DiscoveryInputs;
 pub use exec::{ExecOutput, ExecRequest, ExecSession, OutputStream};
 

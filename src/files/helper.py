@@ -1,21 +1,23 @@
 # sandboxd file helper: runs inside the sandbox, as the sandbox user, as
-#   python3 -I -S -c THIS WORKSPACE OP ARGS...
-# so the kernel enforces the read-only root, the user's rights and no-follow
-# opens for us. Every path is walked from the workspace one component at a
+#   python3 -I -S -c 'import os; exec(os.environ["SANDBOXD_FILE_HELPER"])' WORKSPACE
+# and serves requests on stdin until it closes, so the kernel enforces the
+# read-only root, the user's rights and no-follow opens for us, and a file
+# operation costs one round trip instead of a process start. Every path is walked from the workspace one component at a
 # time, relative to directory fds, with O_NOFOLLOW: a symlink is followed
 # only by hand, only when its target stays in the workspace, and a directory
 # swapped for a symlink mid-walk makes the next open fail instead of leaving.
 #
-# Ops: read MAX PATH (content on stdout) | list PATH (JSON on stdout) |
-#      write (stdin: JSON header line, then the contents back to back) |
-#      delete (stdin: JSON header line).
-# The last line on stderr is a JSON status: {"ok": true} or
-# {"ok": false, "code": ..., "message": ...}.
+# Protocol, per request: a JSON header line {"op": ..., "size": N, ...}
+# followed by N payload bytes; the answer is a JSON status line
+# {"ok": true, "size": M} or {"ok": false, "code": ..., "message": ...,
+# "size": 0} followed by M body bytes.
+#   read   {path, max}            body: the content
+#   list   {path}                 body: {"entries": [...]}
+#   write  {files: [{path, mode, size}]}, payload: the contents back to back
+#   delete {paths, recursive}
 import errno, json, os, secrets, stat, sys
 
 WS = sys.argv[1]
-OP = sys.argv[2]
-ARGS = sys.argv[3:]
 WS_PARTS = [c for c in WS.split("/") if c]
 MAX_HOPS = 40
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -135,8 +137,8 @@ def locate(rel, follow_last=True, create=False, created=None):
             parts = stack + [c for c in target.split("/") if c != "."]
 
 
-def op_read():
-    limit, rel = int(ARGS[0]), ARGS[1]
+def op_read(req, payload):
+    limit, rel = int(req["max"]), req["path"]
     dfd, leaf = locate(rel)
     try:
         if leaf is None:
@@ -148,6 +150,8 @@ def op_read():
         except OSError as e:
             if e.errno == errno.ELOOP:
                 raise Fail("changed", "%s changed while it was being opened" % rel)
+            if e.errno in (errno.ENXIO, errno.ENODEV, errno.EOPNOTSUPP):
+                raise Fail("not_regular", "%s is not a regular file" % rel)
             raise
     finally:
         os.close(dfd)
@@ -159,25 +163,16 @@ def op_read():
             raise Fail("not_regular", "%s is not a regular file" % rel)
         if st.st_size > limit:
             raise Fail("too_large", "%s is %d bytes, more than the %d allowed" % (rel, st.st_size, limit))
-        out = sys.stdout.buffer
-        out.flush()
-        sent = 0
-        while sent < st.st_size:
-            try:
-                n = os.sendfile(1, fd, sent, st.st_size - sent)
-            except OSError:
-                n = 0
-            if n == 0:
+        chunks, total = [], 0
+        while True:
+            chunk = os.read(fd, max(1 << 20, st.st_size + 1 - total))
+            if not chunk:
                 break
-            sent += n
-        if sent < st.st_size:
-            os.lseek(fd, sent, os.SEEK_SET)
-            while True:
-                chunk = os.read(fd, 1 << 20)
-                if not chunk:
-                    break
-                out.write(chunk)
-            out.flush()
+            total += len(chunk)
+            if total > limit:
+                raise Fail("too_large", "%s grew past the %d bytes allowed" % (rel, limit))
+            chunks.append(chunk)
+        return b"".join(chunks)
     finally:
         os.close(fd)
 
@@ -192,8 +187,8 @@ def kind(mode):
     return "other"
 
 
-def op_list():
-    rel = ARGS[0]
+def op_list(req, payload):
+    rel = req["path"]
     dfd, leaf = locate(rel)
     if leaf is not None:
         try:
@@ -220,7 +215,8 @@ def op_list():
             except FileNotFoundError:
                 continue
             entries.append({
-                "name": name,
+                # Names are bytes; ones that are not UTF-8 are shown lossily.
+                "name": os.fsencode(name).decode("utf-8", "replace"),
                 "type": kind(st.st_mode),
                 "size": st.st_size,
                 "mtimeMs": st.st_mtime_ns // 1000000,
@@ -228,15 +224,11 @@ def op_list():
             })
     finally:
         os.close(fd)
-    sys.stdout.write(json.dumps({"entries": entries}))
+    return json.dumps({"entries": entries}).encode()
 
 
-def read_header():
-    return json.loads(sys.stdin.buffer.readline())
-
-
-def op_write():
-    header = read_header()
+def op_write(req, payload):
+    header = req
     created = []
     staged = []  # (dir fd, temp name, final name)
     targets = []  # (dir fd, final name, file header)
@@ -254,28 +246,28 @@ def op_write():
             except FileNotFoundError:
                 pass
             targets.append((dfd, leaf, f))
-        src = sys.stdin.buffer
+        view_all = memoryview(payload)
+        offset = 0
         for dfd, leaf, f in targets:
             tmp = ".sandboxd-%s" % secrets.token_hex(8)
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dfd)
             staged.append((dfd, tmp, leaf))
             try:
                 os.fchmod(fd, f["mode"])
-                left = f["size"]
-                while left > 0:
-                    chunk = src.read(min(left, 1 << 20))
-                    if not chunk:
-                        raise Fail("io", "the content of %s ended early" % f["path"])
-                    view = memoryview(chunk)
-                    while view:
-                        n = os.write(fd, view)
-                        view = view[n:]
-                    left -= len(chunk)
+                size = f["size"]
+                if offset + size > len(view_all):
+                    raise Fail("io", "the content of %s ended early" % f["path"])
+                view = view_all[offset:offset + size]
+                offset += size
+                while view:
+                    n = os.write(fd, view)
+                    view = view[n:]
             finally:
                 os.close(fd)
         for dfd, tmp, leaf in staged:
             os.rename(tmp, leaf, src_dir_fd=dfd, dst_dir_fd=dfd)
         staged = []
+        return b""
     except BaseException:
         for dfd, tmp, _ in staged:
             try:
@@ -319,8 +311,8 @@ def remove_tree(dfd, name):
     os.rmdir(name, dir_fd=dfd)
 
 
-def op_delete():
-    header = read_header()
+def op_delete(req, payload):
+    header = req
     recursive = bool(header.get("recursive"))
     for rel in header["paths"]:
         try:
@@ -346,25 +338,43 @@ def op_delete():
             os.close(dfd)
 
 
-def main():
+OPS = {"read": op_read, "list": op_list, "write": op_write, "delete": op_delete}
+
+
+def answer(req, payload):
     try:
-        {"read": op_read, "list": op_list, "write": op_write, "delete": op_delete}[OP]()
-        status = {"ok": True}
+        return {"ok": True}, OPS[req["op"]](req, payload) or b""
     except Fail as e:
-        status = {"ok": False, "code": e.code, "message": e.message}
+        return {"ok": False, "code": e.code, "message": e.message}, b""
     except OSError as e:
         code = {errno.ENOSPC: "no_space", errno.EDQUOT: "no_space", errno.EACCES: "permission_denied",
                 errno.EPERM: "permission_denied", errno.EROFS: "permission_denied",
                 errno.ENAMETOOLONG: "invalid", errno.EISDIR: "is_directory",
+                errno.ENXIO: "not_regular",
                 # Met only when the sandbox changes a path while we walk it.
                 errno.ELOOP: "changed", errno.ENOTDIR: "changed", errno.ENOENT: "changed",
                 errno.EEXIST: "changed", errno.ENOTEMPTY: "changed"}.get(e.errno, "io")
-        status = {"ok": False, "code": code, "message": os.strerror(e.errno or 0)}
+        return {"ok": False, "code": code, "message": os.strerror(e.errno or 0)}, b""
     except Exception as e:  # a bug here must still answer in our format
-        status = {"ok": False, "code": "io", "message": "file helper failed: %r" % (e,)}
-    sys.stderr.write("\n" + json.dumps(status) + "\n")
-    sys.stderr.flush()
-    sys.exit(0 if status["ok"] else 1)
+        return {"ok": False, "code": "io", "message": "file helper failed: %r" % (e,)}, b""
 
 
-main()
+def serve():
+    src, out = sys.stdin.buffer, sys.stdout.buffer
+    while True:
+        line = src.readline()
+        if not line:
+            return
+        req = json.loads(line)
+        size = int(req.get("size", 0))
+        payload = src.read(size) if size else b""
+        if len(payload) < size:
+            return
+        status, body = answer(req, payload)
+        status["size"] = len(body)
+        out.write(json.dumps(status).encode() + b"\n")
+        out.write(body)
+        out.flush()
+
+
+serve()

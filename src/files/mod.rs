@@ -1,7 +1,10 @@
 //! Files in the workspace: read, write, list, delete. Every request is first
 //! checked lexically ([`path::WorkspacePath`]); then the work runs inside the
 //! sandbox as the sandbox user, through a small helper (`helper.py`) that
-//! walks each path with no-follow opens relative to directory fds. So the
+//! walks each path with no-follow opens relative to directory fds. One
+//! helper process per sandbox is kept running and serves framed requests
+//! over its stdin and stdout, so an operation costs one round trip, not a
+//! process start; it is started again if it dies. So the
 //! kernel enforces the read-only root and the user's rights, and no symlink
 //! (in any component, or swapped in mid-operation) carries an operation out
 //! of the workspace. The engine's archive API is not used: it writes as root
@@ -11,18 +14,26 @@ pub mod path;
 
 use std::collections::HashSet;
 use std::sync::Arc;
+use std::time::Duration;
 
 use base64::Engine as _;
+use bytes::BytesMut;
+use dashmap::DashMap;
 use futures_util::StreamExt;
 use serde::{Deserialize, Serialize};
 use tokio::io::AsyncWriteExt;
 
 use crate::config::Config;
-use crate::engine::{Engine, EngineError, ExecRequest, OutputStream};
+use crate::engine::{Engine, EngineError, ExecOutput, ExecRequest, OutputStream};
 use crate::sandbox::{Sandbox, SandboxError, Sandboxes};
 use path::WorkspacePath;
 
 const HELPER: &str = include_str!("helper.py");
+/// The helper travels in this variable, so `ps` in the sandbox stays short.
+const HELPER_VAR: &str = "SANDBOXD_FILE_HELPER";
+/// Longest a single file operation may take before the helper is presumed
+/// stuck and replaced.
+const CALL_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// What can go wrong with a file operation.
 #[derive(Debug, thiserror::Error)]
@@ -98,16 +109,77 @@ struct Status {
     code: String,
     #[serde(default)]
     message: String,
+    #[serde(default)]
+    size: usize,
 }
+
+/// A running helper: its stdin, and its output with what was read ahead.
+struct HelperSession {
+    stdin: std::pin::Pin<Box<dyn tokio::io::AsyncWrite + Send>>,
+    output: ExecOutput,
+    buf: BytesMut,
+}
+
+impl HelperSession {
+    /// One request, one answer. An Err means the session is unusable.
+    async fn call(
+        &mut self,
+        header: &serde_json::Value,
+        payload: &[u8],
+    ) -> Result<(Status, Vec<u8>), String> {
+        let mut header = header.clone();
+        header["size"] = serde_json::json!(payload.len());
+        let mut line = serde_json::to_vec(&header).map_err(|e| e.to_string())?;
+        line.push(b'\n');
+        self.stdin
+            .write_all(&line)
+            .await
+            .map_err(|e| e.to_string())?;
+        if !payload.is_empty() {
+            self.stdin
+                .write_all(payload)
+                .await
+                .map_err(|e| e.to_string())?;
+        }
+        self.stdin.flush().await.map_err(|e| e.to_string())?;
+        let status_line = loop {
+            if let Some(i) = self.buf.iter().position(|b| *b == b'\n') {
+                let line = self.buf.split_to(i + 1);
+                break line;
+            }
+            self.fill().await?;
+        };
+        let status: Status =
+            serde_json::from_slice(&status_line).map_err(|e| format!("bad status line: {e}"))?;
+        while self.buf.len() < status.size {
+            self.fill().await?;
+        }
+        let body = self.buf.split_to(status.size).to_vec();
+        Ok((status, body))
+    }
+
+    async fn fill(&mut self) -> Result<(), String> {
+        loop {
+            match self.output.next().await {
+                Some(Ok((OutputStream::Stdout, b))) => {
+                    self.buf.extend_from_slice(&b);
+                    return Ok(());
+                }
+                Some(Ok((OutputStream::Stderr, b))) => {
+                    tracing::debug!(stderr = %String::from_utf8_lossy(&b), "file helper");
+                }
+                Some(Err(e)) => return Err(e.to_string()),
+                None => return Err("the file helper exited".into()),
+            }
+        }
+    }
+}
+
+type SessionSlot = Arc<tokio::sync::Mutex<Option<HelperSession>>>;
 
 #[derive(Deserialize)]
 struct Listing {
     entries: Vec<Entry>,
-}
-
-#[derive(Serialize)]
-struct WriteHeader<'a> {
-    files: Vec<WriteHeaderFile<'a>>,
 }
 
 #[derive(Serialize)]
@@ -118,11 +190,21 @@ struct WriteHeaderFile<'a> {
 }
 
 /// See the module docs.
-#[derive(Debug)]
 pub struct Files {
     config: Arc<Config>,
     engine: Engine,
     sandboxes: Arc<Sandboxes>,
+    /// One helper per sandbox; its mutex makes a sandbox's file operations
+    /// take turns on it.
+    sessions: DashMap<String, SessionSlot>,
+}
+
+impl std::fmt::Debug for Files {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Files")
+            .field("sessions", &self.sessions.len())
+            .finish()
+    }
 }
 
 impl Files {
@@ -131,6 +213,7 @@ impl Files {
             config,
             engine,
             sandboxes,
+            sessions: DashMap::new(),
         }
     }
 
@@ -148,12 +231,12 @@ impl Files {
             )));
         }
         let sandbox = self.sandboxes.lookup(sandbox_id).await?;
-        let args = vec![
-            "read".into(),
-            self.config.max_file_bytes.to_string(),
-            path.relative(),
-        ];
-        match self.helper(&sandbox, args, Vec::new()).await {
+        let header = serde_json::json!({
+            "op": "read",
+            "path": path.relative(),
+            "max": self.config.max_file_bytes,
+        });
+        match self.helper(&sandbox, header, &[]).await {
             Ok(content) => Ok(Some(content)),
             Err(FileError::NotFound(_)) => Ok(None),
             Err(e) => Err(e),
@@ -202,26 +285,21 @@ impl Files {
             decoded.push((path.relative(), mode, content));
         }
         let total: usize = decoded.iter().map(|(_, _, c)| c.len()).sum();
-        let header = WriteHeader {
-            files: decoded
-                .iter()
-                .map(|(p, mode, c)| WriteHeaderFile {
-                    path: p,
-                    mode: *mode,
-                    size: c.len(),
-                })
-                .collect(),
-        };
-        let mut input =
-            serde_json::to_vec(&header).map_err(|e| FileError::Helper(e.to_string()))?;
-        input.push(b'\n');
-        input.reserve(total);
+        let files: Vec<WriteHeaderFile> = decoded
+            .iter()
+            .map(|(p, mode, c)| WriteHeaderFile {
+                path: p,
+                mode: *mode,
+                size: c.len(),
+            })
+            .collect();
+        let header = serde_json::json!({"op": "write", "files": files});
+        let mut payload = Vec::with_capacity(total);
         for (_, _, c) in &decoded {
-            input.extend_from_slice(c);
+            payload.extend_from_slice(c);
         }
-        drop(decoded);
         let sandbox = self.sandboxes.lookup(sandbox_id).await?;
-        self.helper(&sandbox, vec!["write".into()], input).await?;
+        self.helper(&sandbox, header, &payload).await?;
         Ok(())
     }
 
@@ -229,9 +307,8 @@ impl Files {
     pub async fn list(&self, sandbox_id: &str, p: &str) -> FileResult<Vec<Entry>> {
         let path = self.parse(p)?;
         let sandbox = self.sandboxes.lookup(sandbox_id).await?;
-        let out = self
-            .helper(&sandbox, vec!["list".into(), path.relative()], Vec::new())
-            .await?;
+        let header = serde_json::json!({"op": "list", "path": path.relative()});
+        let out = self.helper(&sandbox, header, &[]).await?;
         let listing: Listing = serde_json::from_slice(&out)
             .map_err(|e| FileError::Helper(format!("unreadable listing: {e}")))?;
         Ok(listing.entries)
@@ -259,34 +336,24 @@ impl Files {
             }
             rel.push(path.relative());
         }
-        let header = serde_json::json!({"paths": rel, "recursive": recursive});
-        let mut input =
-            serde_json::to_vec(&header).map_err(|e| FileError::Helper(e.to_string()))?;
-        input.push(b'\n');
+        let header = serde_json::json!({"op": "delete", "paths": rel, "recursive": recursive});
         let sandbox = self.sandboxes.lookup(sandbox_id).await?;
-        self.helper(&sandbox, vec!["delete".into()], input).await?;
+        self.helper(&sandbox, header, &[]).await?;
         Ok(())
     }
 
-    /// Runs the helper with `args`, feeding `input`; returns its stdout.
-    async fn helper(
-        &self,
-        sandbox: &Arc<Sandbox>,
-        args: Vec<String>,
-        input: Vec<u8>,
-    ) -> FileResult<Vec<u8>> {
-        let mut argv = vec![
-            "python3".to_string(),
-            "-I".to_string(),
-            "-S".to_string(),
-            "-c".to_string(),
-            HELPER.to_string(),
-            self.config.workspace_dir.clone(),
-        ];
-        argv.extend(args);
+    /// Starts the sandbox's helper process.
+    async fn start_session(&self, sandbox: &Arc<Sandbox>) -> FileResult<HelperSession> {
         let req = ExecRequest {
-            argv,
-            env: vec![],
+            argv: vec![
+                "python3".to_string(),
+                "-I".to_string(),
+                "-S".to_string(),
+                "-c".to_string(),
+                format!("import os; exec(os.environ[\"{HELPER_VAR}\"])"),
+                self.config.workspace_dir.clone(),
+            ],
+            env: vec![format!("{HELPER_VAR}={HELPER}")],
             working_dir: "/".into(),
         };
         let session = match self.engine.exec(&sandbox.container, &req).await {
@@ -301,50 +368,50 @@ impl Files {
             }
             Err(e) => return Err(e.into()),
         };
-        let mut stdin = session.stdin;
-        let mut output = session.output;
-        let feed = async move {
-            if !input.is_empty() {
-                stdin.write_all(&input).await?;
-                stdin.flush().await?;
-            }
-            Ok::<_, std::io::Error>(stdin)
-        };
-        let collect = async move {
-            let (mut out, mut err) = (Vec::new(), Vec::new());
-            while let Some(item) = output.next().await {
-                match item? {
-                    (OutputStream::Stdout, b) => out.extend_from_slice(&b),
-                    (OutputStream::Stderr, b) => err.extend_from_slice(&b),
+        // Helpers of sandboxes that are gone are not needed any more.
+        let registry = self.sandboxes.registry();
+        self.sessions.retain(|id, _| registry.get(id).is_some());
+        Ok(HelperSession {
+            stdin: session.stdin,
+            output: session.output,
+            buf: BytesMut::new(),
+        })
+    }
+
+    /// Sends one request to the sandbox's helper (starting it if needed, and
+    /// once more if it had died) and returns the answer's body.
+    async fn helper(
+        &self,
+        sandbox: &Arc<Sandbox>,
+        header: serde_json::Value,
+        payload: &[u8],
+    ) -> FileResult<Vec<u8>> {
+        let _busy = sandbox.open_request();
+        let slot = self.sessions.entry(sandbox.id.clone()).or_default().clone();
+        let mut guard = slot.lock().await;
+        let mut last_error = String::new();
+        let mut answer = None;
+        for _attempt in 0..2 {
+            let session = match guard.as_mut() {
+                Some(s) => s,
+                None => guard.insert(self.start_session(sandbox).await?),
+            };
+            match tokio::time::timeout(CALL_TIMEOUT, session.call(&header, payload)).await {
+                Ok(Ok(a)) => {
+                    answer = Some(a);
+                    break;
                 }
+                Ok(Err(e)) => last_error = e,
+                Err(_) => last_error = "the file helper did not answer in time".into(),
             }
-            Ok::<_, EngineError>((out, err))
-        };
-        let (fed, collected) = tokio::join!(feed, collect);
-        let (out, err) = collected?;
-        drop(fed);
-        let err = String::from_utf8_lossy(&err);
-        let status: Status = err
-            .lines()
-            .rev()
-            .find(|l| !l.trim().is_empty())
-            .and_then(|l| serde_json::from_str(l).ok())
-            .ok_or_else(|| {
-                let tail: String = err
-                    .chars()
-                    .rev()
-                    .take(300)
-                    .collect::<String>()
-                    .chars()
-                    .rev()
-                    .collect();
-                FileError::Helper(format!(
-                    "no status from the helper (is python3 in the sandbox image?): {}",
-                    tail.trim()
-                ))
-            })?;
+            *guard = None;
+        }
+        drop(guard);
+        let (status, body) = answer.ok_or_else(|| {
+            FileError::Helper(format!("{last_error} (is python3 in the sandbox image?)"))
+        })?;
         if status.ok {
-            return Ok(out);
+            return Ok(body);
         }
         let m = status.message;
         Err(match status.code.as_str() {
