@@ -560,11 +560,11 @@ impl Config {
                 "must be between 1 and 10000",
             ));
         }
-        if crate::ports::link_subnets(&self.link_subnet_pool).is_empty() {
+        if crate::ports::link_subnet_range(&self.link_subnet_pool).is_none() {
             return Err(ConfigError::invalid(
                 "link_subnet_pool",
                 format!(
-                    "{:?} must be an IPv4 CIDR of /29 or larger, e.g. 10.213.0.0/16",
+                    "{:?} must be an IPv4 CIDR from /8 to /29, e.g. 10.213.0.0/16",
                     self.link_subnet_pool
                 ),
             ));

@@ -524,12 +524,7 @@ async fn odd_names_and_a_helper_that_died() {
         json!([{"path": "a.txt", "contentBase64": b64(b"one")}]),
     )
     .await;
-    let killed = sh(
-        &server,
-        &sid,
-        "pkill -f 'exec[(]os.environ' && echo killed",
-    )
-    .await;
+    let killed = sh(&server, &sid, "pkill -f 'exec[(]os.environ' && echo killed").await;
     assert_eq!(killed["stdout"], "killed\n", "{killed}");
     let (s, v) = read(&server, &sid, "a.txt").await;
     assert_eq!((s, v["contentBase64"].clone()), (200, json!(b64(b"one"))));

@@ -100,7 +100,7 @@ async fn a_loopback_server_becomes_a_url_that_works_from_the_host() {
         port(&server, &sid, 5000, "").await,
         (200, json!({"found": false}))
     );
-    for bad in ["0", "65536", "http", "-1"] {
+    for bad in ["0", "65536", "http", "-1", "+80", "80.0"] {
         let (s, _) = server
             .get(&format!("/v1/sandboxes/{sid}/ports/{bad}"))
             .await;

@@ -27,9 +27,13 @@ pub(super) async fn port_url(
     Query(q): Query<PortQuery>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    let port: u16 = port.parse().ok().filter(|p| *p >= 1).ok_or_else(|| {
-        ApiError::bad_request(format!("port: {port:?} is not a number from 1 to 65535"))
-    })?;
+    let port: u16 = Some(port.as_str())
+        .filter(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
+        .and_then(|p| p.parse().ok())
+        .filter(|p| *p >= 1)
+        .ok_or_else(|| {
+            ApiError::bad_request(format!("port: {port:?} is not a number from 1 to 65535"))
+        })?;
     if q.wait_ms.is_some_and(|w| w > MAX_WAIT_MS) {
         return Err(ApiError::bad_request(format!(
             "waitMs: at most {MAX_WAIT_MS}"

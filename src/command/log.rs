@@ -297,29 +297,37 @@ impl OutputLog {
             };
         };
         let mut batch = Batch::default();
-        if let Some(front) = st.records.front() {
-            if front.seq > cursor.after + 1 {
-                let seen = cursor
-                    .offset
-                    .unwrap_or_else(|| st.estimated_end(cursor.after));
-                let lost = front.start.saturating_sub(seen);
-                batch.lines.push(dropped_line(lost, front.seq - 1));
-                cursor.after = front.seq - 1;
-                cursor.offset = Some(front.start);
+        // Where retained output starts: the first record, or (all of it
+        // dropped) the end of the output.
+        let (front_seq, front_start) = match st.records.front() {
+            Some(r) => (r.seq, r.start),
+            None => (
+                st.exit.as_ref().map(|e| e.0).unwrap_or(st.next_seq),
+                st.total,
+            ),
+        };
+        if front_seq > cursor.after + 1 {
+            let seen = cursor
+                .offset
+                .unwrap_or_else(|| st.estimated_end(cursor.after));
+            let lost = front_start.saturating_sub(seen);
+            if lost > 0 {
+                batch.lines.push(dropped_line(lost, front_seq - 1));
             }
-            let first = front.seq;
-            let skip =
-                usize::try_from((cursor.after + 1).saturating_sub(first)).unwrap_or(usize::MAX);
-            let mut size = 0;
-            for r in st.records.iter().skip(skip) {
-                if size >= MAX_BATCH_BYTES {
-                    return batch;
-                }
-                size += r.line.len();
-                batch.lines.push(r.line.clone());
-                cursor.after = r.seq;
-                cursor.offset = Some(r.start + r.raw_len);
+            cursor.after = front_seq - 1;
+            cursor.offset = Some(front_start);
+        }
+        let skip =
+            usize::try_from((cursor.after + 1).saturating_sub(front_seq)).unwrap_or(usize::MAX);
+        let mut size = 0;
+        for r in st.records.iter().skip(skip) {
+            if size >= MAX_BATCH_BYTES {
+                return batch;
             }
+            size += r.line.len();
+            batch.lines.push(r.line.clone());
+            cursor.after = r.seq;
+            cursor.offset = Some(r.start + r.raw_len);
         }
         if let Some((seq, line, _)) = &st.exit {
             if cursor.after < *seq {
@@ -586,8 +594,10 @@ mod tests {
         log.trim_to(0);
         assert_eq!(log.retained_bytes(), 0);
         let v = lines(&log.read(&mut Cursor::after(0)));
-        assert_eq!(v.len(), 1, "{v:?}");
-        assert_eq!(v[0]["stream"], "exit");
+        assert_eq!(v.len(), 2, "{v:?}");
+        assert_eq!(v[0]["stream"], "dropped");
+        assert_eq!(v[0]["bytes"], 100, "all output accounted for");
+        assert_eq!(v[1]["stream"], "exit");
     }
 
     #[test]

@@ -103,10 +103,8 @@ pub struct ProxyContainer {
     pub name: String,
     pub image: String,
     pub user: String,
-    /// The network the published port lives on.
+    /// The network shared with its sandbox only; the port is published there.
     pub network: String,
-    /// The network shared with the sandbox only.
-    pub link_network: String,
     pub publish_ip: String,
     pub listen_port: u16,
     pub target_host: String,
@@ -235,8 +233,7 @@ mod tests {
             name: "inst-abc-port-3000".into(),
             image: "sandboxd-runtime:latest".into(),
             user: "1000:1000".into(),
-            network: "inst-net".into(),
-            link_network: "inst-abc-link".into(),
+            network: "inst-abc-link".into(),
             publish_ip: "127.0.0.1".into(),
             listen_port: 8080,
             target_host: "inst-abc".into(),

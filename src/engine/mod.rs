@@ -535,7 +535,7 @@ impl Engine {
             .collect())
     }
 
-    /// Creates a proxy container, attaches it to its link network, starts it.
+    /// Creates a proxy container and starts it.
     pub async fn start_proxy(&self, spec: &ProxyContainer) -> EngineResult<()> {
         let docker = self.docker()?;
         let options = bollard::query_parameters::CreateContainerOptions {
@@ -544,10 +544,6 @@ impl Engine {
         };
         docker
             .create_container(Some(options), container::proxy_container_body(spec))
-            .await?;
-        // API 1.41 takes one network at create; the second is attached
-        // before start so the proxy never runs half-connected.
-        self.connect_network(&spec.link_network, &spec.name, &[])
             .await?;
         self.start_container(&spec.name).await
     }

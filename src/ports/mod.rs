@@ -1,14 +1,15 @@
 //! Ports: a web server running in a sandbox becomes a URL the chat user can
-//! open. Path of a connection: host port (published by a proxy container on
-//! the instance network) -> proxy (socat) -> the sandbox's link network ->
-//! relay inside the sandbox (socat on a port derived from the target) ->
-//! 127.0.0.1:PORT, so servers bound to loopback work too.
+//! open. Path of a connection: host port (published by a proxy container) ->
+//! proxy (socat) -> relay inside the sandbox (socat on a port derived from
+//! the target) -> 127.0.0.1:PORT, so servers bound to loopback work too.
 //!
 //! The instance network has inter-container traffic off, so sandboxes cannot
-//! reach each other; a proxy reaches its sandbox only through a small
-//! internal link network that holds just the two of them (and the sandbox's
-//! other proxies). Link networks get explicit /29 subnets from
-//! `link_subnet_pool`, so they do not use up the engine's address pools.
+//! reach each other. A proxy lives on its sandbox's link network instead: a
+//! small bridge holding only that sandbox and its proxies (the engine keeps
+//! bridge networks apart from each other). Link networks get explicit /29
+//! subnets from `link_subnet_pool`, so they do not use up the engine's
+//! address pools. A sandbox created with ports gets its link network right
+//! after create, in the background, so the first publish only adds a proxy.
 
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
@@ -38,14 +39,15 @@ const ROLE_LINK: &str = "link";
 /// Label on proxies: the sandbox port they publish.
 pub const PORT_LABEL: &str = "sandboxd.port";
 
-/// Inside the sandbox: start the relay for $1 (target) on $2 (relay port)
-/// unless one answers already, then wait until it does. Bash builtins only
+/// Inside the sandbox: start the relay for $1 (target) on $2 (relay port),
+/// accepting only peers from $3 (the link network, i.e. its proxies),
+/// unless one answers already; then wait until it does. Bash builtins only
 /// for the checks (/dev/tcp).
 const RELAY_SCRIPT: &str = r#"
-t=$1 r=$2
+t=$1 r=$2 from=$3
 up() { (exec 3<>"/dev/tcp/127.0.0.1/$r") 2>/dev/null; }
 up && exit 0
-setsid nohup socat "TCP-LISTEN:$r,fork,reuseaddr" "TCP:127.0.0.1:$t" </dev/null >/dev/null 2>&1 &
+setsid nohup socat "TCP-LISTEN:$r,fork,reuseaddr,range=$from" "TCP:127.0.0.1:$t" </dev/null >/dev/null 2>&1 &
 for _ in $(seq 100); do up && exit 0; sleep 0.02; done
 echo "the relay on port $r did not start" >&2
 exit 1
@@ -162,22 +164,21 @@ fn host_of(header: &str) -> Option<String> {
     ok.then(|| host.to_ascii_lowercase())
 }
 
-/// The /29 subnets of `pool` ("10.213.0.0/16"), in order.
-pub fn link_subnets(pool: &str) -> Vec<String> {
-    let Some((base, bits)) = pool.split_once('/') else {
-        return vec![];
-    };
-    let (Ok(base), Ok(bits)) = (base.parse::<Ipv4Addr>(), bits.parse::<u32>()) else {
-        return vec![];
-    };
-    if bits > 29 {
-        return vec![];
+/// The /29 blocks of `pool` ("10.213.0.0/16"): its first address and how
+/// many; None unless it is an IPv4 CIDR from /8 to /29.
+pub fn link_subnet_range(pool: &str) -> Option<(u32, u32)> {
+    let (base, bits) = pool.split_once('/')?;
+    let (base, bits) = (base.parse::<Ipv4Addr>().ok()?, bits.parse::<u32>().ok()?);
+    if !(8..=29).contains(&bits) {
+        return None;
     }
-    let start = u32::from(base) & (u32::MAX.checked_shl(32 - bits).unwrap_or(0));
-    let count = 1u32 << (29 - bits);
-    (0..count)
-        .map(|i| format!("{}/29", Ipv4Addr::from(start + i * 8)))
-        .collect()
+    let start = u32::from(base) & (u32::MAX << (32 - bits));
+    Some((start, 1u32 << (29 - bits)))
+}
+
+/// The `i`th /29 of a range from [`link_subnet_range`].
+fn link_subnet((start, count): (u32, u32), i: u32) -> String {
+    format!("{}/29", Ipv4Addr::from(start + (i % count) * 8))
 }
 
 /// See the module docs.
@@ -252,9 +253,8 @@ impl Ports {
     }
 
     async fn ensure_published(&self, sandbox: &Arc<Sandbox>, port: u16) -> Result<u16, PortError> {
-        self.ensure_link(sandbox).await?;
+        let subnet = self.ensure_link(sandbox).await?;
         let relay = relay_port(port);
-        self.ensure_relay(sandbox, port, relay).await?;
         let name = proxy_name(&self.config.instance, &sandbox.id, port);
         if let Some(host) = self
             .engine
@@ -265,6 +265,7 @@ impl Ports {
                 e => Err(e),
             })?
         {
+            self.ensure_relay(sandbox, port, relay, &subnet).await?;
             sandbox.set_published(port, Some(host));
             return Ok(host);
         }
@@ -283,17 +284,21 @@ impl Ports {
                 .clone()
                 .unwrap_or_else(|| self.config.image.clone()),
             user: self.config.sandbox_user.clone(),
-            network: self.config.network_name.clone(),
-            link_network: link_name(&self.config.instance, &sandbox.id),
+            network: link_name(&self.config.instance, &sandbox.id),
             publish_ip: self.config.publish_host_ip.to_string(),
             listen_port: PROXY_LISTEN_PORT,
             target_host: LINK_ALIAS.to_string(),
             target_port: relay,
             labels,
         };
-        if let Err(e) = self.engine.start_proxy(&spec).await {
+        // The relay and the proxy do not depend on each other: start both.
+        let (relay_ok, proxy_ok) = tokio::join!(
+            self.ensure_relay(sandbox, port, relay, &subnet),
+            self.engine.start_proxy(&spec)
+        );
+        if let Err(e) = proxy_ok.map_err(PortError::from).and(relay_ok) {
             let _ = self.engine.remove_container(&name).await;
-            return Err(e.into());
+            return Err(e);
         }
         let host = self
             .engine
@@ -305,37 +310,57 @@ impl Ports {
         Ok(host)
     }
 
-    /// Creates the sandbox's link network (once) and attaches the sandbox.
-    async fn ensure_link(&self, sandbox: &Arc<Sandbox>) -> Result<(), PortError> {
-        if sandbox.ports().linked {
-            return Ok(());
+    /// Prepares the link network of a sandbox that allowlisted ports, so its
+    /// first publish is quick. Failures only cost that speed: logged.
+    pub async fn prepare(&self, sandbox_id: &str) {
+        let Some(sandbox) = self.sandboxes.registry().get(sandbox_id) else {
+            return;
+        };
+        if sandbox.network == NetworkMode::None || sandbox.ports().allowed.is_empty() {
+            return;
+        }
+        if let Err(e) = self.ensure_link(&sandbox).await {
+            tracing::warn!(sandbox_id, error = %e, "could not prepare the link network");
+        }
+    }
+
+    /// Creates the sandbox's link network (once) and attaches the sandbox;
+    /// returns the network's subnet.
+    async fn ensure_link(&self, sandbox: &Arc<Sandbox>) -> Result<String, PortError> {
+        if let Some(subnet) = sandbox.ports().link_subnet {
+            return Ok(subnet);
         }
         let lock = self.lock_for(&sandbox.id, 0);
         let _one = lock.lock().await;
-        if sandbox.ports().linked {
-            return Ok(());
+        if let Some(subnet) = sandbox.ports().link_subnet {
+            return Ok(subnet);
         }
         let name = link_name(&self.config.instance, &sandbox.id);
-        let exists = !self
-            .engine
-            .list_networks(&[
-                (labels::INSTANCE, &self.config.instance),
-                (labels::SANDBOX_ID, &sandbox.id),
-                (labels::ROLE, ROLE_LINK),
-            ])
-            .await?
-            .is_empty();
-        if !exists {
-            self.create_link_network(&name, &sandbox.id).await?;
-        }
+        let subnet = match self.existing_link_subnet(&sandbox.id).await? {
+            Some(s) => s,
+            None => self.create_link_network(&name, &sandbox.id).await?,
+        };
         self.engine
             .connect_network(&name, &sandbox.container, &[LINK_ALIAS])
             .await?;
-        sandbox.set_linked();
-        Ok(())
+        sandbox.set_linked(subnet.clone());
+        Ok(subnet)
     }
 
-    async fn create_link_network(&self, name: &str, sandbox_id: &str) -> Result<(), PortError> {
+    async fn existing_link_subnet(&self, sandbox_id: &str) -> Result<Option<String>, PortError> {
+        Ok(self
+            .engine
+            .list_networks(&[
+                (labels::INSTANCE, &self.config.instance),
+                (labels::SANDBOX_ID, sandbox_id),
+                (labels::ROLE, ROLE_LINK),
+            ])
+            .await?
+            .into_iter()
+            .find_map(|n| n.subnets.into_iter().next()))
+    }
+
+    async fn create_link_network(&self, name: &str, sandbox_id: &str) -> Result<String, PortError> {
         let mut labels = labels::instance_only(&self.config.instance);
         labels.insert(labels::SANDBOX_ID.into(), sandbox_id.to_string());
         labels.insert(labels::ROLE.into(), ROLE_LINK.into());
@@ -348,25 +373,33 @@ impl Ports {
             .into_iter()
             .flat_map(|n| n.subnets)
             .collect();
-        let candidates = link_subnets(&self.config.link_subnet_pool);
-        let offset = usize::from(
-            u16::from_str_radix(&sandbox_id[..4.min(sandbox_id.len())], 16).unwrap_or(0),
-        );
-        let n = candidates.len().max(1);
-        for i in 0..candidates.len() {
-            let subnet = &candidates[(offset + i) % n];
-            if used.contains(subnet) {
+        let Some(range) = link_subnet_range(&self.config.link_subnet_pool) else {
+            return Err(PortError::Failed(
+                "link_subnet_pool is not a usable range".into(),
+            ));
+        };
+        // Start where the sandbox id points, so concurrent creates rarely
+        // try the same block.
+        let offset = u32::from_str_radix(sandbox_id.get(..6).unwrap_or("0"), 16).unwrap_or(0);
+        for i in 0..range.1 {
+            let subnet = link_subnet(range, offset.wrapping_add(i));
+            if used.contains(&subnet) {
                 continue;
             }
             match self
                 .engine
-                .create_network(name, labels.clone(), true, Some(subnet))
+                .create_network(name, labels.clone(), false, Some(&subnet))
                 .await
             {
-                Ok(()) => return Ok(()),
-                // Taken meanwhile (or the name exists from a lost race): next.
+                Ok(()) => return Ok(subnet),
+                // Taken meanwhile: the next block.
                 Err(EngineError::Conflict(m)) if m.contains("overlap") => continue,
-                Err(EngineError::Conflict(_)) => return Ok(()),
+                // The network exists (made by a request that raced us).
+                Err(EngineError::Conflict(_)) => {
+                    return self.existing_link_subnet(sandbox_id).await?.ok_or_else(|| {
+                        PortError::Failed(format!("link network {name} has no subnet"))
+                    });
+                }
                 Err(e) => return Err(e.into()),
             }
         }
@@ -381,12 +414,13 @@ impl Ports {
         sandbox: &Arc<Sandbox>,
         port: u16,
         relay: u16,
+        subnet: &str,
     ) -> Result<(), PortError> {
         let (code, out) = self
             .script(
                 sandbox,
                 RELAY_SCRIPT,
-                &[port.to_string(), relay.to_string()],
+                &[port.to_string(), relay.to_string(), subnet.to_string()],
                 Duration::from_secs(10),
             )
             .await?;
@@ -535,13 +569,20 @@ mod tests {
 
     #[test]
     fn link_subnets_are_29s_of_the_pool() {
-        let s = link_subnets("10.213.0.0/16");
-        assert_eq!(s.len(), 8192);
-        assert_eq!(s[0], "10.213.0.0/29");
-        assert_eq!(s[1], "10.213.0.8/29");
-        assert_eq!(s[8191], "10.213.255.248/29");
-        assert!(link_subnets("nonsense").is_empty());
-        assert!(link_subnets("10.0.0.0/30").is_empty());
-        assert_eq!(link_subnets("10.1.2.3/29"), ["10.1.2.0/29"]);
+        let r = link_subnet_range("10.213.0.0/16").expect("range");
+        assert_eq!(r.1, 8192);
+        assert_eq!(link_subnet(r, 0), "10.213.0.0/29");
+        assert_eq!(link_subnet(r, 1), "10.213.0.8/29");
+        assert_eq!(link_subnet(r, 8191), "10.213.255.248/29");
+        assert_eq!(link_subnet(r, 8192), "10.213.0.0/29", "wraps around");
+        assert_eq!(link_subnet_range("nonsense"), None);
+        assert_eq!(link_subnet_range("10.0.0.0/30"), None);
+        assert_eq!(
+            link_subnet_range("0.0.0.0/0"),
+            None,
+            "too large to enumerate"
+        );
+        let one = link_subnet_range("10.1.2.3/29").expect("range");
+        assert_eq!((one.1, link_subnet(one, 0)), (1, "10.1.2.0/29".to_string()));
     }
 }

@@ -52,8 +52,9 @@ pub struct PortState {
     pub allowed: BTreeSet<u16>,
     /// Sandbox port -> host port.
     pub published: BTreeMap<u16, u16>,
-    /// The sandbox is attached to its link network (see `ports`).
-    pub linked: bool,
+    /// The subnet of the link network the sandbox is attached to (see
+    /// `ports`), once it is.
+    pub link_subnet: Option<String>,
 }
 
 impl Sandbox {
@@ -73,7 +74,7 @@ impl Sandbox {
             ports: Mutex::new(PortState {
                 allowed: r.ports.clone(),
                 published: BTreeMap::new(),
-                linked: false,
+                link_subnet: None,
             }),
             running_commands: AtomicUsize::new(0),
             open_requests: AtomicUsize::new(0),
@@ -123,9 +124,9 @@ impl Sandbox {
     }
 
     /// Records that the sandbox is attached to its link network.
-    pub fn set_linked(&self) {
+    pub fn set_linked(&self, subnet: String) {
         if let Ok(mut p) = self.ports.lock() {
-            p.linked = true;
+            p.link_subnet = Some(subnet);
         }
     }
 

@@ -102,9 +102,59 @@ impl Sandboxes {
                 .get(labels::SANDBOX_ID)
                 .cloned()
                 .unwrap_or_default();
-            if !adopted.contains(&owner) {
-                tracing::info!(container = %p.name, sandbox_id = %owner, "removing proxy of a sandbox that is gone");
-                self.engine().remove_container(&p.name).await?;
+            let port = p
+                .labels
+                .get(crate::ports::PORT_LABEL)
+                .and_then(|v| v.parse::<u16>().ok());
+            let sandbox = self
+                .registry()
+                .get(&owner)
+                .filter(|_| adopted.contains(&owner));
+            match (sandbox, port, p.published.first()) {
+                // A running proxy keeps its host port: adopt it. Its port was
+                // allowed, also if only a reconnect added it (labels are
+                // written once, at create).
+                (Some(s), Some(port), Some((_, host))) if p.running => {
+                    let _ = s.allow_ports(&BTreeSet::from([port]), usize::MAX);
+                    s.set_published(port, Some(*host));
+                    tracing::info!(sandbox_id = %owner, port, host_port = host, "proxy rehydrated");
+                }
+                // A stopped one lost its host port; the next GET makes a new one.
+                (Some(s), Some(port), _) => {
+                    let _ = s.allow_ports(&BTreeSet::from([port]), usize::MAX);
+                    self.engine().remove_container(&p.name).await?;
+                }
+                _ => {
+                    tracing::info!(container = %p.name, sandbox_id = %owner, "removing proxy of a sandbox that is gone");
+                    self.engine().remove_container(&p.name).await?;
+                }
+            }
+        }
+        // Link networks: kept for adopted sandboxes, removed otherwise (their
+        // sandbox may have vanished while sandboxd was down).
+        for n in self.engine().list_networks(&mine).await? {
+            if !crate::ports::is_link_network(&n.labels) {
+                continue;
+            }
+            let owner = n
+                .labels
+                .get(labels::SANDBOX_ID)
+                .cloned()
+                .unwrap_or_default();
+            match self
+                .registry()
+                .get(&owner)
+                .filter(|_| adopted.contains(&owner))
+            {
+                Some(s) => {
+                    if let Some(subnet) = n.subnets.first() {
+                        s.set_linked(subnet.clone());
+                    }
+                }
+                None => {
+                    tracing::info!(network = %n.name, sandbox_id = %owner, "removing link network of a sandbox that is gone");
+                    self.engine().remove_network(&n.name).await?;
+                }
             }
         }
 
