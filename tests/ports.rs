@@ -112,7 +112,18 @@ async fn a_loopback_server_becomes_a_url_that_works_from_the_host() {
     assert_eq!(s, 404);
 
     // The proxy: hardened like a sandbox, bound to the publish address.
-    let list = proxies(&server, &sid).await;
+    // (Allowlisted ports are published ahead of time, so 4000 has one too.)
+    let list: Vec<_> = proxies(&server, &sid)
+        .await
+        .into_iter()
+        .filter(|c| {
+            c.labels
+                .as_ref()
+                .and_then(|l| l.get("sandboxd.port"))
+                .map(String::as_str)
+                == Some("3000")
+        })
+        .collect();
     assert_eq!(list.len(), 1);
     let name = list[0].names.clone().unwrap_or_default()[0]
         .trim_start_matches('/')

@@ -186,7 +186,13 @@ async fn create_hardens_the_container_and_reconnect_reuses_it() {
         body["error"].as_str().unwrap_or("").contains("ports"),
         "{body}"
     );
-    assert_eq!(server.containers().await.len(), 1);
+    assert_eq!(
+        server
+            .containers_with("sandboxd.role", "sandbox")
+            .await
+            .len(),
+        1
+    );
 
     let log = server.log_text();
     assert!(

@@ -18,10 +18,13 @@ pub(super) async fn create_sandbox(
     Json(req): Json<CreateSandboxRequest>,
 ) -> Result<Response, ApiError> {
     let created = app.sandboxes.create(req).await?;
-    // Ready the port path in the background; the answer does not wait.
-    let prepare = Arc::clone(&app);
-    let id = created.sandbox_id.clone();
-    tokio::spawn(async move { prepare.ports.prepare(&id).await });
+    // Publish the allowlisted ports in the background; the answer does
+    // not wait for it.
+    if created.ports_added {
+        let prepare = Arc::clone(&app);
+        let id = created.sandbox_id.clone();
+        tokio::spawn(async move { prepare.ports.prepare(&id).await });
+    }
     Ok(
         axum::Json(json!({"sandboxId": created.sandbox_id, "created": created.created}))
             .into_response(),

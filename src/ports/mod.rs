@@ -8,8 +8,9 @@
 //! small bridge holding only that sandbox and its proxies (the engine keeps
 //! bridge networks apart from each other). Link networks get explicit /29
 //! subnets from `link_subnet_pool`, so they do not use up the engine's
-//! address pools. A sandbox created with ports gets its link network right
-//! after create, in the background, so the first publish only adds a proxy.
+//! address pools. The ports a sandbox allowlists are published in the
+//! background right after create (or a reconnect that adds some), so the
+//! first GET of a port is a quick check, not a container start.
 
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
@@ -310,17 +311,35 @@ impl Ports {
         Ok(host)
     }
 
-    /// Prepares the link network of a sandbox that allowlisted ports, so its
-    /// first publish is quick. Failures only cost that speed: logged.
+    /// Publishes, in the background, every port a sandbox allowlisted: the
+    /// allowlist is known at create, and a proxy container takes about as
+    /// long to start as the engine needs for any container with a port, so
+    /// doing it before anyone asks makes the first GET a quick check.
+    /// Failures only cost that speed: they are logged, and the GET retries.
     pub async fn prepare(&self, sandbox_id: &str) {
         let Some(sandbox) = self.sandboxes.registry().get(sandbox_id) else {
             return;
         };
-        if sandbox.network == NetworkMode::None || sandbox.ports().allowed.is_empty() {
+        if sandbox.network == NetworkMode::None {
             return;
         }
-        if let Err(e) = self.ensure_link(&sandbox).await {
-            tracing::warn!(sandbox_id, error = %e, "could not prepare the link network");
+        for port in sandbox.ports().allowed {
+            {
+                let lock = self.lock_for(&sandbox.id, port);
+                let _one = lock.lock().await;
+                if sandbox.ports().published.contains_key(&port) {
+                    continue;
+                }
+                if let Err(e) = self.ensure_published(&sandbox, port).await {
+                    tracing::warn!(sandbox_id, port, error = %e, "could not prepare the port");
+                }
+            }
+            // Stopped meanwhile: sweep what was just made (stop of an id
+            // sandboxd no longer knows removes whatever carries its label).
+            if self.sandboxes.registry().get(sandbox_id).is_none() {
+                let _ = self.sandboxes.stop(sandbox_id).await;
+                return;
+            }
         }
     }
 

@@ -74,6 +74,9 @@ pub type SandboxResult<T> = Result<T, SandboxError>;
 pub struct Created {
     pub sandbox_id: String,
     pub created: bool,
+    /// The allowlist grew (or the sandbox is new with ports): their proxies
+    /// can be prepared.
+    pub ports_added: bool,
 }
 
 /// A sandbox as the API shows it.
@@ -269,6 +272,7 @@ impl Sandboxes {
         Ok(Created {
             sandbox_id: id,
             created: true,
+            ports_added: !spec.ports.is_empty(),
         })
     }
 
@@ -294,6 +298,7 @@ impl Sandboxes {
                 .await;
             return Ok(None);
         }
+        let allowed_before = existing.ports().allowed.len();
         existing
             .allow_ports(&spec.ports, self.config.max_ports)
             .map_err(|n| {
@@ -305,6 +310,7 @@ impl Sandboxes {
                     ),
                 })
             })?;
+        let allowed_after = existing.ports().allowed.len();
         if let Some(ttl) = spec.idle_ttl_ms {
             existing.set_idle_ttl_ms(ttl);
         }
@@ -313,6 +319,7 @@ impl Sandboxes {
         Ok(Some(Created {
             sandbox_id: existing.id.clone(),
             created: false,
+            ports_added: allowed_after > allowed_before,
         }))
     }
 
