@@ -35,7 +35,7 @@ impl App {
             engine.clone(),
             Arc::clone(&sandboxes),
         ));
-        let files = Files::new(Arc::clone(&config), engine.clone(), Arc::clone(&sandboxes));
+        let files = Files::new(Arc::clone(&config), Arc::clone(&sandboxes));
         let ports = Ports::new(Arc::clone(&config), engine.clone(), Arc::clone(&sandboxes));
         Arc::new(App {
             config,

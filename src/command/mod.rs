@@ -266,20 +266,7 @@ impl Commands {
             .ok_or(CommandError::TooMany { max })?;
         let id = new_command_id();
         let exec = self.exec_request(&id, &spec);
-        let session = match self.engine.exec(&sandbox.container, &exec).await {
-            Ok(s) => s,
-            Err(EngineError::NotFound(_)) => {
-                self.sandboxes.forget_gone(&sandbox).await;
-                return Err(SandboxError::NotFound(sandbox_id.to_string()).into());
-            }
-            Err(EngineError::Conflict(_)) => {
-                // The container stopped (its init died, the engine restarted):
-                // start it again and try once more.
-                self.sandboxes.revive(&sandbox).await?;
-                self.engine.exec(&sandbox.container, &exec).await?
-            }
-            Err(e) => return Err(e.into()),
-        };
+        let session = self.sandboxes.exec(&sandbox, &exec).await?;
         let (kill_tx, kill_rx) = mpsc::channel(1);
         let tails = keep_tails.then(|| {
             Mutex::new([

@@ -31,24 +31,46 @@ pub struct SandboxContainer {
 
 const MIB: i64 = 1024 * 1024;
 
+/// What every container sandboxd starts has, sandbox or proxy: a read-only
+/// root, no capabilities, no privilege gain (seccomp and AppArmor stay at
+/// the engine's defaults), no devices or bind mounts, its own IPC and
+/// cgroup namespaces, an init, and no restarts behind sandboxd's back.
+fn hardened(memory: i64, pids: i64, nano_cpus: i64, network: String) -> HostConfig {
+    HostConfig {
+        readonly_rootfs: Some(true),
+        cap_drop: Some(vec!["ALL".into()]),
+        cap_add: Some(vec![]),
+        security_opt: Some(vec!["no-new-privileges:true".into()]),
+        privileged: Some(false),
+        pids_limit: Some(pids),
+        nano_cpus: Some(nano_cpus),
+        memory: Some(memory),
+        // Equal to memory: no swap on top, so the limit is the limit.
+        memory_swap: Some(memory),
+        // An init as PID 1 reaps the orphans processes leave behind.
+        init: Some(true),
+        binds: Some(vec![]),
+        devices: Some(vec![]),
+        network_mode: Some(network),
+        ipc_mode: Some("private".into()),
+        cgroupns_mode: Some(HostConfigCgroupnsModeEnum::PRIVATE),
+        // Empty means "not the host's": the engine gives each its own.
+        pid_mode: Some(String::new()),
+        uts_mode: Some(String::new()),
+        userns_mode: Some(String::new()),
+        restart_policy: Some(RestartPolicy {
+            name: Some(RestartPolicyNameEnum::NO),
+            maximum_retry_count: None,
+        }),
+        ..Default::default()
+    }
+}
+
 /// The engine request for a sandbox container.
 pub fn sandbox_container_body(spec: &SandboxContainer) -> ContainerCreateBody {
     let memory = i64::from(spec.memory_mb) * MIB;
     let tmp_bytes = spec.tmp_size_mb.saturating_mul(1024 * 1024);
     let host_config = HostConfig {
-        readonly_rootfs: Some(true),
-        cap_drop: Some(vec!["ALL".into()]),
-        cap_add: Some(vec![]),
-        // Seccomp and AppArmor stay at the engine's defaults; only add.
-        security_opt: Some(vec!["no-new-privileges:true".into()]),
-        privileged: Some(false),
-        pids_limit: Some(spec.pids_limit),
-        nano_cpus: Some(i64::from(spec.vcpus) * 1_000_000_000),
-        memory: Some(memory),
-        // Equal to memory: no swap on top, so the limit is the limit.
-        memory_swap: Some(memory),
-        // An init as PID 1 reaps the orphans commands leave behind.
-        init: Some(true),
         tmpfs: Some(HashMap::from([(
             "/tmp".to_string(),
             format!("rw,noexec,nosuid,nodev,size={tmp_bytes},mode=1777"),
@@ -60,21 +82,13 @@ pub fn sandbox_container_body(spec: &SandboxContainer) -> ContainerCreateBody {
             read_only: Some(false),
             ..Default::default()
         }]),
-        binds: Some(vec![]),
-        devices: Some(vec![]),
-        network_mode: Some(spec.network.clone().unwrap_or_else(|| "none".into())),
-        ipc_mode: Some("private".into()),
-        cgroupns_mode: Some(HostConfigCgroupnsModeEnum::PRIVATE),
-        // Empty means "not the host's": the engine gives each its own.
-        pid_mode: Some(String::new()),
-        uts_mode: Some(String::new()),
-        userns_mode: Some(String::new()),
-        restart_policy: Some(RestartPolicy {
-            name: Some(RestartPolicyNameEnum::NO),
-            maximum_retry_count: None,
-        }),
         runtime: spec.oci_runtime.clone(),
-        ..Default::default()
+        ..hardened(
+            memory,
+            spec.pids_limit,
+            i64::from(spec.vcpus) * 1_000_000_000,
+            spec.network.clone().unwrap_or_else(|| "none".into()),
+        )
     };
     ContainerCreateBody {
         image: Some(spec.image.clone()),
@@ -120,21 +134,6 @@ const PROXY_PIDS: i64 = 64;
 pub(crate) fn proxy_container_body(spec: &ProxyContainer) -> ContainerCreateBody {
     let port_key = format!("{}/tcp", spec.listen_port);
     let host_config = HostConfig {
-        readonly_rootfs: Some(true),
-        cap_drop: Some(vec!["ALL".into()]),
-        cap_add: Some(vec![]),
-        security_opt: Some(vec!["no-new-privileges:true".into()]),
-        privileged: Some(false),
-        pids_limit: Some(PROXY_PIDS),
-        memory: Some(PROXY_MEMORY),
-        memory_swap: Some(PROXY_MEMORY),
-        nano_cpus: Some(500_000_000),
-        init: Some(true),
-        binds: Some(vec![]),
-        devices: Some(vec![]),
-        network_mode: Some(spec.network.clone()),
-        ipc_mode: Some("private".into()),
-        cgroupns_mode: Some(HostConfigCgroupnsModeEnum::PRIVATE),
         port_bindings: Some(HashMap::from([(
             port_key.clone(),
             Some(vec![PortBinding {
@@ -142,11 +141,7 @@ pub(crate) fn proxy_container_body(spec: &ProxyContainer) -> ContainerCreateBody
                 host_port: Some(String::new()),
             }]),
         )])),
-        restart_policy: Some(RestartPolicy {
-            name: Some(RestartPolicyNameEnum::NO),
-            maximum_retry_count: None,
-        }),
-        ..Default::default()
+        ..hardened(PROXY_MEMORY, PROXY_PIDS, 500_000_000, spec.network.clone())
     };
     ContainerCreateBody {
         image: Some(spec.image.clone()),

@@ -24,7 +24,7 @@ use serde::{Deserialize, Serialize};
 use tokio::io::AsyncWriteExt;
 
 use crate::config::Config;
-use crate::engine::{Engine, EngineError, ExecOutput, ExecRequest, OutputStream};
+use crate::engine::{EngineError, ExecOutput, ExecRequest, OutputStream};
 use crate::sandbox::{Sandbox, SandboxError, Sandboxes};
 use path::WorkspacePath;
 
@@ -192,7 +192,6 @@ struct WriteHeaderFile<'a> {
 /// See the module docs.
 pub struct Files {
     config: Arc<Config>,
-    engine: Engine,
     sandboxes: Arc<Sandboxes>,
     /// One helper per sandbox; its mutex makes a sandbox's file operations
     /// take turns on it.
@@ -208,10 +207,9 @@ impl std::fmt::Debug for Files {
 }
 
 impl Files {
-    pub fn new(config: Arc<Config>, engine: Engine, sandboxes: Arc<Sandboxes>) -> Self {
+    pub fn new(config: Arc<Config>, sandboxes: Arc<Sandboxes>) -> Self {
         Files {
             config,
-            engine,
             sandboxes,
             sessions: DashMap::new(),
         }
@@ -356,18 +354,7 @@ impl Files {
             env: vec![format!("{HELPER_VAR}={HELPER}")],
             working_dir: "/".into(),
         };
-        let session = match self.engine.exec(&sandbox.container, &req).await {
-            Ok(s) => s,
-            Err(EngineError::NotFound(_)) => {
-                self.sandboxes.forget_gone(sandbox).await;
-                return Err(SandboxError::NotFound(sandbox.id.clone()).into());
-            }
-            Err(EngineError::Conflict(_)) => {
-                self.sandboxes.revive(sandbox).await?;
-                self.engine.exec(&sandbox.container, &req).await?
-            }
-            Err(e) => return Err(e.into()),
-        };
+        let session = self.sandboxes.exec(sandbox, &req).await?;
         // Helpers of sandboxes that are gone are not needed any more.
         let registry = self.sandboxes.registry();
         self.sessions.retain(|id, _| registry.get(id).is_some());

@@ -489,18 +489,7 @@ impl Ports {
             env: vec![],
             working_dir: "/".into(),
         };
-        let session = match self.engine.exec(&sandbox.container, &req).await {
-            Ok(s) => s,
-            Err(EngineError::NotFound(_)) => {
-                self.sandboxes.forget_gone(sandbox).await;
-                return Err(SandboxError::NotFound(sandbox.id.clone()).into());
-            }
-            Err(EngineError::Conflict(_)) => {
-                self.sandboxes.revive(sandbox).await?;
-                self.engine.exec(&sandbox.container, &req).await?
-            }
-            Err(e) => return Err(e.into()),
-        };
+        let session = self.sandboxes.exec(sandbox, &req).await?;
         let id = session.id.clone();
         let mut output = session.output;
         let collect = async {

@@ -18,7 +18,7 @@ use serde::Serialize;
 use tokio::sync::watch;
 
 use crate::config::Config;
-use crate::engine::{Engine, EngineError, SandboxContainer};
+use crate::engine::{Engine, EngineError, ExecRequest, ExecSession, SandboxContainer};
 pub use reaper::run_reaper;
 pub use registry::{Sandbox, SandboxRegistry};
 use registry::{container_name, is_sandbox_id, now_ms, volume_name};
@@ -441,6 +441,24 @@ impl Sandboxes {
             Err(EngineError::NotFound(_)) => {
                 self.forget_gone(s).await;
                 Err(SandboxError::NotFound(s.id.clone()))
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Starts a process in the sandbox. A container removed out of band
+    /// makes the sandbox unknown (404); a stopped one (its init died, the
+    /// engine restarted) is started again and the exec tried once more.
+    pub async fn exec(&self, s: &Arc<Sandbox>, req: &ExecRequest) -> SandboxResult<ExecSession> {
+        match self.engine.exec(&s.container, req).await {
+            Ok(session) => Ok(session),
+            Err(EngineError::NotFound(_)) => {
+                self.forget_gone(s).await;
+                Err(SandboxError::NotFound(s.id.clone()))
+            }
+            Err(EngineError::Conflict(_)) => {
+                self.revive(s).await?;
+                Ok(self.engine.exec(&s.container, req).await?)
             }
             Err(e) => Err(e.into()),
         }
