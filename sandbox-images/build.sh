@@ -61,9 +61,10 @@ ensure_base() {
       log "debootstrap is missing and cannot be installed here (need root on Debian)"; exit 1
     fi
   fi
-  local rootfs mirror
+  local mirror
+  # Global, so the EXIT trap still sees it when this function has returned.
   rootfs=$(mktemp -d /tmp/sandboxd-rootfs.XXXXXX)
-  trap 'rm -rf "$rootfs"' EXIT
+  trap 'rm -rf "${rootfs:-}"' EXIT
   mirror=$(host_mirror)
   log "debootstrap $suite (minbase) into $rootfs ${mirror:+from $mirror}; this takes a few minutes"
   debootstrap --variant=minbase "$suite" "$rootfs" ${mirror:+"$mirror"} >/tmp/sandboxd-debootstrap.log 2>&1 \
@@ -82,6 +83,12 @@ if [ "$force" = 0 ] && have_image "$image"; then
   exit 0
 fi
 base_image=$(ensure_base)
-log "building $image from $base_image"
-docker build --build-arg BASE_IMAGE="$base_image" -t "$image" "$here/default" >&2
+log "building $image from $base_image (full output: /tmp/sandboxd-image-build.log)"
+# Only the step lines: the package manager's output would bury everything else.
+if ! docker build --build-arg BASE_IMAGE="$base_image" -t "$image" "$here/default" >/tmp/sandboxd-image-build.log 2>&1; then
+  tail -n 40 /tmp/sandboxd-image-build.log >&2
+  log "building $image failed"
+  exit 1
+fi
+grep -E '^Step [0-9]+/' /tmp/sandboxd-image-build.log | sed 's/^/build.sh:   /' >&2 || true
 log "built $image"

@@ -560,12 +560,13 @@ impl Config {
                 "must be between 1 and 10000",
             ));
         }
-        if crate::ports::link_subnet_range(&self.link_subnet_pool).is_none() {
+        let prefix = crate::ports::link_prefix(self.max_ports);
+        if crate::ports::link_subnet_range(&self.link_subnet_pool, prefix).is_none() {
             return Err(ConfigError::invalid(
                 "link_subnet_pool",
                 format!(
-                    "{:?} must be an IPv4 CIDR from /8 to /29, e.g. 10.213.0.0/16",
-                    self.link_subnet_pool
+                    "{:?} must be an IPv4 CIDR from /8 to /{prefix} (one link network is a /{prefix} with max_ports {}), e.g. 10.213.0.0/16",
+                    self.link_subnet_pool, self.max_ports
                 ),
             ));
         }

@@ -165,21 +165,31 @@ fn host_of(header: &str) -> Option<String> {
     ok.then(|| host.to_ascii_lowercase())
 }
 
-/// The /29 blocks of `pool` ("10.213.0.0/16"): its first address and how
-/// many; None unless it is an IPv4 CIDR from /8 to /29.
-pub fn link_subnet_range(pool: &str) -> Option<(u32, u32)> {
+/// The prefix length of a link network: room for the network and
+/// broadcast addresses, the gateway, the sandbox and one proxy per port
+/// (/29 for the default four ports).
+pub fn link_prefix(max_ports: usize) -> u32 {
+    let needed = (max_ports as u32).saturating_add(4);
+    32 - needed.next_power_of_two().trailing_zeros()
+}
+
+/// The link-network blocks of `pool` ("10.213.0.0/16"), each `/prefix`:
+/// (first address, block size, how many); None unless the pool is an IPv4
+/// CIDR from /8 up to `prefix`.
+pub fn link_subnet_range(pool: &str, prefix: u32) -> Option<(u32, u32, u32)> {
     let (base, bits) = pool.split_once('/')?;
     let (base, bits) = (base.parse::<Ipv4Addr>().ok()?, bits.parse::<u32>().ok()?);
-    if !(8..=29).contains(&bits) {
+    if !(8..=prefix).contains(&bits) || prefix > 30 {
         return None;
     }
     let start = u32::from(base) & (u32::MAX << (32 - bits));
-    Some((start, 1u32 << (29 - bits)))
+    Some((start, 1u32 << (32 - prefix), 1u32 << (prefix - bits)))
 }
 
-/// The `i`th /29 of a range from [`link_subnet_range`].
-fn link_subnet((start, count): (u32, u32), i: u32) -> String {
-    format!("{}/29", Ipv4Addr::from(start + (i % count) * 8))
+/// The `i`th block of a range from [`link_subnet_range`].
+fn link_subnet((start, size, count): (u32, u32, u32), i: u32) -> String {
+    let prefix = 32 - size.trailing_zeros();
+    format!("{}/{prefix}", Ipv4Addr::from(start + (i % count) * size))
 }
 
 /// See the module docs.
@@ -392,7 +402,8 @@ impl Ports {
             .into_iter()
             .flat_map(|n| n.subnets)
             .collect();
-        let Some(range) = link_subnet_range(&self.config.link_subnet_pool) else {
+        let prefix = link_prefix(self.config.max_ports);
+        let Some(range) = link_subnet_range(&self.config.link_subnet_pool, prefix) else {
             return Err(PortError::Failed(
                 "link_subnet_pool is not a usable range".into(),
             ));
@@ -400,7 +411,7 @@ impl Ports {
         // Start where the sandbox id points, so concurrent creates rarely
         // try the same block.
         let offset = u32::from_str_radix(sandbox_id.get(..6).unwrap_or("0"), 16).unwrap_or(0);
-        for i in 0..range.1 {
+        for i in 0..range.2 {
             let subnet = link_subnet(range, offset.wrapping_add(i));
             if used.contains(&subnet) {
                 continue;
@@ -576,21 +587,39 @@ mod tests {
     }
 
     #[test]
-    fn link_subnets_are_29s_of_the_pool() {
-        let r = link_subnet_range("10.213.0.0/16").expect("range");
-        assert_eq!(r.1, 8192);
+    fn link_subnets_are_blocks_of_the_pool() {
+        assert_eq!(
+            link_prefix(4),
+            29,
+            "sandbox + 4 proxies + gateway fit a /29"
+        );
+        assert_eq!(link_prefix(1), 29);
+        assert_eq!(link_prefix(5), 28);
+        assert_eq!(link_prefix(64), 25);
+        let r = link_subnet_range("10.213.0.0/16", 29).expect("range");
+        assert_eq!(r.2, 8192);
         assert_eq!(link_subnet(r, 0), "10.213.0.0/29");
         assert_eq!(link_subnet(r, 1), "10.213.0.8/29");
         assert_eq!(link_subnet(r, 8191), "10.213.255.248/29");
         assert_eq!(link_subnet(r, 8192), "10.213.0.0/29", "wraps around");
-        assert_eq!(link_subnet_range("nonsense"), None);
-        assert_eq!(link_subnet_range("10.0.0.0/30"), None);
+        let r = link_subnet_range("10.213.0.0/16", 25).expect("range");
         assert_eq!(
-            link_subnet_range("0.0.0.0/0"),
+            (r.2, link_subnet(r, 1)),
+            (512, "10.213.0.128/25".to_string())
+        );
+        assert_eq!(link_subnet_range("nonsense", 29), None);
+        assert_eq!(link_subnet_range("10.0.0.0/30", 29), None);
+        assert_eq!(
+            link_subnet_range("10.0.0.0/28", 25),
+            None,
+            "smaller than one block"
+        );
+        assert_eq!(
+            link_subnet_range("0.0.0.0/0", 29),
             None,
             "too large to enumerate"
         );
-        let one = link_subnet_range("10.1.2.3/29").expect("range");
-        assert_eq!((one.1, link_subnet(one, 0)), (1, "10.1.2.0/29".to_string()));
+        let one = link_subnet_range("10.1.2.3/29", 29).expect("range");
+        assert_eq!((one.2, link_subnet(one, 0)), (1, "10.1.2.0/29".to_string()));
     }
 }
