@@ -22,11 +22,21 @@ pub struct App {
     pub ports: Ports,
     /// Cancelled on SIGTERM: background tasks and long requests end.
     pub shutdown: CancellationToken,
+    /// Renders `/metrics`; None when no recorder is installed (tests).
+    pub metrics: Option<metrics_exporter_prometheus::PrometheusHandle>,
 }
 
 impl App {
     /// Wires the services together; connects to nothing yet.
     pub fn new(config: Config) -> Arc<App> {
+        Self::with_metrics(config, None)
+    }
+
+    /// As `new`, rendering `/metrics` from `metrics`.
+    pub fn with_metrics(
+        config: Config,
+        metrics: Option<metrics_exporter_prometheus::PrometheusHandle>,
+    ) -> Arc<App> {
         let config = Arc::new(config);
         let engine = Engine::new();
         let sandboxes = Arc::new(Sandboxes::new(Arc::clone(&config), engine.clone()));
@@ -45,6 +55,7 @@ impl App {
             files,
             ports,
             shutdown: CancellationToken::new(),
+            metrics,
         })
     }
 }

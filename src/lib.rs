@@ -15,6 +15,7 @@
 //! - [`command`]: commands, their output logs, timeouts and tree kills.
 //! - [`files`]: read, write, list, delete inside the workspace, symlink-safe.
 //! - [`ports`]: relays and proxy containers that publish sandbox ports.
+//! - [`telemetry`]: Prometheus metrics and request ids.
 //! - [`healthcheck`]: the `sandboxd healthcheck` subcommand.
 //! - [`id`]: random identifiers.
 //! - [`engine`]: the container engine, behind a small interface.
@@ -30,3 +31,4 @@ pub mod id;
 pub mod ports;
 pub mod sandbox;
 pub mod server;
+pub mod telemetry;

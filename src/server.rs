@@ -19,7 +19,7 @@ pub async fn run(config: Config) -> std::io::Result<()> {
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .map_err(|e| std::io::Error::new(e.kind(), format!("cannot listen on {addr}: {e}")))?;
-    let app = App::new(config);
+    let app = App::with_metrics(config, crate::telemetry::install());
     let shutdown = app.shutdown.clone();
     let tasks = TaskTracker::new();
 

@@ -19,9 +19,11 @@ use axum::http::{StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
+use tower_http::request_id::{PropagateRequestIdLayer, SetRequestIdLayer};
 use tower_http::trace::TraceLayer;
 
 use crate::app::App;
+use crate::telemetry;
 use error::ApiError;
 
 /// The whole API.
@@ -60,6 +62,7 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/v1/sandboxes/{id}/files:list", get(files::list_files))
         .route("/v1/sandboxes/{id}/files:delete", post(files::delete_files))
         .route("/v1/sandboxes/{id}/ports/{port}", get(ports::port_url))
+        .route("/metrics", get(metrics))
         .route_layer(axum::middleware::from_fn_with_state(
             Arc::clone(&app),
             auth::require_token,
@@ -77,8 +80,31 @@ pub fn router(app: Arc<App>) -> Router {
             Arc::clone(&app),
             refuse_declared_oversize,
         ))
-        .layer(TraceLayer::new_for_http())
+        .layer(axum::middleware::from_fn(telemetry::track_http))
+        // Every request gets an id (or keeps the caller's), which its log
+        // lines carry and the answer returns in x-request-id.
+        .layer(
+            TraceLayer::new_for_http().make_span_with(|req: &axum::http::Request<_>| {
+                let id = req
+                    .headers()
+                    .get("x-request-id")
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or("");
+                tracing::info_span!("request", request_id = %id, method = %req.method(), uri = %req.uri().path())
+            }),
+        )
+        .layer(PropagateRequestIdLayer::x_request_id())
+        .layer(SetRequestIdLayer::x_request_id(telemetry::RandomRequestId))
         .with_state(app)
+}
+
+/// `GET /metrics`: Prometheus text exposition.
+async fn metrics(State(app): State<Arc<App>>) -> Response {
+    let sandboxes = app.sandboxes.registry().list();
+    let running: usize = sandboxes.iter().map(|s| s.running_commands()).sum();
+    telemetry::set_gauges(sandboxes.len(), running);
+    let body = app.metrics.as_ref().map(|h| h.render()).unwrap_or_default();
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], body).into_response()
 }
 
 async fn refuse_declared_oversize(

@@ -299,6 +299,7 @@ impl Commands {
             _running: running,
         };
         tokio::spawn(drive.run(session, kill_rx));
+        crate::telemetry::command_started();
         Ok(cmd)
     }
 
@@ -776,6 +777,16 @@ impl Drive {
             }
         };
         let duration_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        let outcome = if exit.timed_out {
+            "timeout"
+        } else if exit.killed {
+            "killed"
+        } else if exit.exit_code == 0 {
+            "exit_zero"
+        } else {
+            "exit_nonzero"
+        };
+        crate::telemetry::command_ended(outcome, started.elapsed().as_secs_f64());
         self.cmd.log.finish(exit);
         let (out_bytes, err_bytes) = self.cmd.log.byte_counts();
         tracing::info!(

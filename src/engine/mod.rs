@@ -53,6 +53,19 @@ pub enum EngineError {
 
 impl From<BollardError> for EngineError {
     fn from(e: BollardError) -> Self {
+        let err = Self::classify(e);
+        crate::telemetry::engine_error(match &err {
+            EngineError::Unavailable(_) => "unavailable",
+            EngineError::NotFound(_) => "not_found",
+            EngineError::Conflict(_) => "conflict",
+            EngineError::Failed(_) => "failed",
+        });
+        err
+    }
+}
+
+impl EngineError {
+    fn classify(e: BollardError) -> Self {
         match e {
             BollardError::DockerResponseServerError {
                 status_code,

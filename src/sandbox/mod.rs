@@ -225,6 +225,7 @@ impl Sandboxes {
 
     /// Creates a sandbox for the session, or reconnects to its healthy one.
     pub async fn create(&self, req: CreateSandboxRequest) -> SandboxResult<Created> {
+        let create_started = std::time::Instant::now();
         let spec = SandboxSpec::parse(req, &self.config)?;
         self.ensure_ready().await?;
         let _key = self.registry.lock_key(&spec.session_key).await;
@@ -269,6 +270,8 @@ impl Sandboxes {
         }
         self.registry.insert(reservation, sandbox);
         tracing::info!(event = "created", sandbox_id = %id, session_key = %spec.session_key, runtime = %spec.runtime, "sandbox created");
+        crate::telemetry::sandbox_event("created");
+        crate::telemetry::create_took(create_started);
         Ok(Created {
             sandbox_id: id,
             created: true,
@@ -316,6 +319,7 @@ impl Sandboxes {
         }
         self.registry.touch(existing);
         tracing::info!(event = "reconnected", sandbox_id = %existing.id, session_key = %existing.session_key, "sandbox reconnected");
+        crate::telemetry::sandbox_event("reconnected");
         Ok(Some(Created {
             sandbox_id: existing.id.clone(),
             created: false,
@@ -436,6 +440,7 @@ impl Sandboxes {
         match self.engine.start_container(&s.container).await {
             Ok(()) => {
                 tracing::info!(event = "restarted", sandbox_id = %s.id, session_key = %s.session_key, "stopped container started again");
+                crate::telemetry::sandbox_event("restarted");
                 Ok(())
             }
             Err(EngineError::NotFound(_)) => {
@@ -500,6 +505,7 @@ impl Sandboxes {
         self.remove_objects_checked(id).await?;
         if let Some(s) = removed {
             tracing::info!(event = Removal::Stopped.event(), sandbox_id = %s.id, session_key = %s.session_key, "sandbox stopped");
+            crate::telemetry::sandbox_event("stopped");
         }
         Ok(())
     }
@@ -514,6 +520,7 @@ impl Sandboxes {
         {
             Ok(()) => {
                 tracing::info!(event = "restarted", sandbox_id = %s.id, session_key = %s.session_key, "sandbox restarted");
+                crate::telemetry::sandbox_event("restarted");
                 Ok(())
             }
             Err(EngineError::NotFound(_)) => {
@@ -551,6 +558,7 @@ impl Sandboxes {
         if let Err(e) = self.remove_objects_checked(id).await {
             tracing::warn!(sandbox_id = %id, error = %e, "could not remove all engine objects");
         }
+        crate::telemetry::sandbox_event(why.event());
         if !matches!(why, Removal::Stopped) {
             let key = s.map(|s| s.session_key.as_str()).unwrap_or("");
             tracing::info!(event = why.event(), sandbox_id = %id, session_key = %key, "sandbox {}", why.event());

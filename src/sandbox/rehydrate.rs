@@ -91,6 +91,7 @@ impl Sandboxes {
             }
             let sandbox = Arc::new(Sandbox::from_record(&instance, &record, now_ms()));
             tracing::info!(event = "rehydrated", sandbox_id = %record.id, session_key = %record.session_key, was_running = c.running, "sandbox rehydrated");
+            crate::telemetry::sandbox_event("rehydrated");
             keys.insert(record.session_key.clone(), record.id.clone());
             adopted.insert(record.id.clone());
             self.registry().adopt(sandbox);

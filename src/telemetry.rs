@@ -1,0 +1,91 @@
+//! Telemetry: Prometheus metrics and request ids. Domain code records
+//! events through the small functions here (metric names live in one
+//! place); the recorder is installed once, by the server, so tests that
+//! build an `App` in-process record nothing and collide with nothing.
+
+use std::time::Instant;
+
+use axum::extract::{MatchedPath, Request};
+use axum::http::HeaderValue;
+use axum::middleware::Next;
+use axum::response::Response;
+use metrics::{counter, gauge, histogram};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use tower_http::request_id::{MakeRequestId, RequestId};
+
+/// Buckets (seconds) for request, create and command durations.
+const BUCKETS: &[f64] = &[
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
+];
+
+/// Installs the process-wide Prometheus recorder; None if one already is.
+pub fn install() -> Option<PrometheusHandle> {
+    PrometheusBuilder::new()
+        .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), BUCKETS)
+        .ok()?
+        .install_recorder()
+        .ok()
+}
+
+/// A sandbox lifecycle event (created, reconnected, expired, evicted, ...).
+pub fn sandbox_event(event: &'static str) {
+    counter!("sandboxd_sandbox_events_total", "event" => event).increment(1);
+}
+
+/// How long a create that made a new sandbox took.
+pub fn create_took(started: Instant) {
+    histogram!("sandboxd_create_duration_seconds").record(started.elapsed().as_secs_f64());
+}
+
+/// A command started.
+pub fn command_started() {
+    counter!("sandboxd_commands_started_total").increment(1);
+}
+
+/// A command ended; `outcome` is exit_zero, exit_nonzero, timeout or killed.
+pub fn command_ended(outcome: &'static str, seconds: f64) {
+    counter!("sandboxd_commands_ended_total", "outcome" => outcome).increment(1);
+    histogram!("sandboxd_command_duration_seconds").record(seconds);
+}
+
+/// An engine call failed; `kind` is the error class.
+pub fn engine_error(kind: &'static str) {
+    counter!("sandboxd_engine_errors_total", "kind" => kind).increment(1);
+}
+
+/// Current gauges, set just before a scrape renders them.
+pub fn set_gauges(sandboxes: usize, running_commands: usize) {
+    gauge!("sandboxd_sandboxes", "state" => "running").set(sandboxes as f64);
+    gauge!("sandboxd_commands_running").set(running_commands as f64);
+}
+
+/// Counts every HTTP request by route template, method and status, and
+/// times it. Route templates, not paths: ids would make unbounded labels.
+pub async fn track_http(req: Request, next: Next) -> Response {
+    let route = req
+        .extensions()
+        .get::<MatchedPath>()
+        .map(|p| p.as_str().to_string())
+        .unwrap_or_else(|| "unmatched".into());
+    let method = req.method().to_string();
+    let started = Instant::now();
+    let resp = next.run(req).await;
+    let status = resp.status().as_u16().to_string();
+    counter!("sandboxd_http_requests_total", "route" => route.clone(), "method" => method.clone(), "status" => status)
+        .increment(1);
+    histogram!("sandboxd_http_request_duration_seconds", "route" => route, "method" => method)
+        .record(started.elapsed().as_secs_f64());
+    resp
+}
+
+/// Request ids: 16 random hex digits, unless the client sent one.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RandomRequestId;
+
+impl MakeRequestId for RandomRequestId {
+    fn make_request_id<B>(&mut self, _: &axum::http::Request<B>) -> Option<RequestId> {
+        HeaderValue::from_str(&crate::id::random_hex(8))
+            .ok()
+            .map(RequestId::new)
+    }
+}
