@@ -1,0 +1,366 @@
+//! The security suite (issue 9, part 1) against the real binary and engine:
+//! the token on every route, escape attempts from inside a sandbox, and the
+//! container checks of CIS Docker Benchmark section 5 that apply, as one
+//! table over every kind of container sandboxd creates.
+
+mod common;
+
+use bollard::models::ContainerInspectResponse;
+use bollard::query_parameters::InspectContainerOptions;
+use common::{ServerOptions, TestServer, eventually};
+use serde_json::{Value, json};
+
+async fn sh(server: &TestServer, sid: &str, script: &str) -> Value {
+    let (s, v) = server
+        .post(
+            &format!("/v1/sandboxes/{sid}/commands:run"),
+            json!({"command": script, "timeoutMs": 20000}),
+        )
+        .await;
+    assert_eq!(s, 200, "{v}");
+    v
+}
+
+#[tokio::test]
+async fn every_route_needs_the_token() {
+    let token = "all-routes-token";
+    let server = TestServer::start_with(ServerOptions::default().token(token)).await;
+    let sid = server
+        .create(json!({"sessionKey": "t", "network": {"mode": "none"}, "ports": [3000]}))
+        .await;
+    let (_, v) = server
+        .post(
+            &format!("/v1/sandboxes/{sid}/commands"),
+            json!({"command": "sleep 30"}),
+        )
+        .await;
+    let cid = v["commandId"].as_str().expect("cid").to_string();
+    let routes: Vec<(&str, String)> = vec![
+        ("GET", "/metrics".into()),
+        ("GET", "/v1/sandboxes".into()),
+        ("POST", "/v1/sandboxes".into()),
+        ("GET", format!("/v1/sandboxes/{sid}")),
+        ("POST", format!("/v1/sandboxes/{sid}:restart")),
+        ("POST", format!("/v1/sandboxes/{sid}:stop")),
+        ("GET", format!("/v1/sandboxes/{sid}/commands")),
+        ("POST", format!("/v1/sandboxes/{sid}/commands")),
+        ("POST", format!("/v1/sandboxes/{sid}/commands:run")),
+        ("GET", format!("/v1/sandboxes/{sid}/commands/{cid}/wait")),
+        ("GET", format!("/v1/sandboxes/{sid}/commands/{cid}/logs")),
+        ("POST", format!("/v1/sandboxes/{sid}/commands/{cid}:kill")),
+        ("GET", format!("/v1/sandboxes/{sid}/files:read?path=a")),
+        ("POST", format!("/v1/sandboxes/{sid}/files:write")),
+        ("GET", format!("/v1/sandboxes/{sid}/files:list")),
+        ("POST", format!("/v1/sandboxes/{sid}/files:delete")),
+        ("GET", format!("/v1/sandboxes/{sid}/ports/3000")),
+    ];
+    let body = json!({"sessionKey": "x", "command": "touch /workspace/pwned", "files": [{"path": "pwned", "contentBase64": ""}], "paths": ["a"]});
+    for (method, path) in &routes {
+        let url = format!("{}{path}", server.base);
+        let sep = if path.contains('?') { '&' } else { '?' };
+        for rb in [
+            server.client.request(method.parse().expect("method"), &url),
+            server
+                .client
+                .request(method.parse().expect("method"), &url)
+                .header("x-sandboxd-admin-token", "nope"),
+            server
+                .client
+                .request(method.parse().expect("method"), &url)
+                .header("authorization", "Bearer "),
+            server.client.request(
+                method.parse().expect("method"),
+                format!("{url}{sep}token={token}"),
+            ),
+        ] {
+            let resp = rb.json(&body).send().await.expect("send");
+            assert_eq!(resp.status(), 401, "{method} {path}");
+        }
+    }
+    // Nothing happened: the sandbox and its command run, nothing was written.
+    let (s, view) = server.get(&format!("/v1/sandboxes/{sid}")).await;
+    assert_eq!(s, 200);
+    assert_eq!(view["runningCommands"], 1);
+    assert_eq!(
+        server
+            .containers_with("sandboxd.role", "sandbox")
+            .await
+            .len(),
+        1
+    );
+    let (code, out) = server.docker_exec(&sid, "ls -A /workspace").await;
+    assert_eq!((code, out.as_str()), (0, ""));
+}
+
+#[tokio::test]
+async fn escape_attempts_from_inside_fail() {
+    let server = TestServer::start().await;
+    let sid = server.create(json!({"sessionKey": "inside"})).await;
+    for (what, script) in [
+        ("mount", "mount -t tmpfs none /mnt"),
+        ("unshare -r", "unshare -r true"),
+        ("chroot", "chroot / true"),
+        ("write /", "touch /evil"),
+        ("write /usr", "touch /usr/evil"),
+        ("exec from /tmp", "cp /bin/true /tmp/t && /tmp/t"),
+        ("setuid via su", "su -c true root </dev/null"),
+        ("write /proc/sys", "echo 1 > /proc/sys/kernel/domainname"),
+        (
+            "raw socket",
+            "python3 -c 'import socket; socket.socket(socket.AF_INET, socket.SOCK_RAW, 1)'",
+        ),
+    ] {
+        let r = sh(&server, &sid, script).await;
+        assert_ne!(r["exitCode"], 0, "{what} must fail: {r}");
+    }
+    let r = sh(
+        &server,
+        &sid,
+        "grep -E '^(CapEff|CapPrm|CapBnd|NoNewPrivs|Seccomp):' /proc/self/status; id -u",
+    )
+    .await;
+    let out = r["stdout"].as_str().unwrap_or("");
+    for expect in [
+        "CapEff:\t0000000000000000",
+        "CapPrm:\t0000000000000000",
+        "CapBnd:\t0000000000000000",
+        "NoNewPrivs:\t1",
+        "Seccomp:\t2",
+    ] {
+        assert!(out.contains(expect), "{expect} in {out}");
+    }
+    assert!(out.ends_with("1000\n"), "{out}");
+    // No engine socket, and no engine API on the gateway.
+    let r = sh(
+        &server,
+        &sid,
+        "ls /var/run/docker.sock /run/docker.sock 2>/dev/null | wc -l",
+    )
+    .await;
+    assert_eq!(r["stdout"], "0\n");
+    let r = sh(
+        &server,
+        &sid,
+        "gw=$(awk '$2==\"00000000\"{print $3; exit}' /proc/net/route); ip=$(printf '%d.%d.%d.%d' 0x${gw:6:2} 0x${gw:4:2} 0x${gw:2:2} 0x${gw:0:2}); for p in 2375 2376; do (exec 3<>/dev/tcp/$ip/$p) 2>/dev/null && echo open-$p; done; echo checked $ip",
+    )
+    .await;
+    let out = r["stdout"].as_str().unwrap_or("");
+    assert!(out.starts_with("checked "), "no engine port answers: {out}");
+    // Masked /proc paths stay masked.
+    let r = sh(&server, &sid, "for p in /proc/kcore /proc/keys /proc/timer_list; do printf '%s ' \"$(wc -c < $p 2>/dev/null || echo 0)\"; done").await;
+    assert_eq!(r["stdout"], "0 0 0 ", "{r}");
+}
+
+#[tokio::test]
+async fn network_none_has_only_loopback() {
+    let server = TestServer::start().await;
+    let sid = server
+        .create(json!({"sessionKey": "offline", "network": {"mode": "none"}}))
+        .await;
+    let r = sh(&server, &sid, "ls /sys/class/net").await;
+    assert_eq!(r["stdout"], "lo\n");
+    // Nothing can leave: name lookups and connects fail at once (the
+    // address is from the documentation range; no packet is sent anyway).
+    let r = sh(&server, &sid, "getent hosts debian.org >/dev/null && echo resolved; (exec 3<>/dev/tcp/192.0.2.1/80) 2>/dev/null && echo connected; echo done").await;
+    assert_eq!(r["stdout"], "done\n", "{r}");
+}
+
+type Check = (
+    &'static str,
+    &'static str,
+    fn(&ContainerInspectResponse) -> bool,
+);
+
+/// CIS Docker Benchmark v1.6, section 5 (container runtime): the checks
+/// that apply to containers sandboxd creates.
+fn cis_section_5() -> Vec<Check> {
+    fn hc(c: &ContainerInspectResponse) -> bollard::models::HostConfig {
+        c.host_config.clone().unwrap_or_default()
+    }
+    vec![
+        ("5.1", "AppArmor profile not disabled", |c| {
+            c.app_armor_profile.as_deref() != Some("unconfined")
+        }),
+        ("5.3", "capabilities dropped, none added", |c| {
+            hc(c).cap_drop == Some(vec!["ALL".to_string()])
+                && hc(c).cap_add.unwrap_or_default().is_empty()
+        }),
+        ("5.4", "not privileged", |c| hc(c).privileged == Some(false)),
+        ("5.5", "no host directories mounted", |c| {
+            hc(c).binds.unwrap_or_default().is_empty()
+                && c.mounts
+                    .clone()
+                    .unwrap_or_default()
+                    .iter()
+                    .all(|m| m.typ.as_ref().map(|t| t.to_string()) != Some("bind".into()))
+        }),
+        ("5.7", "no privileged host ports", |c| {
+            c.network_settings
+                .clone()
+                .and_then(|n| n.ports)
+                .unwrap_or_default()
+                .values()
+                .flatten()
+                .flatten()
+                .all(|b| {
+                    b.host_port
+                        .as_deref()
+                        .and_then(|p| p.parse::<u16>().ok())
+                        .is_none_or(|p| p >= 1024)
+                })
+        }),
+        ("5.9", "host network namespace not shared", |c| {
+            hc(c).network_mode.as_deref() != Some("host")
+        }),
+        ("5.10", "memory limited", |c| {
+            hc(c).memory.is_some_and(|m| m > 0)
+        }),
+        ("5.11", "CPU limited", |c| {
+            hc(c).nano_cpus.is_some_and(|n| n > 0) || hc(c).cpu_shares.is_some_and(|s| s > 0)
+        }),
+        ("5.12", "root filesystem read-only", |c| {
+            hc(c).readonly_rootfs == Some(true)
+        }),
+        ("5.13", "published ports bound to a specific address", |c| {
+            hc(c)
+                .port_bindings
+                .unwrap_or_default()
+                .values()
+                .flatten()
+                .flatten()
+                .all(|b| {
+                    b.host_ip
+                        .as_deref()
+                        .is_some_and(|ip| !ip.is_empty() && ip != "0.0.0.0" && ip != "::")
+                })
+        }),
+        ("5.14", "restart policy no (or on-failure <= 5)", |c| {
+            let rp = hc(c).restart_policy.unwrap_or_default();
+            match rp.name.map(|n| n.to_string()).as_deref() {
+                Some("no") | Some("") | None => true,
+                Some("on-failure") => rp.maximum_retry_count.is_some_and(|n| n <= 5),
+                _ => false,
+            }
+        }),
+        ("5.15", "host PID namespace not shared", |c| {
+            hc(c).pid_mode.as_deref() != Some("host")
+        }),
+        ("5.16", "host IPC namespace not shared", |c| {
+            hc(c).ipc_mode.as_deref() != Some("host")
+        }),
+        ("5.17", "no host devices", |c| {
+            hc(c).devices.unwrap_or_default().is_empty()
+        }),
+        ("5.19", "no shared mount propagation", |c| {
+            c.mounts.clone().unwrap_or_default().iter().all(|m| {
+                m.propagation
+                    .as_deref()
+                    .is_none_or(|p| !p.contains("shared"))
+            })
+        }),
+        ("5.20", "host UTS namespace not shared", |c| {
+            hc(c).uts_mode.as_deref() != Some("host")
+        }),
+        ("5.21", "default seccomp profile kept", |c| {
+            hc(c)
+                .security_opt
+                .unwrap_or_default()
+                .iter()
+                .all(|o| !o.starts_with("seccomp") || !o.contains("unconfined"))
+        }),
+        ("5.24", "default cgroup parent", |c| {
+            hc(c).cgroup_parent.as_deref().is_none_or(str::is_empty)
+        }),
+        ("5.25", "no new privileges", |c| {
+            hc(c)
+                .security_opt
+                .unwrap_or_default()
+                .iter()
+                .any(|o| o == "no-new-privileges:true")
+        }),
+        ("5.28", "PIDs limited", |c| {
+            hc(c).pids_limit.is_some_and(|p| p > 0)
+        }),
+        ("5.29", "not on the default bridge", |c| {
+            !matches!(
+                hc(c).network_mode.as_deref(),
+                Some("bridge") | Some("default")
+            )
+        }),
+        ("5.30", "host user namespace not shared", |c| {
+            hc(c).userns_mode.as_deref() != Some("host")
+        }),
+        ("5.31", "engine socket not mounted", |c| {
+            c.mounts.clone().unwrap_or_default().iter().all(|m| {
+                !m.source.as_deref().unwrap_or("").contains("docker.sock")
+                    && !m
+                        .destination
+                        .as_deref()
+                        .unwrap_or("")
+                        .contains("docker.sock")
+            })
+        }),
+        ("extra", "non-root user", |c| {
+            c.config
+                .clone()
+                .and_then(|c| c.user)
+                .is_some_and(|u| !u.is_empty() && !u.starts_with("0") && !u.starts_with("root"))
+        }),
+    ]
+}
+
+#[tokio::test]
+async fn every_container_passes_cis_section_5() {
+    let server = TestServer::start().await;
+    let online = server
+        .create(json!({"sessionKey": "online", "ports": [3000]}))
+        .await;
+    let offline = server
+        .create(json!({"sessionKey": "offline", "network": {"mode": "none"}}))
+        .await;
+    let (s, v) = server
+        .get(&format!("/v1/sandboxes/{online}/ports/3000"))
+        .await;
+    assert_eq!(s, 200, "{v}");
+    eventually(
+        std::time::Duration::from_secs(10),
+        "the proxy exists",
+        || async {
+            !server
+                .containers_with("sandboxd.role", "proxy")
+                .await
+                .is_empty()
+        },
+    )
+    .await;
+    let mut names = vec![
+        server.container_name(&online),
+        server.container_name(&offline),
+    ];
+    for p in server.containers_with("sandboxd.role", "proxy").await {
+        names.push(
+            p.names.unwrap_or_default()[0]
+                .trim_start_matches('/')
+                .to_string(),
+        );
+    }
+    assert_eq!(
+        names.len(),
+        3,
+        "a networked sandbox, an offline one, a proxy"
+    );
+    let mut failures = Vec::new();
+    for name in &names {
+        let info = server
+            .docker
+            .inspect_container(name, None::<InspectContainerOptions>)
+            .await
+            .expect("inspect");
+        for (id, what, check) in cis_section_5() {
+            if !check(&info) {
+                failures.push(format!("{name}: CIS {id} {what}"));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
+}
