@@ -282,19 +282,26 @@ impl Engine {
         Ok(())
     }
 
-    /// Removes a volume; a missing one is fine.
+    /// Removes a volume; a missing one is fine. A volume still held by a
+    /// container that is being removed right now is retried briefly.
     pub async fn remove_volume(&self, name: &str) -> EngineResult<()> {
         let docker = self.docker()?;
-        match docker
-            .remove_volume(name, Some(RemoveVolumeOptions { force: true }))
-            .await
-        {
-            Ok(()) => Ok(()),
-            Err(e) => match EngineError::from(e) {
-                EngineError::NotFound(_) => Ok(()),
-                other => Err(other),
-            },
+        for _ in 0..40 {
+            match docker
+                .remove_volume(name, Some(RemoveVolumeOptions { force: true }))
+                .await
+            {
+                Ok(()) => return Ok(()),
+                Err(e) => match EngineError::from(e) {
+                    EngineError::NotFound(_) => return Ok(()),
+                    EngineError::Conflict(m) if m.contains("in use") => {
+                        tokio::time::sleep(Duration::from_millis(250)).await
+                    }
+                    other => return Err(other),
+                },
+            }
         }
+        Err(EngineError::Conflict(format!("volume {name} stays in use")))
     }
 
     /// Creates (does not start) a hardened sandbox container.
@@ -331,8 +338,19 @@ impl Engine {
             Ok(()) => Ok(()),
             Err(e) => match EngineError::from(e) {
                 EngineError::NotFound(_) => Ok(()),
-                // "removal already in progress": someone else is doing it.
-                EngineError::Conflict(m) if m.contains("in progress") => Ok(()),
+                // "removal already in progress": someone else is doing it;
+                // done means gone, so wait for that (bounded).
+                EngineError::Conflict(m) if m.contains("in progress") => {
+                    for _ in 0..40 {
+                        if self.container_running(name).await?.is_none() {
+                            return Ok(());
+                        }
+                        tokio::time::sleep(Duration::from_millis(250)).await;
+                    }
+                    Err(EngineError::Conflict(format!(
+                        "{name} is still being removed"
+                    )))
+                }
                 other => Err(other),
             },
         }

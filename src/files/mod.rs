@@ -394,9 +394,16 @@ impl Files {
             *guard = None;
         }
         drop(guard);
-        let (status, body) = answer.ok_or_else(|| {
-            FileError::Helper(format!("{last_error} (is python3 in the sandbox image?)"))
-        })?;
+        let Some((status, body)) = answer else {
+            // Stopped while we were at it (the engine then answers an exec
+            // with its own error text): the sandbox is gone, nothing broke.
+            if self.sandboxes.registry().get(&sandbox.id).is_none() {
+                return Err(SandboxError::NotFound(sandbox.id.clone()).into());
+            }
+            return Err(FileError::Helper(format!(
+                "{last_error} (is python3 in the sandbox image?)"
+            )));
+        };
         if status.ok {
             return Ok(body);
         }

@@ -243,7 +243,14 @@ impl Ports {
         let host_port = {
             let lock = self.lock_for(&sandbox.id, port);
             let _one = lock.lock().await;
-            self.ensure_published(&sandbox, port).await?
+            match self.ensure_published(&sandbox, port).await {
+                Ok(h) => h,
+                // Stopped while we were at it: gone, not broken.
+                Err(_) if self.sandboxes.registry().get(&sandbox.id).is_none() => {
+                    return Err(SandboxError::NotFound(sandbox.id.clone()).into());
+                }
+                Err(e) => return Err(e),
+            }
         };
         let mut answer = PortAnswer {
             found: true,

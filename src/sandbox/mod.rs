@@ -455,17 +455,31 @@ impl Sandboxes {
     /// makes the sandbox unknown (404); a stopped one (its init died, the
     /// engine restarted) is started again and the exec tried once more.
     pub async fn exec(&self, s: &Arc<Sandbox>, req: &ExecRequest) -> SandboxResult<ExecSession> {
-        match self.engine.exec(&s.container, req).await {
+        let result = match self.engine.exec(&s.container, req).await {
             Ok(session) => Ok(session),
             Err(EngineError::NotFound(_)) => {
                 self.forget_gone(s).await;
                 Err(SandboxError::NotFound(s.id.clone()))
             }
-            Err(EngineError::Conflict(_)) => {
-                self.revive(s).await?;
-                Ok(self.engine.exec(&s.container, req).await?)
-            }
+            Err(EngineError::Conflict(_)) => match self.revive(s).await {
+                Ok(()) => self
+                    .engine
+                    .exec(&s.container, req)
+                    .await
+                    .map_err(Into::into),
+                Err(e) => Err(e),
+            },
             Err(e) => Err(e.into()),
+        };
+        // Stopped (or expired, or evicted) while we were at it: the sandbox
+        // is gone, whatever the engine said about its container.
+        match result {
+            Err(SandboxError::Engine(_) | SandboxError::EngineUnavailable(_))
+                if self.registry.get(&s.id).is_none() =>
+            {
+                Err(SandboxError::NotFound(s.id.clone()))
+            }
+            other => other,
         }
     }
 

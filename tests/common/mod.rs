@@ -272,6 +272,17 @@ impl TestServer {
         None
     }
 
+    /// SIGKILL, no chance to clean up, then start again with the same
+    /// instance and options: a crash.
+    pub async fn crash_and_restart(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        self.spawn().await;
+        self.wait_ready().await;
+    }
+
     /// Stops and starts the process again with the same instance and options.
     pub async fn restart(&mut self) {
         self.stop_process();
