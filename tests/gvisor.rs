@@ -1,0 +1,119 @@
+//! gVisor (issue 9, part 5): a runtime configured with the OCI runtime
+//! `runsc` runs its sandboxes under gVisor, and commands, files and ports
+//! work there. scripts/ensure-docker.sh registers runsc on our machines;
+//! an engine without it fails this test and says so.
+
+mod common;
+
+use std::time::Duration;
+
+use bollard::query_parameters::InspectContainerOptions;
+use common::{ServerOptions, TestServer};
+use serde_json::json;
+
+#[tokio::test]
+async fn a_gvisor_runtime_runs_sandboxes_under_gvisor() {
+    let docker = common::docker().await;
+    let runtimes = docker
+        .info()
+        .await
+        .expect("info")
+        .runtimes
+        .unwrap_or_default();
+    assert!(
+        runtimes.contains_key("runsc"),
+        "the engine has no runsc runtime (runtimes: {:?}); scripts/ensure-docker.sh registers it on Debian",
+        runtimes.keys().collect::<Vec<_>>()
+    );
+    let config = std::env::temp_dir().join(format!("{}-gvisor.toml", common::unique_instance()));
+    std::fs::write(&config, "[runtimes.gvisor]\noci_runtime = \"runsc\"\n").expect("config");
+    let server = TestServer::start_with(
+        ServerOptions::default().env("SANDBOXD_CONFIG", config.to_str().expect("utf8")),
+    )
+    .await;
+    let sid = server
+        .create(json!({"sessionKey": "g", "runtime": "gvisor", "ports": [3000]}))
+        .await;
+    let info = server
+        .docker
+        .inspect_container(
+            &server.container_name(&sid),
+            None::<InspectContainerOptions>,
+        )
+        .await
+        .expect("inspect");
+    let hc = info.host_config.expect("host config");
+    assert_eq!(hc.runtime.as_deref(), Some("runsc"));
+    assert_eq!(hc.readonly_rootfs, Some(true), "hardening still applies");
+    assert_eq!(hc.cap_drop, Some(vec!["ALL".to_string()]));
+
+    let run = |script: &'static str| {
+        let server = &server;
+        let sid = sid.clone();
+        async move {
+            let (s, v) = server
+                .post(
+                    &format!("/v1/sandboxes/{sid}/commands:run"),
+                    json!({"command": script, "timeoutMs": 30000}),
+                )
+                .await;
+            assert_eq!(s, 200, "{v}");
+            v
+        }
+    };
+    let r = run("dmesg | head -1; id -u").await;
+    let out = r["stdout"].as_str().unwrap_or("");
+    assert!(out.contains("gVisor"), "the kernel is gVisor's: {r}");
+    assert!(out.ends_with("1000\n"), "{r}");
+    // Files.
+    let (s, _) = server
+        .post(
+            &format!("/v1/sandboxes/{sid}/files:write"),
+            json!({"files": [{"path": "g.txt", "contentBase64": "Z3Zpc29y"}]}),
+        )
+        .await;
+    assert_eq!(s, 200);
+    let (s, v) = server
+        .get(&format!("/v1/sandboxes/{sid}/files:read?path=g.txt"))
+        .await;
+    assert_eq!((s, v["contentBase64"].clone()), (200, json!("Z3Zpc29y")));
+    // Commands: a timeout ends the tree.
+    let r = server
+        .post(
+            &format!("/v1/sandboxes/{sid}/commands:run"),
+            json!({"command": "sleep 100 & setsid sleep 101 & wait", "timeoutMs": 1500}),
+        )
+        .await
+        .1;
+    assert_eq!(r["exitCode"], 124);
+    let ps = run("ps -eo args").await;
+    assert!(
+        !ps["stdout"]
+            .as_str()
+            .unwrap_or("")
+            .lines()
+            .any(|l| l.starts_with("sleep 10")),
+        "{ps}"
+    );
+    // Ports: a loopback server, fetched from the host.
+    let (s, _) = server
+        .post(&format!("/v1/sandboxes/{sid}/commands"), json!({"command": "cd /tmp && echo gvisor-page > index.html && exec python3 -m http.server 3000 --bind 127.0.0.1", "timeoutMs": 600000}))
+        .await;
+    assert_eq!(s, 200);
+    let (s, v) = server
+        .get(&format!("/v1/sandboxes/{sid}/ports/3000?waitMs=15000"))
+        .await;
+    assert_eq!((s, v["ready"].clone()), (200, json!(true)), "{v}");
+    let url = v["url"].as_str().expect("url").to_string();
+    let body = reqwest::Client::new()
+        .get(format!("{url}/index.html"))
+        .timeout(Duration::from_secs(5))
+        .send()
+        .await
+        .expect("fetch")
+        .text()
+        .await
+        .expect("body");
+    assert_eq!(body, "gvisor-page\n");
+    let _ = std::fs::remove_file(config);
+}
