@@ -15,8 +15,16 @@ leftovers=$(docker ps -aq --filter 'name=^sbt-' || true)
 for v in $(docker volume ls -q | grep '^sbt-' || true); do docker volume rm -f "$v" >/dev/null || true; done
 for n in $(docker network ls --format '{{.Name}}' | grep '^sbt-' || true); do docker network rm "$n" >/dev/null || true; done
 
+# tests/engine_restart.rs restarts the engine: it runs alone, after the rest.
 if cargo nextest --version >/dev/null 2>&1; then
-  cargo nextest run --no-fail-fast "$@"
+  cargo nextest run --no-fail-fast -E 'not binary(engine_restart)' "$@"
+  cargo nextest run --no-fail-fast -E 'binary(engine_restart)' "$@"
 else
-  cargo test --no-fail-fast "$@"
+  args=()
+  for t in tests/*.rs; do
+    name=$(basename "$t" .rs)
+    [ "$name" = engine_restart ] || args+=(--test "$name")
+  done
+  cargo test --no-fail-fast --lib "${args[@]}" "$@"
+  cargo test --no-fail-fast --test engine_restart "$@"
 fi

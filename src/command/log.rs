@@ -220,6 +220,31 @@ impl OutputLog {
         self.changed.send_replace(seq);
     }
 
+    /// Adds an `error` record: something went wrong outside the command
+    /// (the engine restarted, the stream broke). Readers see it before the
+    /// exit record.
+    pub fn error(&self, message: &str) {
+        let seq = {
+            let Ok(mut st) = self.state.lock() else {
+                return;
+            };
+            let seq = st.next_seq;
+            st.next_seq += 1;
+            let line =
+                encode(&serde_json::json!({"stream": "error", "message": message, "seq": seq}));
+            st.retained += line.len();
+            let start = st.total;
+            st.records.push_back(Record {
+                seq,
+                start,
+                raw_len: 0,
+                line,
+            });
+            seq
+        };
+        self.changed.send_replace(seq);
+    }
+
     /// Ends the log: flushes undecodable leftovers, adds the exit record.
     /// Only the first call counts.
     pub fn finish(&self, info: ExitInfo) {

@@ -670,6 +670,7 @@ impl Drive {
         let (mut timed_out, mut killed) = (false, false);
         let mut kill_sent: Option<tokio::time::Instant> = None;
         let mut swept = false;
+        let mut broken: Option<String> = None;
         let mut sweep_code = None;
         let mut abandoned = false;
         let far = deadline + Duration::from_secs(86_400 * 365);
@@ -724,6 +725,7 @@ impl Drive {
                         }
                         Some(Err(e)) => {
                             tracing::warn!(command_id = %self.cmd.id, error = %e, "the command's output stream broke");
+                            broken = Some(format!("the output stream from the engine broke: {e}"));
                             break;
                         }
                         None => break,
@@ -750,6 +752,15 @@ impl Drive {
         } else {
             exit_code_of(&self.engine, &exec_id).await
         };
+        // Say so when the end is not what the process told us: the stream
+        // broke, or the engine could not report the exit status (it was
+        // restarted, the container vanished).
+        if code.is_none() && !timed_out && !killed {
+            broken.get_or_insert_with(|| "the engine did not report how the command ended".into());
+        }
+        if let Some(message) = &broken {
+            self.cmd.log.error(message);
+        }
         drop(control);
         let exit = if timed_out {
             ExitInfo {

@@ -1,0 +1,178 @@
+//! What both benchmarks share: a sandboxd of their own (release build, own
+//! instance) and its HTTP client, percentiles, and cleanup by label.
+#![allow(dead_code, unreachable_pub)]
+
+use std::collections::HashMap;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use bollard::Docker;
+use bollard::query_parameters::{RemoveContainerOptions, RemoveVolumeOptions};
+use serde_json::Value;
+
+pub type Res<T> = Result<T, Box<dyn std::error::Error>>;
+
+pub struct Server {
+    pub child: Child,
+    pub base: String,
+    pub client: reqwest::Client,
+}
+
+impl Server {
+    pub async fn start(instance: &str) -> Res<Server> {
+        let exe = std::env::current_exe()?;
+        let bin = exe
+            .parent()
+            .and_then(|p| p.parent())
+            .map(|p| p.join("sandboxd"))
+            .ok_or("cannot locate target/release/sandboxd")?;
+        let port = std::net::TcpListener::bind("127.0.0.1:0")?
+            .local_addr()?
+            .port();
+        let child = Command::new(bin)
+            .env("SANDBOXD_PORT", port.to_string())
+            .env("SANDBOXD_INSTANCE", instance)
+            .env("SANDBOXD_MAX_CONCURRENT", "100")
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()?;
+        let server = Server {
+            child,
+            base: format!("http://127.0.0.1:{port}"),
+            client: reqwest::Client::new(),
+        };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < deadline {
+            if let Ok(r) = server
+                .client
+                .get(format!("{}/v1/sandboxes", server.base))
+                .send()
+                .await
+            {
+                if r.status() == 200 {
+                    return Ok(server);
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Err("sandboxd did not become ready".into())
+    }
+
+    pub async fn post(&self, path: &str, body: Value) -> Res<Value> {
+        let r = self
+            .client
+            .post(format!("{}{path}", self.base))
+            .json(&body)
+            .send()
+            .await?;
+        let status = r.status();
+        let v: Value = r.json().await?;
+        if !status.is_success() {
+            return Err(format!("POST {path}: {status} {v}").into());
+        }
+        Ok(v)
+    }
+
+    pub async fn get(&self, path: &str) -> Res<Value> {
+        let r = self
+            .client
+            .get(format!("{}{path}", self.base))
+            .send()
+            .await?;
+        let status = r.status();
+        let v: Value = r.json().await?;
+        if !status.is_success() {
+            return Err(format!("GET {path}: {status} {v}").into());
+        }
+        Ok(v)
+    }
+
+    pub fn rss_kb(&self) -> u64 {
+        std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
+            .ok()
+            .and_then(|s| {
+                s.lines()
+                    .find(|l| l.starts_with("VmRSS:"))
+                    .and_then(|l| l.split_whitespace().nth(1))
+                    .and_then(|n| n.parse().ok())
+            })
+            .unwrap_or(0)
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+pub fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+pub fn pct(samples: &[f64], p: f64) -> f64 {
+    let mut s = samples.to_vec();
+    s.sort_by(|a, b| a.total_cmp(b));
+    if s.is_empty() {
+        return f64::NAN;
+    }
+    let idx = ((s.len() - 1) as f64 * p).round() as usize;
+    s[idx]
+}
+
+/// Removes every container, volume and network of `instance`.
+pub async fn cleanup(docker: &Docker, instance: &str) {
+    let filter = HashMap::from([(
+        "label".to_string(),
+        vec![format!("sandboxd.instance={instance}")],
+    )]);
+    if let Ok(list) = docker
+        .list_containers(Some(bollard::query_parameters::ListContainersOptions {
+            all: true,
+            filters: Some(filter.clone()),
+            ..Default::default()
+        }))
+        .await
+    {
+        for c in list {
+            if let Some(id) = c.id {
+                let _ = docker
+                    .remove_container(
+                        &id,
+                        Some(RemoveContainerOptions {
+                            force: true,
+                            ..Default::default()
+                        }),
+                    )
+                    .await;
+            }
+        }
+    }
+    if let Ok(list) = docker
+        .list_volumes(Some(bollard::query_parameters::ListVolumesOptions {
+            filters: Some(filter.clone()),
+        }))
+        .await
+    {
+        for v in list.volumes.unwrap_or_default() {
+            let _ = docker
+                .remove_volume(&v.name, Some(RemoveVolumeOptions { force: true }))
+                .await;
+        }
+    }
+    if let Ok(list) = docker
+        .list_networks(Some(bollard::query_parameters::ListNetworksOptions {
+            filters: Some(filter),
+        }))
+        .await
+    {
+        for n in list {
+            if let Some(name) = n.name {
+                let _ = docker.remove_network(&name).await;
+            }
+        }
+    }
+}
