@@ -32,7 +32,8 @@ fi
 register_runsc() {
   if ! command -v runsc >/dev/null 2>&1; then
     log "installing Debian's runsc (gVisor)"
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends runsc >/dev/null \
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends runsc >/dev/null 2>&1 \
+      || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends runsc >/dev/null; } \
       || { log "runsc could not be installed; gVisor runtimes will be unavailable"; return 0; }
   fi
   mkdir -p /etc/docker
@@ -52,7 +53,17 @@ PY
 if ! pgrep -x dockerd >/dev/null 2>&1; then
   register_runsc
   log "starting dockerd in the background (log: /var/log/dockerd.log)"
-  nohup dockerd >/var/log/dockerd.log 2>&1 &
+  # With every signal at its default: ignored signals are inherited across
+  # exec, and the engine would pass its caller's on to every container.
+  nohup python3 -c '
+import os, signal
+for s in range(1, signal.NSIG):
+    try:
+        signal.signal(s, signal.SIG_DFL)
+    except (OSError, ValueError, RuntimeError):
+        pass
+os.execvp("dockerd", ["dockerd"])
+' >/var/log/dockerd.log 2>&1 &
 fi
 
 deadline=$((SECONDS + 60))

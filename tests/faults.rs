@@ -147,3 +147,66 @@ async fn interleaved_calls_for_one_key_leave_engine_and_registry_agreeing() {
         volumes.iter().map(|v| &v.name).collect::<Vec<_>>()
     );
 }
+
+#[tokio::test]
+async fn container_and_volume_removed_out_of_band_are_forgotten_cleanly() {
+    let server = TestServer::start().await;
+    let sid = server
+        .create(json!({"sessionKey": "vanish", "network": {"mode": "none"}}))
+        .await;
+    let name = server.container_name(&sid);
+    server
+        .docker
+        .remove_container(
+            &name,
+            Some(bollard::query_parameters::RemoveContainerOptions {
+                force: true,
+                ..Default::default()
+            }),
+        )
+        .await
+        .expect("rm");
+    server
+        .docker
+        .remove_volume(
+            &format!("{name}-workspace"),
+            None::<bollard::query_parameters::RemoveVolumeOptions>,
+        )
+        .await
+        .expect("volume rm");
+    let (s, v) = server
+        .post(
+            &format!("/v1/sandboxes/{sid}/commands:run"),
+            json!({"command": "true"}),
+        )
+        .await;
+    assert_eq!(
+        (s, v["code"].clone()),
+        (404, json!("sandbox_not_found")),
+        "{v}"
+    );
+    let (s, v) = server
+        .post(
+            "/v1/sandboxes",
+            json!({"sessionKey": "vanish", "network": {"mode": "none"}}),
+        )
+        .await;
+    assert_eq!((s, v["created"].clone()), (200, json!(true)), "{v}");
+    assert_eq!(server.containers().await.len(), 1);
+    assert_eq!(server.volumes().await.len(), 1);
+}
+
+#[tokio::test]
+async fn an_open_request_keeps_a_sandbox_from_expiring() {
+    let server = TestServer::start().await;
+    let sid = server
+        .create(json!({"sessionKey": "held", "idleTtlMs": 10000, "ports": [3000]}))
+        .await;
+    // Nothing listens on 3000, so this waits its full 14 s, past the TTL.
+    let (s, v) = server
+        .get(&format!("/v1/sandboxes/{sid}/ports/3000?waitMs=14000"))
+        .await;
+    assert_eq!((s, v["ready"].clone()), (200, json!(false)), "{v}");
+    let (s, _) = server.get(&format!("/v1/sandboxes/{sid}")).await;
+    assert_eq!(s, 200, "not expired while the request was open");
+}

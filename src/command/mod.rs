@@ -828,7 +828,10 @@ async fn exit_code_of(engine: &Engine, exec_id: &str) -> Option<i64> {
         match engine.exec_exit_code(exec_id).await {
             Ok(Some(code)) => return Some(code),
             Ok(None) => tokio::time::sleep(Duration::from_millis(25)).await,
-            Err(_) => return None,
+            Err(e) => {
+                tracing::warn!(exec_id, error = %e, "the engine could not say how a process ended");
+                return None;
+            }
         }
     }
     None

@@ -78,6 +78,7 @@ impl EngineError {
             BollardError::RequestTimeoutError
             | BollardError::IOError { .. }
             | BollardError::HyperResponseError { .. }
+            | BollardError::HyperLegacyError { .. }
             | BollardError::SocketNotFoundError(_) => EngineError::Unavailable(e.to_string()),
             other => EngineError::Failed(other.to_string()),
         }
