@@ -23,17 +23,6 @@ async fn run(server: &TestServer, sid: &str, script: &str, timeout_ms: u64) -> V
     v
 }
 
-fn rss_kb(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmRSS:"))
-                .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
-        })
-        .unwrap_or(0)
-}
-
 #[tokio::test]
 async fn memory_past_the_limit_is_killed_and_nothing_else_notices() {
     let server = TestServer::start().await;
@@ -174,7 +163,7 @@ async fn a_flood_to_a_reader_that_barely_reads_stays_bounded_and_times_out() {
         .create(json!({"sessionKey": "flood", "network": {"mode": "none"}}))
         .await;
     let pid = server.pid().expect("pid");
-    let before = rss_kb(pid);
+    let before = common::rss_kb(pid);
     let (_, v) = server
         .post(
             &format!("/v1/sandboxes/{sid}/commands"),
@@ -198,7 +187,7 @@ async fn a_flood_to_a_reader_that_barely_reads_stays_bounded_and_times_out() {
         let _ = body.next().await;
         for _ in 0..10 {
             tokio::time::sleep(Duration::from_millis(200)).await;
-            peak = peak.max(rss_kb(pid));
+            peak = peak.max(common::rss_kb(pid));
         }
     }
     // The timeout fired regardless of the slow reader.

@@ -548,27 +548,17 @@ async fn a_late_reader_is_told_what_it_missed() {
     assert_eq!(lines.last().expect("exit")["stream"], "exit");
 }
 
-fn rss_kb(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
-    status
-        .lines()
-        .find(|l| l.starts_with("VmRSS:"))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|n| n.parse().ok())
-        .expect("VmRSS")
-}
-
 #[tokio::test]
 async fn a_gigabyte_nobody_reads_keeps_memory_bounded_and_is_not_blocked() {
     let server = TestServer::start().await;
     let sid = sandbox(&server).await;
     sh(&server, &sid, "true").await;
     let pid = server.pid().expect("pid");
-    let before = rss_kb(pid);
+    let before = common::rss_kb(pid);
     let r = run(&server, &sid, json!({"command": "head -c 1073741824 /dev/zero | tr '\\0' x; echo", "timeoutMs": 300000, "maxOutputBytes": 16})).await;
     assert_eq!(r["exitCode"], 0);
     assert_eq!(r["stdoutTruncatedBytes"].as_u64(), Some(1_073_741_825 - 16));
-    let after = rss_kb(pid);
+    let after = common::rss_kb(pid);
     let growth_mb = after.saturating_sub(before) / 1024;
     assert!(
         growth_mb < 8 + 32,

@@ -365,17 +365,6 @@ async fn every_container_passes_cis_section_5() {
     assert!(failures.is_empty(), "{failures:#?}");
 }
 
-fn rss_kb(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmRSS:"))
-                .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
-        })
-        .unwrap_or(0)
-}
-
 #[tokio::test]
 async fn a_stream_of_bad_input_is_4xx_and_leaves_memory_flat() {
     let server =
@@ -467,11 +456,11 @@ async fn a_stream_of_bad_input_is_4xx_and_leaves_memory_flat() {
     };
     // Warm up, then measure across many more rounds.
     futures_util::future::join_all((0..4).map(round)).await;
-    let before = rss_kb(pid);
+    let before = common::rss_kb(pid);
     for _ in 0..50 {
         futures_util::future::join_all((0..4).map(round)).await;
     }
-    let after = rss_kb(pid);
+    let after = common::rss_kb(pid);
     let growth_mb = after.saturating_sub(before) / 1024;
     assert!(
         growth_mb < 8,

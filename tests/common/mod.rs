@@ -437,6 +437,18 @@ async fn into_parts(resp: reqwest::Response) -> (u16, Value) {
     (status, value)
 }
 
+/// Resident memory of a process, in KiB (0 if it cannot be read).
+pub fn rss_kb(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
 /// Polls `f` until it returns true or `within` passes.
 pub async fn eventually<F, Fut>(within: Duration, what: &str, mut f: F)
 where
