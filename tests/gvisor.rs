@@ -65,6 +65,29 @@ async fn a_gvisor_runtime_runs_sandboxes_under_gvisor() {
     let out = r["stdout"].as_str().unwrap_or("");
     assert!(out.contains("gVisor"), "the kernel is gVisor's: {r}");
     assert!(out.ends_with("1000\n"), "{r}");
+    // Escape attempts fail under gVisor too. (`unshare -r` is allowed
+    // there: it makes a user namespace inside gVisor's own kernel.)
+    for (what, script) in [
+        ("mount", "mount -t tmpfs none /mnt"),
+        ("chroot", "/usr/sbin/chroot / true"),
+        ("write /", "touch /evil"),
+        ("exec from /tmp", "cp /bin/true /tmp/t && /tmp/t"),
+        (
+            "raw socket",
+            "python3 -c 'import socket; socket.socket(socket.AF_INET, socket.SOCK_RAW, 1)'",
+        ),
+        ("engine socket", "test -e /var/run/docker.sock"),
+    ] {
+        let r = run(script).await;
+        assert_ne!(r["exitCode"], 0, "{what} must fail under gVisor: {r}");
+        assert_ne!(r["exitCode"], 127, "{what} must be tried, not missing: {r}");
+    }
+    let caps = run("grep -E '^Cap(Eff|Prm|Bnd):' /proc/self/status").await;
+    assert_eq!(
+        caps["stdout"],
+        "CapPrm:\t0000000000000000\nCapEff:\t0000000000000000\nCapBnd:\t0000000000000000\n",
+        "{caps}"
+    );
     // Files.
     let (s, _) = server
         .post(

@@ -96,22 +96,42 @@ async fn every_route_needs_the_token() {
 async fn escape_attempts_from_inside_fail() {
     let server = TestServer::start().await;
     let sid = server.create(json!({"sessionKey": "inside"})).await;
-    for (what, script) in [
-        ("mount", "mount -t tmpfs none /mnt"),
-        ("unshare -r", "unshare -r true"),
-        ("chroot", "chroot / true"),
-        ("write /", "touch /evil"),
-        ("write /usr", "touch /usr/evil"),
-        ("exec from /tmp", "cp /bin/true /tmp/t && /tmp/t"),
-        ("setuid via su", "su -c true root </dev/null"),
-        ("write /proc/sys", "echo 1 > /proc/sys/kernel/domainname"),
+    // Each must fail, and for the reason that matters (a vacuous "command
+    // not found" would pass an exit-code check alone).
+    for (what, script, reason) in [
+        ("mount", "mount -t tmpfs none /mnt", "must be superuser"),
+        ("unshare -r", "unshare -r true", "Operation not permitted"),
+        (
+            "chroot",
+            "/usr/sbin/chroot / true",
+            "Operation not permitted",
+        ),
+        ("write /", "touch /evil", "Read-only file system"),
+        ("write /usr", "touch /usr/evil", "Read-only file system"),
+        (
+            "exec from /tmp",
+            "cp /bin/true /tmp/t && /tmp/t",
+            "Permission denied",
+        ),
+        ("setuid via su", "su -c true root </dev/null", "su:"),
+        (
+            "write /proc/sys",
+            "echo 1 > /proc/sys/kernel/domainname",
+            "Read-only file system",
+        ),
         (
             "raw socket",
             "python3 -c 'import socket; socket.socket(socket.AF_INET, socket.SOCK_RAW, 1)'",
+            "Operation not permitted",
         ),
     ] {
         let r = sh(&server, &sid, script).await;
         assert_ne!(r["exitCode"], 0, "{what} must fail: {r}");
+        assert_ne!(r["exitCode"], 127, "{what} must be tried, not missing: {r}");
+        assert!(
+            r["stderr"].as_str().unwrap_or("").contains(reason),
+            "{what} fails because {reason}: {r}"
+        );
     }
     let r = sh(
         &server,
