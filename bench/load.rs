@@ -39,19 +39,11 @@ impl Tally {
     }
 }
 
-async fn timed_post(
-    server: &Server,
-    path: &str,
-    body: serde_json::Value,
-) -> (u16, serde_json::Value, Duration) {
+/// Sends a request and times it: (status, JSON body, time); 599 when the
+/// request itself failed.
+async fn timed(rb: reqwest::RequestBuilder) -> (u16, serde_json::Value, Duration) {
     let t = Instant::now();
-    match server
-        .client
-        .post(format!("{}{path}", server.base))
-        .json(&body)
-        .send()
-        .await
-    {
+    match rb.send().await {
         Ok(r) => {
             let s = r.status().as_u16();
             let v = r.json().await.unwrap_or(serde_json::Value::Null);
@@ -61,21 +53,22 @@ async fn timed_post(
     }
 }
 
+async fn timed_post(
+    server: &Server,
+    path: &str,
+    body: serde_json::Value,
+) -> (u16, serde_json::Value, Duration) {
+    timed(
+        server
+            .client
+            .post(format!("{}{path}", server.base))
+            .json(&body),
+    )
+    .await
+}
+
 async fn timed_get(server: &Server, path: &str) -> (u16, serde_json::Value, Duration) {
-    let t = Instant::now();
-    match server
-        .client
-        .get(format!("{}{path}", server.base))
-        .send()
-        .await
-    {
-        Ok(r) => {
-            let s = r.status().as_u16();
-            let v = r.json().await.unwrap_or(serde_json::Value::Null);
-            (s, v, t.elapsed())
-        }
-        Err(_) => (599, serde_json::Value::Null, t.elapsed()),
-    }
+    timed(server.client.get(format!("{}{path}", server.base))).await
 }
 
 async fn client(

@@ -171,15 +171,7 @@ async fn a_flood_to_a_reader_that_barely_reads_stays_bounded_and_times_out() {
         )
         .await;
     let cid = v["commandId"].as_str().expect("cid").to_string();
-    let resp = server
-        .client
-        .get(format!(
-            "{}/v1/sandboxes/{sid}/commands/{cid}/logs",
-            server.base
-        ))
-        .send()
-        .await
-        .expect("logs");
+    let resp = server.open_logs(&sid, &cid).await;
     let mut body = resp.bytes_stream();
     // Read a little, then nothing for a while, twice: the command floods on.
     let mut peak = before;
@@ -223,15 +215,7 @@ async fn a_flood_to_a_reader_that_barely_reads_stays_bounded_and_times_out() {
         .await;
     let cid = v["commandId"].as_str().expect("cid").to_string();
     for _ in 0..3 {
-        let resp = server
-            .client
-            .get(format!(
-                "{}/v1/sandboxes/{sid}/commands/{cid}/logs",
-                server.base
-            ))
-            .send()
-            .await
-            .expect("logs");
+        let resp = server.open_logs(&sid, &cid).await;
         let mut b = resp.bytes_stream();
         let _ = b.next().await;
         drop(b);

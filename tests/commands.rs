@@ -445,15 +445,7 @@ async fn output_reaches_a_reader_promptly() {
         json!({"command": "for i in 1 2 3 4; do date +%s%N; sleep 1; done"}),
     )
     .await;
-    let resp = server
-        .client
-        .get(format!(
-            "{}/v1/sandboxes/{sid}/commands/{cid}/logs",
-            server.base
-        ))
-        .send()
-        .await
-        .expect("logs");
+    let resp = server.open_logs(&sid, &cid).await;
     let mut body = resp.bytes_stream();
     let mut buf = String::new();
     let mut lags = Vec::new();
@@ -483,15 +475,7 @@ async fn output_reaches_a_reader_promptly() {
 
 /// Reads a whole log stream, counting output bytes and dropped bytes.
 async fn count_stream(server: &TestServer, sid: &str, cid: &str) -> (u64, u64, Value) {
-    let resp = server
-        .client
-        .get(format!(
-            "{}/v1/sandboxes/{sid}/commands/{cid}/logs",
-            server.base
-        ))
-        .send()
-        .await
-        .expect("logs");
+    let resp = server.open_logs(sid, cid).await;
     let mut body = resp.bytes_stream();
     let mut buf: Vec<u8> = Vec::new();
     let (mut data, mut dropped, mut exit) = (0u64, 0u64, Value::Null);

@@ -79,15 +79,7 @@ async fn streams_end_with_an_error_and_sandboxes_work_again_after_an_engine_rest
         )
         .await;
     let cid = v["commandId"].as_str().expect("cid").to_string();
-    let resp = server
-        .client
-        .get(format!(
-            "{}/v1/sandboxes/{sid}/commands/{cid}/logs",
-            server.base
-        ))
-        .send()
-        .await
-        .expect("logs");
+    let resp = server.open_logs(&sid, &cid).await;
     // The reader notes when the first output arrived: the engine is only
     // restarted once the command demonstrably runs.
     let seen = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));

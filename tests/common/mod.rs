@@ -334,6 +334,17 @@ impl TestServer {
         into_parts(resp).await
     }
 
+    /// Opens a command's NDJSON log stream (the answer, not yet read).
+    pub async fn open_logs(&self, sid: &str, cid: &str) -> reqwest::Response {
+        self.auth(self.client.get(format!(
+            "{}/v1/sandboxes/{sid}/commands/{cid}/logs",
+            self.base
+        )))
+        .send()
+        .await
+        .expect("logs")
+    }
+
     /// Creates a sandbox, asserting success; returns its id.
     pub async fn create(&self, body: Value) -> String {
         let (status, v) = self.post("/v1/sandboxes", body).await;
