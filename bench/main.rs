@@ -48,6 +48,7 @@ impl Floor {
             memory_mb: 1024,
             pids_limit: 512,
             tmp_size_mb: 512,
+            file_size_limit_mb: 1024,
             labels: HashMap::from([("sandboxd.instance".to_string(), self.instance.clone())]),
         }
     }

@@ -39,6 +39,11 @@ pub const DEFAULT_PUBLIC_PROTO: &str = "http";
 pub const DEFAULT_PIDS_LIMIT: i64 = 512;
 /// Size of the /tmp tmpfs in a sandbox.
 pub const DEFAULT_TMP_SIZE_MB: u64 = 512;
+/// Size limit of a sandbox's workspace volume; 0 means none. Enforced by
+/// the engine (Docker's local driver: xfs project quotas), so off unless set.
+pub const DEFAULT_WORKSPACE_SIZE_MB: u64 = 0;
+/// Largest file any sandbox process may write (RLIMIT_FSIZE); 0 means none.
+pub const DEFAULT_FILE_SIZE_LIMIT_MB: u64 = 1024;
 /// vCPUs of a sandbox whose create request names none.
 pub const DEFAULT_VCPUS: u32 = 1;
 /// Memory of a sandbox whose create request names none.
@@ -125,6 +130,8 @@ pub struct Config {
     pub max_ports: usize,
     pub pids_limit: i64,
     pub tmp_size_mb: u64,
+    pub workspace_size_mb: u64,
+    pub file_size_limit_mb: u64,
     pub default_vcpus: u32,
     pub default_memory_mb: u32,
     pub sandbox_user: String,
@@ -191,6 +198,8 @@ struct FileConfig {
     max_ports: Option<usize>,
     pids_limit: Option<i64>,
     tmp_size_mb: Option<u64>,
+    workspace_size_mb: Option<u64>,
+    file_size_limit_mb: Option<u64>,
     default_vcpus: Option<u32>,
     default_memory_mb: Option<u32>,
     sandbox_user: Option<String>,
@@ -363,6 +372,16 @@ impl Config {
             max_ports: num!("SANDBOXD_MAX_PORTS", max_ports, DEFAULT_MAX_PORTS),
             pids_limit: num!("SANDBOXD_PIDS_LIMIT", pids_limit, DEFAULT_PIDS_LIMIT),
             tmp_size_mb: num!("SANDBOXD_TMP_SIZE_MB", tmp_size_mb, DEFAULT_TMP_SIZE_MB),
+            workspace_size_mb: num!(
+                "SANDBOXD_WORKSPACE_SIZE_MB",
+                workspace_size_mb,
+                DEFAULT_WORKSPACE_SIZE_MB
+            ),
+            file_size_limit_mb: num!(
+                "SANDBOXD_FILE_SIZE_LIMIT_MB",
+                file_size_limit_mb,
+                DEFAULT_FILE_SIZE_LIMIT_MB
+            ),
             default_vcpus: num!("SANDBOXD_DEFAULT_VCPUS", default_vcpus, DEFAULT_VCPUS),
             default_memory_mb: num!(
                 "SANDBOXD_DEFAULT_MEMORY_MB",
@@ -509,6 +528,18 @@ impl Config {
             return Err(ConfigError::invalid(
                 "tmp_size_mb",
                 "must be between 1 and 65536",
+            ));
+        }
+        if self.workspace_size_mb > 16 * 1024 * 1024 {
+            return Err(ConfigError::invalid(
+                "workspace_size_mb",
+                "must be between 0 (no limit) and 16777216",
+            ));
+        }
+        if self.file_size_limit_mb > 16 * 1024 * 1024 {
+            return Err(ConfigError::invalid(
+                "file_size_limit_mb",
+                "must be between 0 (no limit) and 16777216",
             ));
         }
         if !(1..=8).contains(&self.default_vcpus) {
@@ -773,6 +804,11 @@ mod tests {
         assert_eq!(cfg.instance, "sandboxd");
         assert_eq!(cfg.network_name, "sandboxd-net");
         assert!(cfg.admin_token.is_none());
+        assert_eq!(
+            cfg.workspace_size_mb, 0,
+            "only a capable engine can enforce it"
+        );
+        assert_eq!(cfg.file_size_limit_mb, 1024);
         for rt in BUILTIN_RUNTIMES {
             assert_eq!(
                 cfg.runtime(rt),
@@ -855,6 +891,11 @@ mod tests {
         assert!(err_of("", &[("SANDBOXD_BIND_HOST", "nope")]).starts_with("SANDBOXD_BIND_HOST:"));
         assert!(err_of("", &[("SANDBOXD_INSTANCE", "a b")]).starts_with("SANDBOXD_INSTANCE:"));
         assert!(err_of("sandbox_user = \"0\"", &[]).starts_with("sandbox_user:"));
+        assert!(err_of("workspace_size_mb = 99999999", &[]).starts_with("workspace_size_mb:"));
+        assert!(
+            err_of("", &[("SANDBOXD_FILE_SIZE_LIMIT_MB", "20000000")])
+                .starts_with("file_size_limit_mb:")
+        );
         assert!(
             err_of("", &[("SANDBOXD_MAX_CONCURRENT", "-1")])
                 .starts_with("SANDBOXD_MAX_CONCURRENT:")

@@ -8,6 +8,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
+use base64::Engine as _;
 use common::{ServerOptions, TestServer};
 use futures_util::StreamExt;
 use serde_json::{Value, json};
@@ -81,6 +82,173 @@ async fn a_full_tmp_says_enospc_at_its_size() {
     assert_eq!(
         run(&server, &sid, "rm /tmp/fill && echo ok", 10000).await["stdout"],
         "ok\n"
+    );
+}
+
+#[tokio::test]
+async fn a_runaway_file_stops_at_the_file_size_limit() {
+    let server =
+        TestServer::start_with(ServerOptions::default().env("SANDBOXD_FILE_SIZE_LIMIT_MB", "16"))
+            .await;
+    let filler = server
+        .create(json!({"sessionKey": "filler", "network": {"mode": "none"}}))
+        .await;
+    let other = server
+        .create(json!({"sessionKey": "other", "network": {"mode": "none"}}))
+        .await;
+    let inspect = server
+        .docker
+        .inspect_container(&server.container_name(&filler), None)
+        .await
+        .expect("inspect");
+    let ulimits = inspect
+        .host_config
+        .and_then(|h| h.ulimits)
+        .unwrap_or_default();
+    assert!(
+        ulimits.iter().any(|u| u.name.as_deref() == Some("fsize")
+            && u.soft == Some(16 << 20)
+            && u.hard == Some(16 << 20)),
+        "{ulimits:?}"
+    );
+
+    // The classic accident: an endless writer into the workspace.
+    let r = run(
+        &server,
+        &filler,
+        "yes > out.txt; echo rc=$?; stat -c %s out.txt; ulimit -f unlimited 2>/dev/null && echo raised",
+        60000,
+    )
+    .await;
+    assert_eq!(
+        r["stdout"],
+        format!("rc=153\n{}\n", 16 << 20),
+        "SIGXFSZ at 16 MiB: {r}"
+    );
+    assert!(
+        r["stderr"]
+            .as_str()
+            .unwrap_or("")
+            .contains("File size limit exceeded"),
+        "{r}"
+    );
+
+    // files:write past the limit: a clear 413, and no partial file.
+    let big = base64::engine::general_purpose::STANDARD.encode(vec![b'x'; 17 << 20]);
+    let (s, v) = server
+        .post(
+            &format!("/v1/sandboxes/{filler}/files:write"),
+            json!({"files": [{"path": "big.bin", "contentBase64": big}]}),
+        )
+        .await;
+    assert_eq!(s, 413, "{v}");
+    assert_eq!(v["code"], "file_too_large", "{v}");
+    assert!(
+        v["error"].as_str().unwrap_or("").contains("16777216"),
+        "{v}"
+    );
+    assert_eq!(
+        run(&server, &filler, "ls -A; rm out.txt", 10000).await["stdout"],
+        "out.txt\n",
+        "nothing half-written is left"
+    );
+    let (s, v) = server
+        .post(
+            &format!("/v1/sandboxes/{other}/files:write"),
+            json!({"files": [{"path": "fine.bin", "contentBase64": base64::engine::general_purpose::STANDARD.encode(vec![b'y'; 1 << 20])}]}),
+        )
+        .await;
+    assert_eq!(s, 200, "the other sandbox writes as before: {v}");
+}
+
+/// Docker's local driver limits a volume only where its root supports
+/// project quotas (xfs with prjquota). Where the engine can, filling the
+/// workspace must stop at its size with a clear error while the sandbox
+/// and its neighbours carry on; where it cannot, a configured limit must be
+/// refused up front rather than silently ignored.
+#[tokio::test]
+async fn filling_the_workspace_stops_at_its_quota_or_is_refused_up_front() {
+    let server = TestServer::start_with(
+        ServerOptions::default()
+            .env("SANDBOXD_WORKSPACE_SIZE_MB", "64")
+            .env("SANDBOXD_FILE_SIZE_LIMIT_MB", "0"),
+    )
+    .await;
+    let (status, v) = server
+        .post(
+            "/v1/sandboxes",
+            json!({"sessionKey": "full", "network": {"mode": "none"}}),
+        )
+        .await;
+    if status == 503 {
+        eprintln!("this engine cannot limit volume sizes; checking the refusal");
+        assert_eq!(v["code"], "workspace_quota_unsupported", "{v}");
+        let message = v["error"].as_str().unwrap_or("");
+        assert!(
+            message.contains("prjquota") && message.contains("SANDBOXD_WORKSPACE_SIZE_MB=0"),
+            "{v}"
+        );
+        assert!(server.containers().await.is_empty(), "no container is left");
+        assert!(server.volumes().await.is_empty(), "no volume is left");
+        let (s, list) = server.get("/v1/sandboxes").await;
+        assert_eq!(s, 200);
+        assert_eq!(
+            list["sandboxes"].as_array().map(Vec::len),
+            Some(0),
+            "{list}"
+        );
+        return;
+    }
+    assert_eq!(status, 200, "{v}");
+    let full = v["sandboxId"].as_str().expect("sandboxId").to_string();
+    let other = server
+        .create(json!({"sessionKey": "neighbour", "network": {"mode": "none"}}))
+        .await;
+    let r = run(
+        &server,
+        &full,
+        "for i in 1 2 3 4 5 6 7 8; do head -c 16M /dev/zero > f$i || break; done; echo done",
+        60000,
+    )
+    .await;
+    let err = r["stderr"].as_str().unwrap_or("");
+    assert!(
+        err.contains("No space left on device") || err.contains("Disk quota exceeded"),
+        "{r}"
+    );
+    let (s, v) = server
+        .post(
+            &format!("/v1/sandboxes/{full}/files:write"),
+            json!({"files": [{"path": "more.bin", "contentBase64": base64::engine::general_purpose::STANDARD.encode(vec![b'x'; 1 << 20])}]}),
+        )
+        .await;
+    assert_eq!(s, 507, "{v}");
+    assert_eq!(v["code"], "insufficient_storage", "{v}");
+    assert_eq!(
+        run(&server, &full, "echo answers", 10000).await["stdout"],
+        "answers\n"
+    );
+    assert_eq!(
+        run(
+            &server,
+            &other,
+            "head -c 32M /dev/zero > f && echo wrote",
+            30000
+        )
+        .await["stdout"],
+        "wrote\n",
+        "the neighbour has its own quota"
+    );
+    assert_eq!(
+        run(
+            &server,
+            &full,
+            "rm f* && head -c 1M /dev/zero > g && echo again",
+            10000
+        )
+        .await["stdout"],
+        "again\n",
+        "freeing space frees the sandbox"
     );
 }
 

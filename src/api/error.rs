@@ -59,6 +59,11 @@ impl From<SandboxError> for ApiError {
             SandboxError::ImageMissing { .. } => {
                 ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "image_missing", message)
             }
+            SandboxError::WorkspaceQuotaUnsupported(_) => ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "workspace_quota_unsupported",
+                message,
+            ),
             SandboxError::EngineUnavailable(_) => ApiError::new(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "engine_unavailable",

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 
 use bollard::models::{
     ContainerCreateBody, HostConfig, HostConfigCgroupnsModeEnum, Mount, MountType, PortBinding,
-    RestartPolicy, RestartPolicyNameEnum,
+    ResourcesUlimits, RestartPolicy, RestartPolicyNameEnum,
 };
 
 /// What the domain asks for when it wants a sandbox container.
@@ -26,6 +26,8 @@ pub struct SandboxContainer {
     pub memory_mb: u32,
     pub pids_limit: i64,
     pub tmp_size_mb: u64,
+    /// RLIMIT_FSIZE of every process, in MiB; 0 leaves it unlimited.
+    pub file_size_limit_mb: u64,
     pub labels: HashMap<String, String>,
 }
 
@@ -83,6 +85,16 @@ pub fn sandbox_container_body(spec: &SandboxContainer) -> ContainerCreateBody {
             ..Default::default()
         }]),
         runtime: spec.oci_runtime.clone(),
+        // Soft equals hard: the sandbox user cannot raise it again.
+        ulimits: (spec.file_size_limit_mb > 0).then(|| {
+            let bytes = i64::try_from(spec.file_size_limit_mb.saturating_mul(1024 * 1024))
+                .unwrap_or(i64::MAX);
+            vec![ResourcesUlimits {
+                name: Some("fsize".into()),
+                soft: Some(bytes),
+                hard: Some(bytes),
+            }]
+        }),
         ..hardened(
             memory,
             spec.pids_limit,
@@ -176,6 +188,7 @@ mod tests {
             memory_mb: 512,
             pids_limit: 512,
             tmp_size_mb: 64,
+            file_size_limit_mb: 8,
             labels: HashMap::from([("sandboxd.instance".into(), "inst".into())]),
         }
     }
@@ -215,11 +228,25 @@ mod tests {
             Some(RestartPolicyNameEnum::NO)
         );
         assert_eq!(hc.runtime, None);
+        let fsize = hc.ulimits.expect("ulimits");
+        assert_eq!(fsize.len(), 1);
+        assert_eq!(fsize[0].name.as_deref(), Some("fsize"));
+        assert_eq!(fsize[0].soft, Some(8 * MIB));
+        assert_eq!(fsize[0].hard, fsize[0].soft);
         assert_eq!(body.user.as_deref(), Some("1000:1000"));
         assert_eq!(body.working_dir.as_deref(), Some("/workspace"));
         let env = body.env.expect("env");
         assert!(env.contains(&"HOME=/workspace".to_string()));
         assert!(env.contains(&"GIT_DISCOVERY_ACROSS_FILESYSTEM=1".to_string()));
+    }
+
+    #[test]
+    fn a_zero_file_size_limit_sets_no_ulimit() {
+        let body = sandbox_container_body(&SandboxContainer {
+            file_size_limit_mb: 0,
+            ..spec()
+        });
+        assert_eq!(body.host_config.expect("host config").ulimits, None);
     }
 
     #[test]

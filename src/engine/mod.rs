@@ -46,6 +46,10 @@ pub enum EngineError {
     /// The object is in a state that refuses the call (e.g. not running).
     #[error("{0}")]
     Conflict(String),
+    /// The engine cannot do what was asked on this host (e.g. volume size
+    /// limits without a quota-capable volume root).
+    #[error("{0}")]
+    Unsupported(String),
     /// Anything else the engine refused.
     #[error("the container engine failed: {0}")]
     Failed(String),
@@ -58,6 +62,7 @@ impl From<BollardError> for EngineError {
             EngineError::Unavailable(_) => "unavailable",
             EngineError::NotFound(_) => "not_found",
             EngineError::Conflict(_) => "conflict",
+            EngineError::Unsupported(_) => "unsupported",
             EngineError::Failed(_) => "failed",
         });
         err
@@ -266,21 +271,36 @@ impl Engine {
         }
     }
 
-    /// Creates a named volume with labels.
+    /// Creates a named volume with labels, limited to `size_mb` MiB when
+    /// that is not 0 (the local driver's `size`: an xfs project quota).
     pub async fn create_volume(
         &self,
         name: &str,
+        size_mb: u64,
         labels: HashMap<String, String>,
     ) -> EngineResult<()> {
         let docker = self.docker()?;
-        docker
+        let driver_opts = (size_mb > 0).then(|| {
+            let bytes = size_mb.saturating_mul(1024 * 1024);
+            HashMap::from([("size".to_string(), bytes.to_string())])
+        });
+        let created = docker
             .create_volume(VolumeCreateRequest {
                 name: Some(name.to_string()),
                 labels: Some(labels),
+                driver_opts,
                 ..Default::default()
             })
-            .await?;
-        Ok(())
+            .await;
+        match created {
+            Ok(_) => Ok(()),
+            Err(e) => match EngineError::from(e) {
+                EngineError::Failed(m) if m.contains("quota") => Err(EngineError::Unsupported(
+                    format!("the engine cannot limit the workspace to {size_mb} MiB: {m}"),
+                )),
+                other => Err(other),
+            },
+        }
     }
 
     /// Removes a volume; a missing one is fine. A volume still held by a

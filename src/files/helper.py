@@ -15,7 +15,7 @@
 #   list   {path}                 body: {"entries": [...]}
 #   write  {files: [{path, mode, size}]}, payload: the contents back to back
 #   delete {paths, recursive}
-import errno, json, os, secrets, stat, sys
+import errno, json, os, resource, secrets, stat, sys
 
 WS = sys.argv[1]
 WS_PARTS = [c for c in WS.split("/") if c]
@@ -347,6 +347,10 @@ def answer(req, payload):
     except Fail as e:
         return {"ok": False, "code": e.code, "message": e.message}, b""
     except OSError as e:
+        if e.errno == errno.EFBIG:
+            limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+            return {"ok": False, "code": "too_large",
+                    "message": "the file would exceed the sandbox's file size limit of %d bytes" % limit}, b""
         code = {errno.ENOSPC: "no_space", errno.EDQUOT: "no_space", errno.EACCES: "permission_denied",
                 errno.EPERM: "permission_denied", errno.EROFS: "permission_denied",
                 errno.ENAMETOOLONG: "invalid", errno.EISDIR: "is_directory",

@@ -52,6 +52,12 @@ pub enum SandboxError {
     /// The engine cannot be reached.
     #[error("the container engine is not available: {0}")]
     EngineUnavailable(String),
+    /// `workspace_size_mb` is set, but the engine cannot enforce it.
+    #[error(
+        "{0}. Workspace size limits need Docker's volume root on xfs mounted with prjquota; \
+         set workspace_size_mb = 0 (SANDBOXD_WORKSPACE_SIZE_MB=0) to run without one"
+    )]
+    WorkspaceQuotaUnsupported(String),
     /// The engine refused or failed.
     #[error("{0}")]
     Engine(EngineError),
@@ -61,6 +67,7 @@ impl From<EngineError> for SandboxError {
     fn from(e: EngineError) -> Self {
         match e {
             EngineError::Unavailable(m) => SandboxError::EngineUnavailable(m),
+            EngineError::Unsupported(m) => SandboxError::WorkspaceQuotaUnsupported(m),
             other => SandboxError::Engine(other),
         }
     }
@@ -349,13 +356,16 @@ impl Sandboxes {
             memory_mb: spec.resources.memory_mb,
             pids_limit: self.config.pids_limit,
             tmp_size_mb: self.config.tmp_size_mb,
+            file_size_limit_mb: self.config.file_size_limit_mb,
             labels: labels.clone(),
         };
         let networked = spec.network == NetworkMode::Default;
         if networked && !self.network_ready.load(Ordering::Relaxed) {
             self.ensure_network().await?;
         }
-        self.engine.create_volume(&sandbox.volume, labels).await?;
+        self.engine
+            .create_volume(&sandbox.volume, self.config.workspace_size_mb, labels)
+            .await?;
         // A missing image shows up as a 404 from create, a network removed
         // out of band as a 404 from start: fix what is missing and try once
         // more, so the common path costs no extra engine round trip.
