@@ -28,12 +28,19 @@ fi
 
 # gVisor (runsc) as an extra OCI runtime, registered before we start the
 # daemon; we never restart an engine someone else runs. On these machines
-# runsc needs the container's own network namespace and ptrace.
+# runsc needs the container's own network namespace and ptrace. bookworm's
+# own runsc (2022-12) rejects statx(AT_NO_AUTOMOUNT), so coreutils' ls and
+# stat fail inside; bookworm-backports carries a 2024 build that works.
+runsc_release() { runsc --version 2>/dev/null | sed -n 's/^runsc version 0\.0~\([0-9]\{8\}\).*/\1/p'; }
 register_runsc() {
-  if ! command -v runsc >/dev/null 2>&1; then
-    log "installing Debian's runsc (gVisor)"
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends runsc >/dev/null 2>&1 \
-      || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends runsc >/dev/null; } \
+  if [ "$(runsc_release || true)" \< 20240101 ]; then
+    codename=$(. /etc/os-release && echo "${VERSION_CODENAME:-}")
+    log "installing runsc (gVisor) from ${codename}-backports"
+    if [ -n "$codename" ] && ! grep -rqs "${codename}-backports" /etc/apt/sources.list /etc/apt/sources.list.d; then
+      echo "deb http://deb.debian.org/debian ${codename}-backports main" >/etc/apt/sources.list.d/backports.list
+    fi
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+        -t "${codename}-backports" runsc >/dev/null; } \
       || { log "runsc could not be installed; gVisor runtimes will be unavailable"; return 0; }
   fi
   mkdir -p /etc/docker

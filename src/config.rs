@@ -119,6 +119,7 @@ pub struct Config {
     pub workspace_dir: String,
     pub image: String,
     pub base_image: String,
+    pub oci_runtime: Option<String>,
     pub disable_autobuild: bool,
     pub network_name: String,
     pub publish_host_ip: IpAddr,
@@ -187,6 +188,7 @@ struct FileConfig {
     workspace_dir: Option<String>,
     image: Option<String>,
     base_image: Option<String>,
+    oci_runtime: Option<String>,
     disable_autobuild: Option<bool>,
     network_name: Option<String>,
     publish_host_ip: Option<String>,
@@ -344,6 +346,12 @@ impl Config {
             base_image: pick_str("SANDBOXD_BASE_IMAGE", file.base_image.clone(), "base_image")
                 .map(|(_, v)| v)
                 .unwrap_or_else(|| DEFAULT_BASE_IMAGE.into()),
+            oci_runtime: pick_str(
+                "SANDBOXD_OCI_RUNTIME",
+                file.oci_runtime.clone(),
+                "oci_runtime",
+            )
+            .map(|(_, v)| v),
             disable_autobuild: flag!("SANDBOXD_DISABLE_AUTOBUILD", disable_autobuild),
             network_name: String::new(),
             publish_host_ip,
@@ -647,7 +655,7 @@ impl Config {
         self.runtimes.get(name).map(|rt| {
             (
                 rt.image.clone().unwrap_or_else(|| self.image.clone()),
-                rt.oci_runtime.clone(),
+                rt.oci_runtime.clone().or_else(|| self.oci_runtime.clone()),
             )
         })
     }
@@ -944,5 +952,22 @@ mod tests {
         assert_eq!(cfg.runtime("node24"), Some(("node:24".into(), None)));
         assert!(cfg.runtime("default").is_some());
         assert!(cfg.runtime("ruby").is_none());
+    }
+
+    #[test]
+    fn a_default_oci_runtime_covers_runtimes_that_name_none() {
+        let cfg = Config::from_toml_and_env(
+            "[runtimes.fast]\noci_runtime = \"runc\"\n",
+            env_of(&[("SANDBOXD_OCI_RUNTIME", "runsc")]),
+        )
+        .expect("valid");
+        assert_eq!(
+            cfg.runtime("default"),
+            Some(("sandboxd-runtime:latest".into(), Some("runsc".into())))
+        );
+        assert_eq!(
+            cfg.runtime("fast"),
+            Some(("sandboxd-runtime:latest".into(), Some("runc".into())))
+        );
     }
 }

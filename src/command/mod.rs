@@ -58,6 +58,8 @@ fn supervisor_exec(
 const SUPERVISOR_SLACK: Duration = Duration::from_secs(3);
 /// After the fallback sweep, how long before we stop waiting for the stream.
 const ABANDON_AFTER: Duration = Duration::from_secs(10);
+/// How often a running command checks that its sandbox is still alive.
+const LIVENESS_EVERY: Duration = Duration::from_secs(2);
 /// How often finished commands are pruned.
 const PRUNE_EVERY: Duration = Duration::from_secs(5);
 
@@ -673,7 +675,13 @@ impl Drive {
         let mut broken: Option<String> = None;
         let mut sweep_code = None;
         let mut abandoned = false;
+        let mut sandbox_died = false;
         let far = deadline + Duration::from_secs(86_400 * 365);
+        // A sandbox that dies (gVisor's kernel killed by the OOM killer) can
+        // leave the exec's stream open: look at the container now and then.
+        let mut liveness =
+            tokio::time::interval_at(tokio::time::Instant::now() + LIVENESS_EVERY, LIVENESS_EVERY);
+        liveness.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
 
         loop {
             let sweep_at = kill_sent
@@ -695,6 +703,13 @@ impl Drive {
                 _ = tokio::time::sleep_until(sweep_at), if !swept => {
                     swept = true;
                     sweep_code = sweep(&self.engine, &self.container, &self.cmd.id, self.grace_ms).await;
+                    false
+                }
+                _ = liveness.tick() => {
+                    if matches!(self.engine.container_running(&self.container).await, Ok(None | Some(false))) {
+                        sandbox_died = true;
+                        break;
+                    }
                     false
                 }
                 _ = tokio::time::sleep_until(abandon_at) => {
@@ -747,11 +762,28 @@ impl Drive {
             }
         }
 
-        let code = if abandoned {
+        let mut code = if abandoned || sandbox_died {
             None
         } else {
             exit_code_of(&self.engine, &exec_id).await
         };
+        // No code, or one that may be the runtime's rather than the
+        // command's: the whole sandbox may have died under it (under gVisor
+        // an out-of-memory or out-of-tasks sandbox loses its kernel and
+        // every command with it). One inspect, on abnormal ends only.
+        if sandbox_died || (!timed_out && !killed && code.is_none_or(|c| c >= 128)) {
+            if let Ok(Some(status)) = self.engine.container_status(&self.container).await {
+                if !status.running {
+                    let why = if status.oom_killed {
+                        "the sandbox ran out of memory and stopped"
+                    } else {
+                        "the sandbox stopped while the command ran"
+                    };
+                    broken = Some(format!("{why}; it starts again on the next request"));
+                    code = Some(137);
+                }
+            }
+        }
         // Say so when the end is not what the process told us: the stream
         // broke, or the engine could not report the exit status (it was
         // restarted, the container vanished).

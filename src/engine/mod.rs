@@ -103,6 +103,14 @@ pub struct ContainerRecord {
     pub published: Vec<(u16, u16)>,
 }
 
+/// A container's state as far as the domain cares.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ContainerStatus {
+    pub running: bool,
+    /// The kernel's OOM killer ended it (its last stop, when stopped).
+    pub oom_killed: bool,
+}
+
 /// A network as listed.
 #[derive(Debug, Clone)]
 pub struct NetworkRecord {
@@ -391,12 +399,23 @@ impl Engine {
     /// Whether a container runs: `Some(true)` running, `Some(false)` exists
     /// but stopped, `None` gone.
     pub async fn container_running(&self, name: &str) -> EngineResult<Option<bool>> {
+        Ok(self.container_status(name).await?.map(|s| s.running))
+    }
+
+    /// A container's state, `None` when it is gone.
+    pub async fn container_status(&self, name: &str) -> EngineResult<Option<ContainerStatus>> {
         let docker = self.docker()?;
         match docker
             .inspect_container(name, None::<InspectContainerOptions>)
             .await
         {
-            Ok(info) => Ok(Some(info.state.and_then(|s| s.running).unwrap_or(false))),
+            Ok(info) => {
+                let state = info.state.unwrap_or_default();
+                Ok(Some(ContainerStatus {
+                    running: state.running.unwrap_or(false),
+                    oom_killed: state.oom_killed.unwrap_or(false),
+                }))
+            }
             Err(e) => match EngineError::from(e) {
                 EngineError::NotFound(_) => Ok(None),
                 other => Err(other),

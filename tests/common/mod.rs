@@ -164,6 +164,20 @@ pub struct TestServer {
     child: Option<Child>,
 }
 
+/// The OCI runtime every test sandbox runs under, when not the engine's
+/// default: scripts/test.sh runs the security, abuse and fault suites a
+/// second time with SANDBOXD_TEST_OCI_RUNTIME=runsc (gVisor).
+pub fn oci_runtime() -> Option<String> {
+    std::env::var("SANDBOXD_TEST_OCI_RUNTIME")
+        .ok()
+        .filter(|v| !v.is_empty())
+}
+
+/// Whether the sandboxes of this run are under gVisor.
+pub fn under_gvisor() -> bool {
+    oci_runtime().as_deref() == Some("runsc")
+}
+
 /// Path of the binary under test.
 pub fn binary() -> &'static str {
     env!("CARGO_BIN_EXE_sandboxd")
@@ -209,6 +223,9 @@ impl TestServer {
                 .stdin(Stdio::null())
                 .stdout(Stdio::null())
                 .stderr(Stdio::from(log));
+            if let Some(rt) = oci_runtime() {
+                cmd.env("SANDBOXD_OCI_RUNTIME", rt);
+            }
             if let Some(t) = &self.options.token {
                 cmd.env("SANDBOXD_ADMIN_TOKEN", t);
             }
