@@ -21,7 +21,7 @@ use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
-use crate::engine::{Engine, EngineError, ExecRequest, ExecSession, OutputStream};
+use crate::engine::{ContainerStatus, Engine, EngineError, ExecRequest, ExecSession, OutputStream};
 use crate::sandbox::registry::{RunningCommand, now_ms};
 use crate::sandbox::{Sandbox, SandboxError, Sandboxes};
 use log::{ExitInfo, OutputLog, Tail};
@@ -770,18 +770,16 @@ impl Drive {
         // No code, or one that may be the runtime's rather than the
         // command's: the whole sandbox may have died under it (under gVisor
         // an out-of-memory or out-of-tasks sandbox loses its kernel and
-        // every command with it). One inspect, on abnormal ends only.
+        // every command with it). Inspected on abnormal ends only.
         if sandbox_died || (!timed_out && !killed && code.is_none_or(|c| c >= 128)) {
-            if let Ok(Some(status)) = self.engine.container_status(&self.container).await {
-                if !status.running {
-                    let why = if status.oom_killed {
-                        "the sandbox ran out of memory and stopped"
-                    } else {
-                        "the sandbox stopped while the command ran"
-                    };
-                    broken = Some(format!("{why}; it starts again on the next request"));
-                    code = Some(137);
-                }
+            if let Some(status) = self.stopped_sandbox(code).await {
+                let why = if status.oom_killed {
+                    "the sandbox ran out of memory and stopped"
+                } else {
+                    "the sandbox stopped while the command ran"
+                };
+                broken = Some(format!("{why}; it starts again on the next request"));
+                code = Some(137);
             }
         }
         // Say so when the end is not what the process told us: the stream
@@ -850,6 +848,30 @@ impl Drive {
             duration_ms,
             finished_at: now_ms(),
         }));
+    }
+}
+
+impl Drive {
+    /// The container's state if it has stopped. runsc answers 128 when its
+    /// sandbox died under an exec, possibly before the engine has noticed
+    /// the container's end: for that code (or none) look again briefly.
+    async fn stopped_sandbox(&self, code: Option<i64>) -> Option<ContainerStatus> {
+        let looks = if matches!(code, None | Some(128)) {
+            10
+        } else {
+            1
+        };
+        for look in 0..looks {
+            if look > 0 {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            match self.engine.container_status(&self.container).await {
+                Ok(Some(status)) if !status.running => return Some(status),
+                Ok(Some(_)) => {}
+                Ok(None) | Err(_) => return None,
+            }
+        }
+        None
     }
 }
 
