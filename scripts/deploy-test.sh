@@ -26,6 +26,14 @@ BASE_IMAGE=$(sandbox-images/build.sh --base-only)
 export BASE_IMAGE
 log "building the release binary"
 cargo build --release --locked --quiet
+# The prebuilt image copies target/release/sandboxd from this directory;
+# bring it here when CARGO_TARGET_DIR put it elsewhere.
+target_dir=$(cargo metadata --format-version 1 --no-deps --locked |
+  python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')
+if ! [ "$target_dir/release/sandboxd" -ef target/release/sandboxd ]; then
+  mkdir -p target/release
+  cp "$target_dir/release/sandboxd" target/release/sandboxd
+fi
 
 export SANDBOXD_ADMIN_TOKEN
 SANDBOXD_ADMIN_TOKEN=$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')
