@@ -70,7 +70,7 @@ impl Floor {
                     name: Some(name.to_string()),
                     platform: String::new(),
                 }),
-                sandbox_container_body(&spec),
+                sandbox_container_body(&spec, false),
             )
             .await?;
         self.docker

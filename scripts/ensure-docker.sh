@@ -31,25 +31,29 @@ fi
 # runsc needs the container's own network namespace and ptrace. bookworm's
 # own runsc (2022-12) rejects statx(AT_NO_AUTOMOUNT), so coreutils' ls and
 # stat fail inside; bookworm-backports carries a 2024 build that works.
-runsc_release() { runsc --version 2>/dev/null | sed -n 's/^runsc version 0\.0~\([0-9]\{8\}\).*/\1/p'; }
+runsc_release() { runsc --version 2>/dev/null | head -n 1 | grep -oE '[0-9]{8}' | head -n 1; }
 register_runsc() {
   if [ "$(runsc_release || true)" \< 20240101 ]; then
     codename=$(. /etc/os-release && echo "${VERSION_CODENAME:-}")
     log "installing runsc (gVisor) from ${codename}-backports"
-    if [ -n "$codename" ] && ! grep -rqs "${codename}-backports" /etc/apt/sources.list /etc/apt/sources.list.d; then
+    if [ -n "$codename" ] && ! grep -rqsE "^(deb .*|Suites:.*)${codename}-backports" /etc/apt/sources.list /etc/apt/sources.list.d; then
       echo "deb http://deb.debian.org/debian ${codename}-backports main" >/etc/apt/sources.list.d/backports.list
     fi
     { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-        -t "${codename}-backports" runsc >/dev/null; } \
-      || { log "runsc could not be installed; gVisor runtimes will be unavailable"; return 0; }
+        -t "${codename}-backports" runsc >/dev/null; } ||
+      log "runsc could not be installed from backports"
+  fi
+  if ! command -v runsc >/dev/null 2>&1; then
+    log "no runsc; gVisor runtimes will be unavailable"
+    return 0
   fi
   mkdir -p /etc/docker
-  python3 - <<'PY'
+  RUNSC=$(command -v runsc) python3 - <<'PY'
 import json, os
 path = "/etc/docker/daemon.json"
 cfg = json.load(open(path)) if os.path.exists(path) else {}
 cfg.setdefault("runtimes", {})["runsc"] = {
-    "path": "/usr/bin/runsc",
+    "path": os.environ["RUNSC"],
     "runtimeArgs": ["--network=host", "--platform=ptrace"],
 }
 json.dump(cfg, open(path, "w"), indent=2)

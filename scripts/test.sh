@@ -19,6 +19,11 @@ for n in $(docker network ls --format '{{.Name}}' | grep '^sbt-' || true); do do
 # Then every suite that makes sandboxes runs again with all of them under
 # gVisor (SANDBOXD_TEST_OCI_RUNTIME=runsc; see tests/common/mod.rs).
 under_gvisor=(env SANDBOXD_TEST_OCI_RUNTIME=runsc)
+if ! docker info --format '{{range $k, $v := .Runtimes}}{{$k}} {{end}}' | grep -qw runsc; then
+  echo "test.sh: the engine has no runsc runtime, which the gVisor pass needs;" \
+    "scripts/ensure-docker.sh registers it when it starts dockerd (see README, gVisor)" >&2
+  exit 1
+fi
 if cargo nextest --version >/dev/null 2>&1; then
   cargo nextest run --no-fail-fast -E 'not binary(engine_restart)' "$@"
   cargo nextest run --no-fail-fast -E 'binary(engine_restart)' "$@"

@@ -31,21 +31,51 @@ async fn memory_past_the_limit_is_killed_and_nothing_else_notices() {
     let calm = server
         .create(json!({"sessionKey": "calm", "network": {"mode": "none"}}))
         .await;
-    let r = run(
-        &server,
-        &hog,
-        "python3 -c 'a = bytearray(512 * 1024 * 1024); print(len(a))'",
-        60000,
-    )
-    .await;
-    assert_eq!(r["exitCode"], 137, "the OOM killer ends it: {r}");
+    assert_eq!(
+        run(&server, &hog, "echo kept > before.txt && echo ok", 10000).await["stdout"],
+        "ok\n"
+    );
+    let (s, started) = server
+        .post(
+            &format!("/v1/sandboxes/{hog}/commands"),
+            json!({"command": "python3 -c 'a = bytearray(512 * 1024 * 1024); print(len(a))'", "timeoutMs": 60000}),
+        )
+        .await;
+    assert_eq!(s, 200, "{started}");
+    let cid = started["commandId"].as_str().expect("commandId");
+    let text = server.open_logs(&hog, cid).await.text().await.expect("log");
+    let records: Vec<Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("NDJSON"))
+        .collect();
+    let exit = records.last().expect("an exit record");
+    assert_eq!(
+        (&exit["stream"], &exit["exitCode"]),
+        (&json!("exit"), &json!(137)),
+        "the OOM killer ends it: {text}"
+    );
+    let errors: Vec<&Value> = records.iter().filter(|r| r["stream"] == "error").collect();
+    if common::under_gvisor() {
+        // gVisor's kernel goes with its memory, and the log says so.
+        assert_eq!(errors.len(), 1, "{text}");
+        assert!(
+            errors[0]["message"]
+                .as_str()
+                .unwrap_or("")
+                .starts_with("the sandbox "),
+            "{text}"
+        );
+    } else {
+        assert!(errors.is_empty(), "only the process died: {text}");
+    }
     assert_eq!(
         run(&server, &calm, "echo fine", 10000).await["stdout"],
         "fine\n"
     );
     assert_eq!(
-        run(&server, &hog, "echo still here", 10000).await["stdout"],
-        "still here\n"
+        run(&server, &hog, "cat before.txt", 10000).await["stdout"],
+        "kept\n",
+        "the sandbox answers, its workspace intact"
     );
     assert_eq!(server.get("/v1/health").await.0, 200);
 }

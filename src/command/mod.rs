@@ -21,8 +21,8 @@ use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
-use crate::engine::{ContainerStatus, Engine, EngineError, ExecRequest, ExecSession, OutputStream};
-use crate::sandbox::registry::{RunningCommand, now_ms};
+use crate::engine::{Engine, EngineError, ExecRequest, ExecSession, OutputStream};
+use crate::sandbox::registry::{RunningCommand, Stops, now_ms};
 use crate::sandbox::{Sandbox, SandboxError, Sandboxes};
 use log::{ExitInfo, OutputLog, Tail};
 use spec::{CommandRequest, CommandSpec, MARKER_VAR};
@@ -60,6 +60,8 @@ const SUPERVISOR_SLACK: Duration = Duration::from_secs(3);
 const ABANDON_AFTER: Duration = Duration::from_secs(10);
 /// How often a running command checks that its sandbox is still alive.
 const LIVENESS_EVERY: Duration = Duration::from_secs(2);
+/// How long that check may take before it counts as alive.
+const LIVENESS_TIMEOUT: Duration = Duration::from_secs(1);
 /// How often finished commands are pruned.
 const PRUNE_EVERY: Duration = Duration::from_secs(5);
 
@@ -289,10 +291,14 @@ impl Commands {
             found_at: 0,
         });
         self.all.insert(id, Arc::clone(&cmd));
+        let oci_runtime = self.config.runtime(&sandbox.runtime).and_then(|(_, rt)| rt);
         let drive = Drive {
             cmd: Arc::clone(&cmd),
             engine: self.engine.clone(),
             container: sandbox.container.clone(),
+            stops: sandbox.stops(),
+            under_gvisor: self.engine.is_gvisor(oci_runtime.as_deref()).await,
+            sandbox: Arc::clone(&sandbox),
             session_key: sandbox.session_key.clone(),
             timeout: spec.timeout,
             grace: Duration::from_millis(self.config.kill_grace_ms),
@@ -640,6 +646,10 @@ struct Drive {
     cmd: Arc<Command>,
     engine: Engine,
     container: String,
+    sandbox: Arc<Sandbox>,
+    /// The sandbox's stops when the command started.
+    stops: Stops,
+    under_gvisor: bool,
     session_key: String,
     timeout: Duration,
     grace: Duration,
@@ -706,7 +716,7 @@ impl Drive {
                     false
                 }
                 _ = liveness.tick() => {
-                    if matches!(self.engine.container_running(&self.container).await, Ok(None | Some(false))) {
+                    if self.sandbox_died().await {
                         sandbox_died = true;
                         break;
                     }
@@ -772,13 +782,8 @@ impl Drive {
         // an out-of-memory or out-of-tasks sandbox loses its kernel and
         // every command with it). Inspected on abnormal ends only.
         if sandbox_died || (!timed_out && !killed && code.is_none_or(|c| c >= 128)) {
-            if let Some(status) = self.stopped_sandbox(code).await {
-                let why = if status.oom_killed {
-                    "the sandbox ran out of memory and stopped"
-                } else {
-                    "the sandbox stopped while the command ran"
-                };
-                broken = Some(format!("{why}; it starts again on the next request"));
+            if let Some(why) = self.death_of_sandbox(code).await {
+                broken = Some(why.to_string());
                 code = Some(137);
             }
         }
@@ -852,11 +857,31 @@ impl Drive {
 }
 
 impl Drive {
-    /// The container's state if it has stopped. runsc answers 128 when its
-    /// sandbox died under an exec, possibly before the engine has noticed
-    /// the container's end: for that code (or none) look again briefly.
-    async fn stopped_sandbox(&self, code: Option<i64>) -> Option<ContainerStatus> {
-        let looks = if matches!(code, None | Some(128)) {
+    /// Whether the sandbox died under the command: its container stopped
+    /// (or was started again after that) without sandboxd stopping it. A
+    /// check the engine does not answer within a second counts as alive.
+    async fn sandbox_died(&self) -> bool {
+        let now = self.sandbox.stops();
+        if now.planned != self.stops.planned {
+            return false;
+        }
+        if now.unexpected != self.stops.unexpected {
+            return true;
+        }
+        let running = tokio::time::timeout(
+            LIVENESS_TIMEOUT,
+            self.engine.container_running(&self.sandbox.container),
+        )
+        .await;
+        matches!(running, Ok(Ok(None | Some(false))))
+    }
+
+    /// Why the command's end is the sandbox's, if it is: it stopped (or
+    /// was revived since) without sandboxd stopping it. runsc answers 128
+    /// when its sandbox died under an exec, possibly before the engine has
+    /// noticed the container's end: under gVisor look again briefly then.
+    async fn death_of_sandbox(&self, code: Option<i64>) -> Option<&'static str> {
+        let looks = if self.under_gvisor && matches!(code, None | Some(128)) {
             10
         } else {
             1
@@ -865,8 +890,21 @@ impl Drive {
             if look > 0 {
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
-            match self.engine.container_status(&self.container).await {
-                Ok(Some(status)) if !status.running => return Some(status),
+            let now = self.sandbox.stops();
+            if now.planned != self.stops.planned {
+                return None;
+            }
+            if now.unexpected != self.stops.unexpected {
+                return Some("the sandbox stopped while the command ran and was started again");
+            }
+            match self.engine.container_status(&self.sandbox.container).await {
+                Ok(Some(status)) if !status.running => {
+                    return Some(if status.oom_killed {
+                        "the sandbox ran out of memory and stopped; it starts again on the next request"
+                    } else {
+                        "the sandbox stopped while the command ran; it starts again on the next request"
+                    });
+                }
                 Ok(Some(_)) => {}
                 Ok(None) | Err(_) => return None,
             }

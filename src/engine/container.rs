@@ -42,12 +42,11 @@ const GVISOR_BASE_TASKS: i64 = 256;
 const GVISOR_TASKS_PER_PROCESS: i64 = 8;
 
 /// The engine's pids limit for a sandbox meant to hold `pids` processes.
-fn host_pids_limit(pids: i64, oci_runtime: Option<&str>) -> i64 {
-    match oci_runtime {
-        Some(rt) if rt.starts_with("runsc") => {
-            GVISOR_BASE_TASKS.saturating_add(pids.saturating_mul(GVISOR_TASKS_PER_PROCESS))
-        }
-        _ => pids,
+fn host_pids_limit(pids: i64, under_gvisor: bool) -> i64 {
+    if under_gvisor {
+        GVISOR_BASE_TASKS.saturating_add(pids.saturating_mul(GVISOR_TASKS_PER_PROCESS))
+    } else {
+        pids
     }
 }
 
@@ -86,8 +85,9 @@ fn hardened(memory: i64, pids: i64, nano_cpus: i64, network: String) -> HostConf
     }
 }
 
-/// The engine request for a sandbox container.
-pub fn sandbox_container_body(spec: &SandboxContainer) -> ContainerCreateBody {
+/// The engine request for a sandbox container. `under_gvisor`: its OCI
+/// runtime is gVisor's runsc (the engine knows, see `Engine::is_gvisor`).
+pub fn sandbox_container_body(spec: &SandboxContainer, under_gvisor: bool) -> ContainerCreateBody {
     let memory = i64::from(spec.memory_mb) * MIB;
     let tmp_bytes = spec.tmp_size_mb.saturating_mul(1024 * 1024);
     let host_config = HostConfig {
@@ -115,7 +115,7 @@ pub fn sandbox_container_body(spec: &SandboxContainer) -> ContainerCreateBody {
         }),
         ..hardened(
             memory,
-            host_pids_limit(spec.pids_limit, spec.oci_runtime.as_deref()),
+            host_pids_limit(spec.pids_limit, under_gvisor),
             i64::from(spec.vcpus) * 1_000_000_000,
             spec.network.clone().unwrap_or_else(|| "none".into()),
         )
@@ -213,7 +213,7 @@ mod tests {
 
     #[test]
     fn hardening_properties() {
-        let body = sandbox_container_body(&spec());
+        let body = sandbox_container_body(&spec(), false);
         let hc = body.host_config.clone().expect("host config");
         assert_eq!(hc.readonly_rootfs, Some(true));
         assert_eq!(hc.cap_drop, Some(vec!["ALL".to_string()]));
@@ -260,12 +260,15 @@ mod tests {
 
     #[test]
     fn gvisor_sandboxes_get_host_tasks_for_their_kernel() {
-        let runc = sandbox_container_body(&spec());
+        let runc = sandbox_container_body(&spec(), false);
         assert_eq!(runc.host_config.and_then(|h| h.pids_limit), Some(512));
-        let gvisor = sandbox_container_body(&SandboxContainer {
-            oci_runtime: Some("runsc".into()),
-            ..spec()
-        });
+        let gvisor = sandbox_container_body(
+            &SandboxContainer {
+                oci_runtime: Some("runsc".into()),
+                ..spec()
+            },
+            true,
+        );
         let hc = gvisor.host_config.expect("host config");
         assert_eq!(hc.runtime.as_deref(), Some("runsc"));
         assert_eq!(hc.pids_limit, Some(256 + 512 * 8));
@@ -273,10 +276,13 @@ mod tests {
 
     #[test]
     fn a_zero_file_size_limit_sets_no_ulimit() {
-        let body = sandbox_container_body(&SandboxContainer {
-            file_size_limit_mb: 0,
-            ..spec()
-        });
+        let body = sandbox_container_body(
+            &SandboxContainer {
+                file_size_limit_mb: 0,
+                ..spec()
+            },
+            false,
+        );
         assert_eq!(body.host_config.expect("host config").ulimits, None);
     }
 
@@ -320,11 +326,14 @@ mod tests {
 
     #[test]
     fn no_network_means_none_and_runtime_passes_through() {
-        let body = sandbox_container_body(&SandboxContainer {
-            network: None,
-            oci_runtime: Some("runsc".into()),
-            ..spec()
-        });
+        let body = sandbox_container_body(
+            &SandboxContainer {
+                network: None,
+                oci_runtime: Some("runsc".into()),
+                ..spec()
+            },
+            true,
+        );
         let hc = body.host_config.expect("host config");
         assert_eq!(hc.network_mode.as_deref(), Some("none"));
         assert_eq!(hc.runtime.as_deref(), Some("runsc"));

@@ -46,10 +46,10 @@ pub enum EngineError {
     /// The object is in a state that refuses the call (e.g. not running).
     #[error("{0}")]
     Conflict(String),
-    /// The engine cannot do what was asked on this host (e.g. volume size
-    /// limits without a quota-capable volume root).
+    /// The engine cannot limit a volume's size on this host (its volume
+    /// root has no project quotas).
     #[error("{0}")]
-    Unsupported(String),
+    VolumeSizeUnsupported(String),
     /// Anything else the engine refused.
     #[error("the container engine failed: {0}")]
     Failed(String),
@@ -62,7 +62,7 @@ impl From<BollardError> for EngineError {
             EngineError::Unavailable(_) => "unavailable",
             EngineError::NotFound(_) => "not_found",
             EngineError::Conflict(_) => "conflict",
-            EngineError::Unsupported(_) => "unsupported",
+            EngineError::VolumeSizeUnsupported(_) => "unsupported",
             EngineError::Failed(_) => "failed",
         });
         err
@@ -137,6 +137,9 @@ pub struct Engine {
 struct Inner {
     docker: RwLock<Option<Docker>>,
     last_error: RwLock<String>,
+    /// OCI runtime name -> whether it is gVisor's runsc, as the engine
+    /// registered it (asked once per name).
+    gvisor_runtimes: RwLock<HashMap<String, bool>>,
     connected: watch::Sender<bool>,
 }
 
@@ -153,6 +156,7 @@ impl Engine {
             inner: Arc::new(Inner {
                 docker: RwLock::new(None),
                 last_error: RwLock::new("not connected yet".into()),
+                gvisor_runtimes: RwLock::new(HashMap::new()),
                 connected: watch::channel(false).0,
             }),
         }
@@ -303,9 +307,13 @@ impl Engine {
         match created {
             Ok(_) => Ok(()),
             Err(e) => match EngineError::from(e) {
-                EngineError::Failed(m) if m.contains("quota") => Err(EngineError::Unsupported(
-                    format!("the engine cannot limit the workspace to {size_mb} MiB: {m}"),
-                )),
+                // Docker's local driver: "quota size requested but no quota
+                // support".
+                EngineError::Failed(m) if size_mb > 0 && m.contains("no quota support") => {
+                    Err(EngineError::VolumeSizeUnsupported(format!(
+                        "the engine cannot limit the workspace to {size_mb} MiB: {m}"
+                    )))
+                }
                 other => Err(other),
             },
         }
@@ -340,10 +348,54 @@ impl Engine {
             name: Some(spec.name.clone()),
             platform: String::new(),
         };
+        let under_gvisor = self.is_gvisor(spec.oci_runtime.as_deref()).await;
         docker
-            .create_container(Some(options), container::sandbox_container_body(spec))
+            .create_container(
+                Some(options),
+                container::sandbox_container_body(spec, under_gvisor),
+            )
             .await?;
         Ok(())
+    }
+
+    /// Whether the OCI runtime of that name is gVisor's runsc: by name, or
+    /// by the program the engine registered for it. Unknown until the
+    /// engine answers (then false, and asked again next time).
+    pub async fn is_gvisor(&self, oci_runtime: Option<&str>) -> bool {
+        let Some(name) = oci_runtime else {
+            return false;
+        };
+        if name.starts_with("runsc") {
+            return true;
+        }
+        if let Some(known) = self
+            .inner
+            .gvisor_runtimes
+            .read()
+            .ok()
+            .and_then(|m| m.get(name).copied())
+        {
+            return known;
+        }
+        let Ok(docker) = self.docker() else {
+            return false;
+        };
+        let Ok(info) = docker.info().await else {
+            return false;
+        };
+        let runtimes = info.runtimes.unwrap_or_default();
+        let gvisor = runtimes
+            .get(name)
+            .and_then(|r| r.path.as_deref())
+            .is_some_and(|p| {
+                std::path::Path::new(p)
+                    .file_name()
+                    .is_some_and(|f| f == "runsc")
+            });
+        if let Ok(mut m) = self.inner.gvisor_runtimes.write() {
+            m.insert(name.to_string(), gvisor);
+        }
+        gvisor
     }
 
     /// Starts a created or stopped container.

@@ -349,8 +349,9 @@ def answer(req, payload):
     except OSError as e:
         if e.errno == errno.EFBIG:
             limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
-            return {"ok": False, "code": "too_large",
-                    "message": "the file would exceed the sandbox's file size limit of %d bytes" % limit}, b""
+            message = ("the file would exceed the sandbox's file size limit of %d bytes" % limit
+                       if limit != resource.RLIM_INFINITY else "the file is too large for its filesystem")
+            return {"ok": False, "code": "too_large", "message": message}, b""
         code = {errno.ENOSPC: "no_space", errno.EDQUOT: "no_space", errno.EACCES: "permission_denied",
                 errno.EPERM: "permission_denied", errno.EROFS: "permission_denied",
                 errno.ENAMETOOLONG: "invalid", errno.EISDIR: "is_directory",

@@ -67,7 +67,7 @@ impl From<EngineError> for SandboxError {
     fn from(e: EngineError) -> Self {
         match e {
             EngineError::Unavailable(m) => SandboxError::EngineUnavailable(m),
-            EngineError::Unsupported(m) => SandboxError::WorkspaceQuotaUnsupported(m),
+            EngineError::VolumeSizeUnsupported(m) => SandboxError::WorkspaceQuotaUnsupported(m),
             other => SandboxError::Engine(other),
         }
     }
@@ -295,11 +295,13 @@ impl Sandboxes {
     ) -> SandboxResult<Option<Created>> {
         let healthy = match self.engine.container_running(&existing.container).await? {
             Some(true) => true,
-            Some(false) => self
-                .engine
-                .start_container(&existing.container)
-                .await
-                .is_ok(),
+            Some(false) => {
+                existing.note_unexpected_stop();
+                self.engine
+                    .start_container(&existing.container)
+                    .await
+                    .is_ok()
+            }
             None => false,
         };
         if !healthy {
@@ -447,6 +449,7 @@ impl Sandboxes {
     /// Starts a sandbox's stopped container again (its init was killed, the
     /// engine restarted); a container that is gone makes it unknown.
     pub async fn revive(&self, s: &Arc<Sandbox>) -> SandboxResult<()> {
+        s.note_unexpected_stop();
         match self.engine.start_container(&s.container).await {
             Ok(()) => {
                 tracing::info!(event = "restarted", sandbox_id = %s.id, session_key = %s.session_key, "stopped container started again");
@@ -537,6 +540,7 @@ impl Sandboxes {
     /// Restarts the container: every process ends, the workspace stays.
     pub async fn restart(&self, id: &str) -> SandboxResult<()> {
         let s = self.lookup(id).await?;
+        s.note_planned_stop();
         match self
             .engine
             .restart_container(&s.container, RESTART_GRACE)

@@ -44,6 +44,25 @@ pub struct Sandbox {
     ports: Mutex<PortState>,
     running_commands: AtomicUsize,
     open_requests: AtomicUsize,
+    stops: AtomicStops,
+}
+
+/// How often the container stopped under its commands, by whose hand.
+/// Commands compare these with what they saw at their start to tell a
+/// sandbox that died (and maybe came back) from one sandboxd stopped.
+#[derive(Debug, Default)]
+struct AtomicStops {
+    /// sandboxd found the container stopped and started it again.
+    unexpected: AtomicU64,
+    /// sandboxd stopped, restarted or removed it.
+    planned: AtomicU64,
+}
+
+/// A snapshot of [`Sandbox::stops`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Stops {
+    pub unexpected: u64,
+    pub planned: u64,
 }
 
 /// Allowed and published ports of one sandbox.
@@ -78,7 +97,25 @@ impl Sandbox {
             }),
             running_commands: AtomicUsize::new(0),
             open_requests: AtomicUsize::new(0),
+            stops: AtomicStops::default(),
         }
+    }
+
+    pub fn stops(&self) -> Stops {
+        Stops {
+            unexpected: self.stops.unexpected.load(Ordering::Acquire),
+            planned: self.stops.planned.load(Ordering::Acquire),
+        }
+    }
+
+    /// The container was found stopped and is being started again.
+    pub fn note_unexpected_stop(&self) {
+        self.stops.unexpected.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// sandboxd is about to stop, restart or remove the container.
+    pub fn note_planned_stop(&self) {
+        self.stops.planned.fetch_add(1, Ordering::AcqRel);
     }
 
     pub fn idle_ttl_ms(&self) -> u64 {
@@ -361,6 +398,7 @@ impl SandboxRegistry {
             };
             if let Some(s) = occ.recency.pop(&victim) {
                 self.forget_maps(&s);
+                s.note_planned_stop();
                 evicted = Some(s);
             }
         }
@@ -403,6 +441,7 @@ impl SandboxRegistry {
         };
         let s = s.or_else(|| self.get(id))?;
         self.forget_maps(&s);
+        s.note_planned_stop();
         Some(s)
     }
 

@@ -165,8 +165,8 @@ pub struct TestServer {
 }
 
 /// The OCI runtime every test sandbox runs under, when not the engine's
-/// default: scripts/test.sh runs the security, abuse and fault suites a
-/// second time with SANDBOXD_TEST_OCI_RUNTIME=runsc (gVisor).
+/// default: scripts/test.sh runs every suite that makes sandboxes a second
+/// time with SANDBOXD_TEST_OCI_RUNTIME=runsc (gVisor).
 pub fn oci_runtime() -> Option<String> {
     std::env::var("SANDBOXD_TEST_OCI_RUNTIME")
         .ok()
