@@ -319,6 +319,18 @@ async fn urls_survive_a_sandboxd_restart_and_relays_come_back_after_a_sandbox_re
         || async { fetch(&url).await.as_deref() == Some("again\n") },
     )
     .await;
+
+    // A relay killed from inside is trusted for a few seconds at most: a
+    // later GET notices and starts it again.
+    let (code, out) = server
+        .docker_exec(&sid, "pkill -f '^socat TCP-LISTEN' && echo killed")
+        .await;
+    assert_eq!((code, out.as_str()), (0, "killed\n"));
+    eventually(Duration::from_secs(20), "the relay comes back", || async {
+        let (s, _) = port(&server, &sid, 3000, "").await;
+        s == 200 && fetch(&url).await.as_deref() == Some("again\n")
+    })
+    .await;
 }
 
 #[tokio::test]

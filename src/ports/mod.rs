@@ -37,6 +37,10 @@ const LAST_OUTPUT_BYTES: usize = 4096;
 const LINK_ALIAS: &str = "sandbox-link";
 /// `sandboxd.role` of a link network.
 const ROLE_LINK: &str = "link";
+/// How long a relay that answered is taken to be still there, unless the
+/// container stopped since. Only a process inside the sandbox killing it
+/// can make that wrong, and then for at most this long.
+const RELAY_TRUST: Duration = Duration::from_secs(5);
 /// Label on proxies: the sandbox port they publish.
 pub const PORT_LABEL: &str = "sandboxd.port";
 
@@ -453,6 +457,11 @@ impl Ports {
         relay: u16,
         subnet: &str,
     ) -> Result<(), PortError> {
+        // Checking costs an exec, which is most of a lookup under load.
+        if sandbox.relay_seen_within(port, RELAY_TRUST) {
+            return Ok(());
+        }
+        let stops = sandbox.stops();
         let (code, out) = self
             .script(
                 sandbox,
@@ -462,6 +471,7 @@ impl Ports {
             )
             .await?;
         if code == Some(0) {
+            sandbox.note_relay_seen(port, stops);
             Ok(())
         } else {
             Err(PortError::Failed(format!("relay: {}", out.trim())))

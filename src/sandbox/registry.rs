@@ -10,6 +10,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use dashmap::DashMap;
 use lru::LruCache;
@@ -45,6 +46,8 @@ pub struct Sandbox {
     running_commands: AtomicUsize,
     open_requests: AtomicUsize,
     stops: AtomicStops,
+    /// Port -> when its relay last answered, and the stops then.
+    relays_seen: Mutex<BTreeMap<u16, (Instant, Stops)>>,
 }
 
 /// How often the container stopped under its commands, by whose hand.
@@ -98,6 +101,24 @@ impl Sandbox {
             running_commands: AtomicUsize::new(0),
             open_requests: AtomicUsize::new(0),
             stops: AtomicStops::default(),
+            relays_seen: Mutex::new(BTreeMap::new()),
+        }
+    }
+
+    /// Whether the relay for `port` answered within `trust`, with no stop
+    /// of the container since (a stop ends every process in it).
+    pub fn relay_seen_within(&self, port: u16, trust: Duration) -> bool {
+        let stops = self.stops();
+        self.relays_seen.lock().is_ok_and(|seen| {
+            seen.get(&port)
+                .is_some_and(|(at, then)| *then == stops && at.elapsed() < trust)
+        })
+    }
+
+    /// The relay for `port` answered; `stops` as read before asking.
+    pub fn note_relay_seen(&self, port: u16, stops: Stops) {
+        if let Ok(mut seen) = self.relays_seen.lock() {
+            seen.insert(port, (Instant::now(), stops));
         }
     }
 
@@ -565,6 +586,27 @@ mod tests {
         c.set_last_used(now_ms());
         let ids: Vec<String> = reg.expired(now_ms()).iter().map(|s| s.id.clone()).collect();
         assert_eq!(ids, ["a"]);
+    }
+
+    #[test]
+    fn a_seen_relay_is_trusted_until_a_stop_or_its_time_is_up() {
+        let s = sandbox("a", "k");
+        let long = Duration::from_secs(60);
+        assert!(!s.relay_seen_within(3000, long), "never seen");
+        s.note_relay_seen(3000, s.stops());
+        assert!(s.relay_seen_within(3000, long));
+        assert!(!s.relay_seen_within(3001, long), "per port");
+        assert!(!s.relay_seen_within(3000, Duration::ZERO), "time is up");
+        s.note_planned_stop();
+        assert!(!s.relay_seen_within(3000, long), "restarted since");
+        s.note_relay_seen(3000, s.stops());
+        s.note_unexpected_stop();
+        assert!(!s.relay_seen_within(3000, long), "died and revived since");
+        // Seen by a check that began before a stop: not trusted after it.
+        let before = s.stops();
+        s.note_planned_stop();
+        s.note_relay_seen(3000, before);
+        assert!(!s.relay_seen_within(3000, long));
     }
 
     #[test]
