@@ -533,10 +533,42 @@ async fn restart_ends_every_process_and_keeps_the_workspace() {
     assert_eq!(code, 0);
     let (_, ps) = server.docker_exec(&id, "ps -eo args").await;
     assert!(ps.contains("sleep 4242"), "{ps}");
+    let (status, started) = server
+        .post(
+            &format!("/v1/sandboxes/{id}/commands"),
+            json!({"command": "sleep 300", "timeoutMs": 600000}),
+        )
+        .await;
+    assert_eq!(status, 200, "{started}");
+    let cid = started["commandId"]
+        .as_str()
+        .expect("commandId")
+        .to_string();
+    common::eventually(Duration::from_secs(10), "the command runs", || async {
+        server
+            .docker_exec(&id, "ps -eo args")
+            .await
+            .1
+            .lines()
+            .any(|l| l == "sleep 300")
+    })
+    .await;
     let (status, body) = server
         .post(&format!("/v1/sandboxes/{id}:restart"), json!(null))
         .await;
     assert_eq!((status, body), (200, json!({"ok": true})));
+    // The command ended with the restart: killed, and the log says why,
+    // not that the sandbox stopped on its own.
+    let (status, waited) = server
+        .get(&format!("/v1/sandboxes/{id}/commands/{cid}/wait"))
+        .await;
+    assert_eq!(status, 200, "{waited}");
+    assert_eq!(waited["exitCode"], 137, "{waited}");
+    let log = server.open_logs(&id, &cid).await.text().await.expect("log");
+    assert!(
+        log.contains("the sandbox was restarted or stopped while the command ran"),
+        "{log}"
+    );
     let (_, ps) = server.docker_exec(&id, "ps -eo args").await;
     assert!(!ps.contains("sleep 4242"), "processes ended: {ps}");
     let (_, file) = server.docker_exec(&id, "cat /workspace/file").await;

@@ -781,7 +781,7 @@ impl Drive {
         // command's: the whole sandbox may have died under it (under gVisor
         // an out-of-memory or out-of-tasks sandbox loses its kernel and
         // every command with it). Inspected on abnormal ends only.
-        if sandbox_died || (!timed_out && !killed && code.is_none_or(|c| c >= 128)) {
+        if sandbox_died || (!timed_out && !killed && code.is_none_or(|c| c >= 126)) {
             if let Some(why) = self.death_of_sandbox(code).await {
                 broken = Some(why.to_string());
                 code = Some(137);
@@ -876,10 +876,12 @@ impl Drive {
         matches!(running, Ok(Ok(None | Some(false))))
     }
 
-    /// Why the command's end is the sandbox's, if it is: it stopped (or
-    /// was revived since) without sandboxd stopping it. runsc answers 128
-    /// when its sandbox died under an exec, possibly before the engine has
-    /// noticed the container's end: under gVisor look again briefly then.
+    /// Why the command's end is the sandbox's, if it is: sandboxd restarted
+    /// or stopped it (the engine then reports a kill, or 126 when the exec
+    /// had not quite started), or it stopped (or was revived since) on its
+    /// own. runsc answers 128 when its sandbox died under an exec, possibly
+    /// before the engine has noticed the container's end: under gVisor look
+    /// again briefly then.
     async fn death_of_sandbox(&self, code: Option<i64>) -> Option<&'static str> {
         let looks = if self.under_gvisor && matches!(code, None | Some(128)) {
             10
@@ -892,7 +894,7 @@ impl Drive {
             }
             let now = self.sandbox.stops();
             if now.planned != self.stops.planned {
-                return None;
+                return Some("the sandbox was restarted or stopped while the command ran");
             }
             if now.unexpected != self.stops.unexpected {
                 return Some("the sandbox stopped while the command ran and was started again");
