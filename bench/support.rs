@@ -2,12 +2,9 @@
 //! instance) and its HTTP client, percentiles, and cleanup by label.
 #![allow(dead_code, unreachable_pub)]
 
-use std::collections::HashMap;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use bollard::Docker;
-use bollard::query_parameters::{RemoveContainerOptions, RemoveVolumeOptions};
 use serde_json::Value;
 
 pub type Res<T> = Result<T, Box<dyn std::error::Error>>;
@@ -123,56 +120,6 @@ pub fn pct(samples: &[f64], p: f64) -> f64 {
     s[idx]
 }
 
-/// Removes every container, volume and network of `instance`.
-pub async fn cleanup(docker: &Docker, instance: &str) {
-    let filter = HashMap::from([(
-        "label".to_string(),
-        vec![format!("sandboxd.instance={instance}")],
-    )]);
-    if let Ok(list) = docker
-        .list_containers(Some(bollard::query_parameters::ListContainersOptions {
-            all: true,
-            filters: Some(filter.clone()),
-            ..Default::default()
-        }))
-        .await
-    {
-        for c in list {
-            if let Some(id) = c.id {
-                let _ = docker
-                    .remove_container(
-                        &id,
-                        Some(RemoveContainerOptions {
-                            force: true,
-                            ..Default::default()
-                        }),
-                    )
-                    .await;
-            }
-        }
-    }
-    if let Ok(list) = docker
-        .list_volumes(Some(bollard::query_parameters::ListVolumesOptions {
-            filters: Some(filter.clone()),
-        }))
-        .await
-    {
-        for v in list.volumes.unwrap_or_default() {
-            let _ = docker
-                .remove_volume(&v.name, Some(RemoveVolumeOptions { force: true }))
-                .await;
-        }
-    }
-    if let Ok(list) = docker
-        .list_networks(Some(bollard::query_parameters::ListNetworksOptions {
-            filters: Some(filter),
-        }))
-        .await
-    {
-        for n in list {
-            if let Some(name) = n.name {
-                let _ = docker.remove_network(&name).await;
-            }
-        }
-    }
-}
+#[path = "../tests/common/cleanup.rs"]
+mod cleanup;
+pub use cleanup::remove_instance_objects as cleanup;

@@ -295,11 +295,9 @@ impl Commands {
         let drive = Drive {
             cmd: Arc::clone(&cmd),
             engine: self.engine.clone(),
-            container: sandbox.container.clone(),
             stops: sandbox.stops(),
             under_gvisor: self.engine.is_gvisor(oci_runtime.as_deref()).await,
             sandbox: Arc::clone(&sandbox),
-            session_key: sandbox.session_key.clone(),
             timeout: spec.timeout,
             grace: Duration::from_millis(self.config.kill_grace_ms),
             grace_ms: self.config.kill_grace_ms,
@@ -645,12 +643,10 @@ async fn sweep(engine: &Engine, container: &str, command_id: &str, grace_ms: u64
 struct Drive {
     cmd: Arc<Command>,
     engine: Engine,
-    container: String,
     sandbox: Arc<Sandbox>,
     /// The sandbox's stops when the command started.
     stops: Stops,
     under_gvisor: bool,
-    session_key: String,
     timeout: Duration,
     grace: Duration,
     grace_ms: u64,
@@ -712,11 +708,11 @@ impl Drive {
                 }
                 _ = tokio::time::sleep_until(sweep_at), if !swept => {
                     swept = true;
-                    sweep_code = sweep(&self.engine, &self.container, &self.cmd.id, self.grace_ms).await;
+                    sweep_code = sweep(&self.engine, &self.sandbox.container, &self.cmd.id, self.grace_ms).await;
                     false
                 }
                 _ = liveness.tick() => {
-                    if self.sandbox_died().await {
+                    if !matches!(self.look_at_sandbox().await, SandboxEnd::Alive) {
                         sandbox_died = true;
                         break;
                     }
@@ -838,7 +834,7 @@ impl Drive {
         tracing::info!(
             event = "command_ended",
             sandbox_id = %self.cmd.sandbox_id,
-            session_key = %self.session_key,
+            session_key = %self.sandbox.session_key,
             command_id = %self.cmd.id,
             exit_code = exit.exit_code,
             timed_out = exit.timed_out,
@@ -857,23 +853,33 @@ impl Drive {
 }
 
 impl Drive {
-    /// Whether the sandbox died under the command: its container stopped
-    /// (or was started again after that) without sandboxd stopping it. A
-    /// check the engine does not answer within a second counts as alive.
-    async fn sandbox_died(&self) -> bool {
+    /// One look at the sandbox: whether the command's end is (or will be)
+    /// the sandbox's, and why. An engine that does not answer within a
+    /// second counts as alive.
+    async fn look_at_sandbox(&self) -> SandboxEnd {
         let now = self.sandbox.stops();
         if now.planned != self.stops.planned {
-            return false;
+            return SandboxEnd::Ended("the sandbox was restarted or stopped while the command ran");
         }
         if now.unexpected != self.stops.unexpected {
-            return true;
+            return SandboxEnd::Ended(
+                "the sandbox stopped while the command ran and was started again",
+            );
         }
-        let running = tokio::time::timeout(
+        let status = tokio::time::timeout(
             LIVENESS_TIMEOUT,
-            self.engine.container_running(&self.sandbox.container),
+            self.engine.container_status(&self.sandbox.container),
         )
         .await;
-        matches!(running, Ok(Ok(None | Some(false))))
+        match status {
+            Ok(Ok(Some(status))) if !status.running => SandboxEnd::Ended(if status.oom_killed {
+                "the sandbox ran out of memory and stopped; it starts again on the next request"
+            } else {
+                "the sandbox stopped while the command ran; it starts again on the next request"
+            }),
+            Ok(Ok(None)) => SandboxEnd::Gone,
+            _ => SandboxEnd::Alive,
+        }
     }
 
     /// Why the command's end is the sandbox's, if it is: sandboxd restarted
@@ -892,27 +898,23 @@ impl Drive {
             if look > 0 {
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
-            let now = self.sandbox.stops();
-            if now.planned != self.stops.planned {
-                return Some("the sandbox was restarted or stopped while the command ran");
-            }
-            if now.unexpected != self.stops.unexpected {
-                return Some("the sandbox stopped while the command ran and was started again");
-            }
-            match self.engine.container_status(&self.sandbox.container).await {
-                Ok(Some(status)) if !status.running => {
-                    return Some(if status.oom_killed {
-                        "the sandbox ran out of memory and stopped; it starts again on the next request"
-                    } else {
-                        "the sandbox stopped while the command ran; it starts again on the next request"
-                    });
-                }
-                Ok(Some(_)) => {}
-                Ok(None) | Err(_) => return None,
+            match self.look_at_sandbox().await {
+                SandboxEnd::Ended(why) => return Some(why),
+                SandboxEnd::Gone => return None,
+                SandboxEnd::Alive => {}
             }
         }
         None
     }
+}
+
+/// What a look at a command's sandbox found.
+enum SandboxEnd {
+    Alive,
+    /// The container is gone; the engine's own answer says the rest.
+    Gone,
+    /// The sandbox ended under the command, for this reason.
+    Ended(&'static str),
 }
 
 /// The exec's exit code. The engine records it before it closes the output,

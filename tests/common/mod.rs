@@ -12,13 +12,13 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use bollard::Docker;
-use bollard::query_parameters::{
-    ListContainersOptions, ListNetworksOptions, ListVolumesOptions, RemoveContainerOptions,
-    RemoveVolumeOptions,
-};
+use bollard::query_parameters::{ListContainersOptions, ListVolumesOptions};
 use serde_json::Value;
 
 pub const INSTANCE_LABEL: &str = "sandboxd.instance";
+
+mod cleanup;
+pub use cleanup::remove_instance_objects;
 
 /// A connected engine, or a panic that says how to get one. Never a skip.
 pub async fn docker() -> Docker {
@@ -50,60 +50,6 @@ fn block_on_side<F: std::future::Future<Output = ()> + Send + 'static>(f: F) {
         }
     })
     .join();
-}
-
-/// Removes every container, volume and network labelled with `instance`.
-pub async fn remove_instance_objects(docker: &Docker, instance: &str) {
-    let filter = HashMap::from([(
-        "label".to_string(),
-        vec![format!("{INSTANCE_LABEL}={instance}")],
-    )]);
-    if let Ok(list) = docker
-        .list_containers(Some(ListContainersOptions {
-            all: true,
-            filters: Some(filter.clone()),
-            ..Default::default()
-        }))
-        .await
-    {
-        for c in list {
-            if let Some(id) = c.id {
-                let _ = docker
-                    .remove_container(
-                        &id,
-                        Some(RemoveContainerOptions {
-                            force: true,
-                            ..Default::default()
-                        }),
-                    )
-                    .await;
-            }
-        }
-    }
-    if let Ok(list) = docker
-        .list_volumes(Some(ListVolumesOptions {
-            filters: Some(filter.clone()),
-        }))
-        .await
-    {
-        for v in list.volumes.unwrap_or_default() {
-            let _ = docker
-                .remove_volume(&v.name, Some(RemoveVolumeOptions { force: true }))
-                .await;
-        }
-    }
-    if let Ok(list) = docker
-        .list_networks(Some(ListNetworksOptions {
-            filters: Some(filter),
-        }))
-        .await
-    {
-        for n in list {
-            if let Some(name) = n.name {
-                let _ = docker.remove_network(&name).await;
-            }
-        }
-    }
 }
 
 /// A unique instance name per test server.
