@@ -42,6 +42,7 @@ impl Floor {
             oci_runtime: None,
             user: "1000:1000".into(),
             workspace_dir: "/workspace".into(),
+            workspace_aliases: vec!["/vercel/sandbox/workspace".into()],
             volume: format!("{name}-workspace"),
             network: Some(self.network.clone()),
             vcpus: 1,

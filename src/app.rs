@@ -1,15 +1,19 @@
-//! `App`: what every handler shares, behind one `Arc`.
+//! `App`: what every handler shares, behind one `Arc`, and the operations
+//! that span domain services (a create that publishes its ports
+//! afterwards).
 
 use std::sync::Arc;
 
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use crate::command::Commands;
 use crate::config::Config;
 use crate::engine::Engine;
 use crate::files::Files;
 use crate::ports::Ports;
-use crate::sandbox::Sandboxes;
+use crate::sandbox::spec::CreateSandboxRequest;
+use crate::sandbox::{Created, SandboxResult, Sandboxes};
 
 /// Shared state: configuration, the engine handle and the domain services.
 #[derive(Debug)]
@@ -19,9 +23,12 @@ pub struct App {
     pub sandboxes: Arc<Sandboxes>,
     pub commands: Arc<Commands>,
     pub files: Files,
-    pub ports: Ports,
+    pub ports: Arc<Ports>,
     /// Cancelled on SIGTERM: background tasks and long requests end.
     pub shutdown: CancellationToken,
+    /// Work that outlives the request that started it; the server waits
+    /// for it on shutdown.
+    pub tasks: TaskTracker,
     /// Renders `/metrics`; None when no recorder is installed (tests).
     pub metrics: Option<metrics_exporter_prometheus::PrometheusHandle>,
 }
@@ -40,13 +47,9 @@ impl App {
         let config = Arc::new(config);
         let engine = Engine::new();
         let sandboxes = Arc::new(Sandboxes::new(Arc::clone(&config), engine.clone()));
-        let commands = Arc::new(Commands::new(
-            Arc::clone(&config),
-            engine.clone(),
-            Arc::clone(&sandboxes),
-        ));
+        let commands = Arc::new(Commands::new(Arc::clone(&config), Arc::clone(&sandboxes)));
         let files = Files::new(Arc::clone(&config), Arc::clone(&sandboxes));
-        let ports = Ports::new(Arc::clone(&config), engine.clone(), Arc::clone(&sandboxes));
+        let ports = Arc::new(Ports::new(Arc::clone(&config), Arc::clone(&sandboxes)));
         Arc::new(App {
             config,
             engine,
@@ -55,7 +58,32 @@ impl App {
             files,
             ports,
             shutdown: CancellationToken::new(),
+            tasks: TaskTracker::new(),
             metrics,
         })
+    }
+
+    /// The engine's version, within two seconds, or why there is none.
+    pub async fn engine_version(&self) -> Result<String, String> {
+        self.engine.version().await.map_err(|e| e.to_string())
+    }
+
+    /// Creates a sandbox (or reconnects to the session's), then publishes
+    /// its allowlisted ports in the background: the answer does not wait,
+    /// and the first `GET …/ports/{port}` finds the work done.
+    pub async fn create_sandbox(&self, req: CreateSandboxRequest) -> SandboxResult<Created> {
+        let created = self.sandboxes.create(req).await?;
+        if created.ports_added {
+            let ports = Arc::clone(&self.ports);
+            let id = created.sandbox_id.clone();
+            let shutdown = self.shutdown.clone();
+            self.tasks.spawn(async move {
+                tokio::select! {
+                    _ = ports.prepare(&id) => {}
+                    _ = shutdown.cancelled() => {}
+                }
+            });
+        }
+        Ok(created)
     }
 }

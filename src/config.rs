@@ -2,80 +2,28 @@
 //! variables on top. Loaded and validated once at start; every later reader
 //! gets a `Config` that cannot be invalid.
 //!
-//! The environment names are the ones existing RemcoChat sandboxd deployments
-//! already set, so an operator can swap the binary without editing env files.
+//! Every key is declared once, in the `settings!` table below: its field,
+//! type, default, range check and doc line. The environment variable of key
+//! `k` is always `SANDBOXD_` + `k` in capitals, which are the names existing
+//! RemcoChat sandboxd deployments already set, so an operator can swap the
+//! binary without editing env files. Durations are `_ms` integers in the
+//! file and the environment and [`Duration`]s here. `config.example.toml`
+//! documents every key; a test holds it to this table.
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::path::Path;
+use std::time::Duration;
 
 use serde::Deserialize;
 
-/// Address the API binds to when nothing else is configured.
-pub const DEFAULT_BIND_HOST: &str = "127.0.0.1";
-/// API port when nothing else is configured.
-pub const DEFAULT_PORT: u16 = 8080;
-/// Name prefix and `sandboxd.instance` label of every engine object we own.
-pub const DEFAULT_INSTANCE: &str = "sandboxd";
-/// Workspace directory inside every sandbox.
-pub const DEFAULT_WORKSPACE_DIR: &str = "/workspace";
-/// Runtime image used by the built-in runtimes.
-pub const DEFAULT_IMAGE: &str = "sandboxd-runtime:latest";
-/// Base image the embedded runtime Dockerfile builds on.
-pub const DEFAULT_BASE_IMAGE: &str = "debian:bookworm-slim";
-/// Most sandboxes alive at once before the least recently used idle one goes.
-pub const DEFAULT_MAX_CONCURRENT: usize = 20;
-/// Idle time after which a sandbox without running work is stopped.
-pub const DEFAULT_IDLE_TTL_MS: u64 = 15 * 60 * 1000;
-/// Largest request body, checked before it is buffered.
-pub const DEFAULT_MAX_BODY_BYTES: usize = 64 * 1024 * 1024;
-/// Most ports one sandbox may allowlist.
-pub const DEFAULT_MAX_PORTS: usize = 4;
-/// Host address proxy containers bind published ports to.
-pub const DEFAULT_PUBLISH_HOST_IP: &str = "127.0.0.1";
-/// Scheme of the URLs handed out for published ports.
-pub const DEFAULT_PUBLIC_PROTO: &str = "http";
-/// Process limit of a sandbox container.
-pub const DEFAULT_PIDS_LIMIT: i64 = 512;
-/// Size of the /tmp tmpfs in a sandbox.
-pub const DEFAULT_TMP_SIZE_MB: u64 = 512;
-/// Size limit of a sandbox's workspace volume; 0 means none. Enforced by
-/// the engine (Docker's local driver: xfs project quotas), so off unless set.
-pub const DEFAULT_WORKSPACE_SIZE_MB: u64 = 0;
-/// Largest file any sandbox process may write (RLIMIT_FSIZE); 0 means none.
-pub const DEFAULT_FILE_SIZE_LIMIT_MB: u64 = 1024;
-/// vCPUs of a sandbox whose create request names none.
-pub const DEFAULT_VCPUS: u32 = 1;
-/// Memory of a sandbox whose create request names none.
-pub const DEFAULT_MEMORY_MB: u32 = 1024;
-/// User (uid:gid) every sandbox process runs as: the image's `sandbox` user.
-pub const DEFAULT_SANDBOX_USER: &str = "1000:1000";
-/// Timeout of a command whose request names none.
-pub const DEFAULT_TIMEOUT_MS: u64 = 30_000;
-/// Longest timeout a command may ask for.
-pub const DEFAULT_MAX_TIMEOUT_MS: u64 = 30 * 60 * 1000;
-/// Output one command retains for its readers (a ring; older output drops).
-pub const DEFAULT_OUTPUT_BUFFER_BYTES: usize = 8 * 1024 * 1024;
-/// Time between SIGTERM and SIGKILL when a command is killed or times out.
-pub const DEFAULT_KILL_GRACE_MS: u64 = 2_000;
-/// How long a finished command stays listed (and its output readable).
-pub const DEFAULT_COMMAND_RETENTION_MS: u64 = 10 * 60 * 1000;
-/// Most finished commands kept per sandbox.
-pub const DEFAULT_MAX_FINISHED_COMMANDS: usize = 100;
-/// Most commands running at once in one sandbox.
-pub const DEFAULT_MAX_RUNNING_COMMANDS: usize = 64;
-/// Output all commands together may hold; past it the oldest finished
-/// logs are dropped, then running ones are trimmed.
-pub const DEFAULT_OUTPUT_MEMORY_BYTES: usize = 256 * 1024 * 1024;
-/// Where link networks (sandbox <-> its port proxies) get their /29s.
-pub const DEFAULT_LINK_SUBNET_POOL: &str = "10.213.0.0/16";
-/// Largest file `files:read` returns.
-pub const DEFAULT_MAX_FILE_BYTES: u64 = 32 * 1024 * 1024;
-/// A silent log stream sends a heartbeat line this often.
-pub const DEFAULT_LOG_HEARTBEAT_MS: u64 = 15_000;
 /// Runtime names that exist without any configuration; RemcoChat sends the
 /// last two.
 pub const BUILTIN_RUNTIMES: [&str; 3] = ["default", "node24", "python3.13"];
+
+/// The two spellings of the workspace: ours, and the one RemcoChat
+/// hard-codes. With no configuration each aliases the other.
+const WORKSPACE_SPELLINGS: [&str; 2] = ["/workspace", "/vercel/sandbox/workspace"];
 
 /// The admin token. Its `Debug` is redacted so it cannot reach a log line.
 #[derive(Clone, PartialEq, Eq)]
@@ -106,51 +54,6 @@ pub struct RuntimeConfig {
     pub oci_runtime: Option<String>,
 }
 
-/// The validated configuration. Field docs live in `config.example.toml`.
-#[derive(Debug, Clone, PartialEq)]
-#[allow(missing_docs)]
-pub struct Config {
-    pub bind_host: IpAddr,
-    pub port: u16,
-    pub admin_token: Option<AdminToken>,
-    pub allow_insecure_no_token: bool,
-    pub instance: String,
-    pub docker_socket: Option<String>,
-    pub workspace_dir: String,
-    pub image: String,
-    pub base_image: String,
-    pub oci_runtime: Option<String>,
-    pub disable_autobuild: bool,
-    pub network_name: String,
-    pub publish_host_ip: IpAddr,
-    pub public_host: Option<String>,
-    pub public_proto: String,
-    pub max_concurrent: usize,
-    pub default_idle_ttl_ms: u64,
-    pub max_body_bytes: usize,
-    pub max_ports: usize,
-    pub pids_limit: i64,
-    pub tmp_size_mb: u64,
-    pub workspace_size_mb: u64,
-    pub file_size_limit_mb: u64,
-    pub default_vcpus: u32,
-    pub default_memory_mb: u32,
-    pub sandbox_user: String,
-    pub default_timeout_ms: u64,
-    pub max_timeout_ms: u64,
-    pub output_buffer_bytes: usize,
-    pub kill_grace_ms: u64,
-    pub command_retention_ms: u64,
-    pub max_finished_commands: usize,
-    pub max_running_commands: usize,
-    pub log_heartbeat_ms: u64,
-    pub max_file_bytes: u64,
-    pub output_memory_bytes: usize,
-    pub proxy_image: Option<String>,
-    pub link_subnet_pool: String,
-    pub runtimes: BTreeMap<String, RuntimeConfig>,
-}
-
 /// Why the configuration was refused. Each names the key at fault, so the
 /// operator sees one line that says what to fix.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -175,60 +78,377 @@ impl ConfigError {
     }
 }
 
-/// The file's shape: every key optional, unknown keys refused.
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct FileConfig {
-    bind_host: Option<String>,
-    port: Option<u16>,
-    admin_token: Option<String>,
-    allow_insecure_no_token: Option<bool>,
-    instance: Option<String>,
-    docker_socket: Option<String>,
-    workspace_dir: Option<String>,
-    image: Option<String>,
-    base_image: Option<String>,
-    oci_runtime: Option<String>,
-    disable_autobuild: Option<bool>,
-    network_name: Option<String>,
-    publish_host_ip: Option<String>,
-    public_host: Option<String>,
-    public_proto: Option<String>,
-    max_concurrent: Option<usize>,
-    default_idle_ttl_ms: Option<u64>,
-    max_body_bytes: Option<usize>,
-    max_ports: Option<usize>,
-    pids_limit: Option<i64>,
-    tmp_size_mb: Option<u64>,
-    workspace_size_mb: Option<u64>,
-    file_size_limit_mb: Option<u64>,
-    default_vcpus: Option<u32>,
-    default_memory_mb: Option<u32>,
-    sandbox_user: Option<String>,
-    default_timeout_ms: Option<u64>,
-    max_timeout_ms: Option<u64>,
-    output_buffer_bytes: Option<usize>,
-    kill_grace_ms: Option<u64>,
-    command_retention_ms: Option<u64>,
-    max_finished_commands: Option<usize>,
-    max_running_commands: Option<usize>,
-    log_heartbeat_ms: Option<u64>,
-    max_file_bytes: Option<u64>,
-    output_memory_bytes: Option<usize>,
-    proxy_image: Option<String>,
-    link_subnet_pool: Option<String>,
-    #[serde(default)]
-    runtimes: BTreeMap<String, RuntimeConfig>,
+/// A type a key can have: read from an environment string or a TOML value,
+/// and shown as TOML (for the example file's check).
+trait Setting: Sized {
+    fn from_env(s: &str) -> Result<Self, String>;
+    fn from_toml(v: &toml::Value) -> Result<Self, String>;
+    fn to_toml(&self) -> Option<toml::Value>;
+}
+
+macro_rules! integer_setting {
+    ($($t:ty),*) => {$(
+        impl Setting for $t {
+            fn from_env(s: &str) -> Result<Self, String> {
+                s.trim().parse().map_err(|_| format!("{s:?} is not a valid number here"))
+            }
+            fn from_toml(v: &toml::Value) -> Result<Self, String> {
+                v.as_integer()
+                    .and_then(|i| <$t>::try_from(i).ok())
+                    .ok_or_else(|| format!("{v} is not a valid number here"))
+            }
+            fn to_toml(&self) -> Option<toml::Value> {
+                i64::try_from(*self).ok().map(toml::Value::Integer)
+            }
+        }
+    )*};
+}
+integer_setting!(u16, u32, u64, usize, i64);
+
+impl Setting for bool {
+    fn from_env(s: &str) -> Result<Self, String> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "1" | "true" | "yes" | "on" => Ok(true),
+            "0" | "false" | "no" | "off" => Ok(false),
+            _ => Err(format!("{s:?} is not a boolean (use true/false or 1/0)")),
+        }
+    }
+    fn from_toml(v: &toml::Value) -> Result<Self, String> {
+        v.as_bool()
+            .ok_or_else(|| format!("{v} is not a boolean (use true or false)"))
+    }
+    fn to_toml(&self) -> Option<toml::Value> {
+        Some(toml::Value::Boolean(*self))
+    }
+}
+
+impl Setting for String {
+    fn from_env(s: &str) -> Result<Self, String> {
+        Ok(s.to_string())
+    }
+    fn from_toml(v: &toml::Value) -> Result<Self, String> {
+        v.as_str()
+            .map(str::to_string)
+            .ok_or_else(|| format!("{v} is not a string"))
+    }
+    fn to_toml(&self) -> Option<toml::Value> {
+        Some(toml::Value::String(self.clone()))
+    }
+}
+
+impl Setting for IpAddr {
+    fn from_env(s: &str) -> Result<Self, String> {
+        let s = s.trim();
+        if s == "localhost" {
+            return Ok(IpAddr::from([127, 0, 0, 1]));
+        }
+        s.parse().map_err(|_| format!("{s:?} is not an IP address"))
+    }
+    fn from_toml(v: &toml::Value) -> Result<Self, String> {
+        Self::from_env(&String::from_toml(v)?)
+    }
+    fn to_toml(&self) -> Option<toml::Value> {
+        Some(toml::Value::String(self.to_string()))
+    }
+}
+
+/// Milliseconds in the file and the environment.
+impl Setting for Duration {
+    fn from_env(s: &str) -> Result<Self, String> {
+        u64::from_env(s).map(Duration::from_millis)
+    }
+    fn from_toml(v: &toml::Value) -> Result<Self, String> {
+        u64::from_toml(v).map(Duration::from_millis)
+    }
+    fn to_toml(&self) -> Option<toml::Value> {
+        u64::try_from(self.as_millis()).ok()?.to_toml()
+    }
+}
+
+/// Never shown: the example file holds no token.
+impl Setting for AdminToken {
+    fn from_env(s: &str) -> Result<Self, String> {
+        Ok(AdminToken(s.to_string()))
+    }
+    fn from_toml(v: &toml::Value) -> Result<Self, String> {
+        String::from_toml(v).map(AdminToken)
+    }
+    fn to_toml(&self) -> Option<toml::Value> {
+        None
+    }
+}
+
+/// A list: comma-separated in the environment, an array in the file.
+impl Setting for Vec<String> {
+    fn from_env(s: &str) -> Result<Self, String> {
+        Ok(s.split(',')
+            .map(str::trim)
+            .filter(|p| !p.is_empty())
+            .map(str::to_string)
+            .collect())
+    }
+    fn from_toml(v: &toml::Value) -> Result<Self, String> {
+        v.as_array()
+            .ok_or_else(|| format!("{v} is not an array of strings"))?
+            .iter()
+            .map(String::from_toml)
+            .collect()
+    }
+    fn to_toml(&self) -> Option<toml::Value> {
+        Some(toml::Value::Array(
+            self.iter()
+                .map(|s| toml::Value::String(s.clone()))
+                .collect(),
+        ))
+    }
+}
+
+/// A key with no default: absent unless set.
+impl<T: Setting> Setting for Option<T> {
+    fn from_env(s: &str) -> Result<Self, String> {
+        T::from_env(s).map(Some)
+    }
+    fn from_toml(v: &toml::Value) -> Result<Self, String> {
+        T::from_toml(v).map(Some)
+    }
+    fn to_toml(&self) -> Option<toml::Value> {
+        self.as_ref().and_then(T::to_toml)
+    }
+}
+
+/// Where the values come from: the file's table and the environment.
+struct Sources<'a> {
+    file: &'a toml::Table,
+    file_name: &'a str,
+    env: &'a dyn Fn(&str) -> Option<String>,
+}
+
+impl Sources<'_> {
+    /// The value of `key`: its variable (empty counts as unset), else the
+    /// file, else `default`; and the name to blame for it, which is the
+    /// one the operator set it by.
+    fn get<T: Setting>(&self, key: &str, default: T) -> Result<(T, String), ConfigError> {
+        let var = env_var(key);
+        if let Some(v) = (self.env)(&var).filter(|v| !v.is_empty()) {
+            let blame = format!("{var} ({key})");
+            return T::from_env(&v)
+                .map(|t| (t, blame.clone()))
+                .map_err(|reason| ConfigError::invalid(&blame, reason));
+        }
+        match self.file.get(key) {
+            Some(v) => T::from_toml(v)
+                .map(|t| (t, key.to_string()))
+                .map_err(|reason| ConfigError::Parse {
+                    path: self.file_name.to_string(),
+                    reason: format!("{key}: {reason}"),
+                }),
+            None => Ok((default, key.to_string())),
+        }
+    }
+}
+
+/// The environment variable of a key.
+pub fn env_var(key: &str) -> String {
+    format!("SANDBOXD_{}", key.to_ascii_uppercase())
+}
+
+/// One row of the key table, for documentation checks.
+#[derive(Debug, Clone)]
+pub struct KeyInfo {
+    pub key: &'static str,
+    /// The default as TOML; `None` for keys without one.
+    pub default: Option<toml::Value>,
+}
+
+/// Declares every key once: `field: Type = default, key "name", check |v|
+/// ...;`. Generates the `Config` fields, the loader and the key table.
+macro_rules! settings {
+    ($(
+        $(#[doc = $doc:literal])*
+        $field:ident : $ty:ty = $default:expr, key $key:literal $(, check $check:expr)? ;
+    )*) => {
+        /// The validated configuration; `config.example.toml` documents each key.
+        #[derive(Debug, Clone, PartialEq)]
+        pub struct Config {
+            $( $(#[doc = $doc])* pub $field: $ty, )*
+            /// `[runtimes.NAME]` tables, on top of the built-in runtimes.
+            pub runtimes: BTreeMap<String, RuntimeConfig>,
+        }
+
+        /// Every key of the file (besides `[runtimes.*]`), with its default.
+        pub fn keys() -> Vec<KeyInfo> {
+            vec![$( KeyInfo { key: $key, default: Setting::to_toml(&{ let d: $ty = $default; d }) }, )*]
+        }
+
+        fn read_settings(src: &Sources<'_>) -> Result<Config, ConfigError> {
+            Ok(Config {
+                $( $field: {
+                    let (value, _blame): ($ty, String) = src.get($key, $default)?;
+                    $( let check: fn(&$ty) -> Result<(), String> = $check;
+                       check(&value).map_err(|reason| ConfigError::invalid(&_blame, reason))?; )?
+                    value
+                }, )*
+                runtimes: BTreeMap::new(),
+            })
+        }
+    };
+}
+
+/// `lo..=hi` as a check, saying the range when refused.
+fn within<T: PartialOrd + std::fmt::Display + Copy>(
+    lo: T,
+    hi: T,
+) -> impl Fn(&T) -> Result<(), String> {
+    move |v| {
+        if *v >= lo && *v <= hi {
+            Ok(())
+        } else {
+            Err(format!("must be between {lo} and {hi}"))
+        }
+    }
+}
+
+fn at_least(lo: usize) -> impl Fn(&usize) -> Result<(), String> {
+    move |v| {
+        if *v >= lo {
+            Ok(())
+        } else {
+            Err(format!("must be at least {lo}"))
+        }
+    }
+}
+
+fn ms_within(lo: u64, hi: u64) -> impl Fn(&Duration) -> Result<(), String> {
+    move |d| {
+        let ms = d.as_millis();
+        if ms >= u128::from(lo) && ms <= u128::from(hi) {
+            Ok(())
+        } else {
+            Err(format!("must be between {lo} and {hi} (milliseconds)"))
+        }
+    }
+}
+
+const MIB: usize = 1024 * 1024;
+
+settings! {
+    // --- Listening and authentication ---
+    /// Address the API binds to.
+    bind_host: IpAddr = IpAddr::from([127, 0, 0, 1]), key "bind_host";
+    /// API port.
+    port: u16 = 8080, key "port", check |p| if *p == 0 { Err("must be 1-65535, not 0".into()) } else { Ok(()) };
+    /// Required on every route but health when set.
+    admin_token: Option<AdminToken> = None, key "admin_token",
+        check |t| if t.as_ref().is_some_and(|t| t.0.trim().is_empty()) { Err("must not be empty".into()) } else { Ok(()) };
+    /// Accept a non-loopback `bind_host` without a token.
+    allow_insecure_no_token: bool = false, key "allow_insecure_no_token";
+    /// Largest request body, checked before it is buffered.
+    max_body_bytes: usize = 64 * MIB, key "max_body_bytes", check |v| at_least(1024)(v);
+
+    // --- Engine and instance ---
+    /// Name prefix and `sandboxd.instance` label of every engine object.
+    instance: String = "sandboxd".into(), key "instance", check validate_instance;
+    /// Engine socket; when set, the only one tried.
+    docker_socket: Option<String> = None, key "docker_socket";
+    /// The sandboxes' bridge network; default `<instance>-net`.
+    network_name: Option<String> = None, key "network_name",
+        check |n| n.as_ref().map_or(Ok(()), validate_object_name);
+
+    // --- Sandbox containers ---
+    /// Workspace directory inside every sandbox: HOME and the default cwd.
+    workspace_dir: String = "/workspace".into(), key "workspace_dir", check validate_dir;
+    /// More paths the workspace volume is mounted at (the same files);
+    /// default: whichever of `/workspace` and `/vercel/sandbox/workspace`
+    /// `workspace_dir` is not.
+    workspace_aliases: Option<Vec<String>> = None, key "workspace_aliases",
+        check |a| a.iter().flatten().try_for_each(validate_dir);
+    /// Runtime image of the built-in runtimes.
+    image: String = "sandboxd-runtime:latest".into(), key "image";
+    /// Base image the embedded runtime Dockerfile builds on.
+    base_image: String = "debian:bookworm-slim".into(), key "base_image";
+    /// OCI runtime of runtimes that name none (`runsc`: gVisor).
+    oci_runtime: Option<String> = None, key "oci_runtime",
+        check |r| if r.as_deref() == Some("") { Err("must not be empty".into()) } else { Ok(()) };
+    /// Never build a missing runtime image.
+    disable_autobuild: bool = false, key "disable_autobuild";
+    /// User (uid:gid) every sandbox process runs as; never root.
+    sandbox_user: String = "1000:1000".into(), key "sandbox_user", check validate_user;
+    /// Process limit of a sandbox.
+    pids_limit: i64 = 512, key "pids_limit", check |v| within(16, 1_000_000)(v);
+    /// Size of the /tmp tmpfs in a sandbox.
+    tmp_size_mb: u64 = 512, key "tmp_size_mb", check |v| within(1, 65_536)(v);
+    /// Size limit of a workspace volume, enforced by the engine; 0: none.
+    workspace_size_mb: u64 = 0, key "workspace_size_mb", check |v| within(0, 16 * 1024 * 1024)(v);
+    /// Largest file any sandbox process may write (RLIMIT_FSIZE); 0: none.
+    file_size_limit_mb: u64 = 1024, key "file_size_limit_mb", check |v| within(0, 16 * 1024 * 1024)(v);
+    /// vCPUs of a sandbox whose request names none.
+    default_vcpus: u32 = 1, key "default_vcpus", check |v| within(1, 8)(v);
+    /// Memory of a sandbox whose request names none.
+    default_memory_mb: u32 = 1024, key "default_memory_mb", check |v| within(256, 16_384)(v);
+
+    // --- Capacity and idle expiry ---
+    /// Most sandboxes alive at once.
+    max_concurrent: usize = 20, key "max_concurrent", check |v| at_least(1)(v);
+    /// Idle time after which a sandbox without running work is stopped.
+    default_idle_ttl: Duration = Duration::from_secs(15 * 60), key "default_idle_ttl_ms",
+        check |v| ms_within(10_000, 21_600_000)(v);
+    /// Most ports one sandbox may allowlist.
+    max_ports: usize = 4, key "max_ports", check |v| within(1, 64)(v);
+
+    // --- Commands ---
+    /// Timeout of a command whose request names none.
+    default_timeout: Duration = Duration::from_secs(30), key "default_timeout_ms";
+    /// Longest timeout a command gets; longer requests are capped to it.
+    max_timeout: Duration = Duration::from_secs(30 * 60), key "max_timeout_ms",
+        check |v| ms_within(1_000, 86_400_000)(v);
+    /// Output one command retains for its readers (a ring).
+    output_buffer_bytes: usize = 8 * MIB, key "output_buffer_bytes", check |v| within(64 * 1024, 1 << 30)(v);
+    /// Output all commands together may hold.
+    output_memory_bytes: usize = 256 * MIB, key "output_memory_bytes";
+    /// Time between SIGTERM and SIGKILL when a command is killed or times out.
+    kill_grace: Duration = Duration::from_secs(2), key "kill_grace_ms", check |v| ms_within(0, 60_000)(v);
+    /// How long a finished command stays listed.
+    command_retention: Duration = Duration::from_secs(10 * 60), key "command_retention_ms",
+        check |v| ms_within(1_000, 86_400_000)(v);
+    /// Most finished commands kept per sandbox.
+    max_finished_commands: usize = 100, key "max_finished_commands", check |v| within(1, 10_000)(v);
+    /// Most commands running at once in one sandbox.
+    max_running_commands: usize = 64, key "max_running_commands", check |v| within(1, 10_000)(v);
+    /// A silent log stream sends a heartbeat this often.
+    log_heartbeat: Duration = Duration::from_secs(15), key "log_heartbeat_ms", check |v| ms_within(100, 60_000)(v);
+
+    // --- Files ---
+    /// Largest file `files:read` returns.
+    max_file_bytes: u64 = 32 * 1024 * 1024, key "max_file_bytes", check |v| within(1, 1 << 32)(v);
+
+    // --- Published ports ---
+    /// Host address published sandbox ports bind to.
+    publish_host_ip: IpAddr = IpAddr::from([127, 0, 0, 1]), key "publish_host_ip";
+    /// Host name in port URLs.
+    public_host: Option<String> = None, key "public_host";
+    /// Scheme of port URLs.
+    public_proto: String = "http".into(), key "public_proto",
+        check |p| if p == "http" || p == "https" { Ok(()) } else { Err(format!("{p:?} must be http or https")) };
+    /// Image of the port proxy containers; default: `image`.
+    proxy_image: Option<String> = None, key "proxy_image";
+    /// Where link networks get their blocks.
+    link_subnet_pool: String = "10.213.0.0/16".into(), key "link_subnet_pool";
 }
 
 impl Config {
     /// Loads the file (if any), applies the process environment, validates.
     pub fn load(file: Option<&Path>) -> Result<Config, ConfigError> {
-        let file_cfg = match file {
-            Some(path) => read_file(path)?,
-            None => FileConfig::default(),
+        let (text, name) = match file {
+            Some(path) => (
+                std::fs::read_to_string(path).map_err(|e| ConfigError::Read {
+                    path: path.display().to_string(),
+                    reason: e.to_string(),
+                })?,
+                path.display().to_string(),
+            ),
+            None => (String::new(), String::new()),
         };
-        Config::from_parts(file_cfg, |name| std::env::var(name).ok())
+        Config::parse(&text, &name, &|name| std::env::var(name).ok())
     }
 
     /// Parses a TOML document and an environment; what `load` does minus I/O.
@@ -236,81 +456,60 @@ impl Config {
         toml_text: &str,
         env: impl Fn(&str) -> Option<String>,
     ) -> Result<Config, ConfigError> {
-        let file_cfg = parse_file(toml_text, "<inline>")?;
-        Config::from_parts(file_cfg, env)
+        Config::parse(toml_text, "<inline>", &env)
     }
 
-    fn from_parts(
-        file: FileConfig,
-        env: impl Fn(&str) -> Option<String>,
+    fn parse(
+        text: &str,
+        file_name: &str,
+        env: &dyn Fn(&str) -> Option<String>,
     ) -> Result<Config, ConfigError> {
-        // Env wins over the file, the file over defaults. Each value keeps the
-        // name it came from so an error names what the operator actually set.
-        let pick_str = |env_key: &str, file_val: Option<String>, file_key: &str| match env(env_key)
-            .filter(|v| !v.is_empty())
-        {
-            Some(v) => Some((env_key.to_string(), v)),
-            None => file_val.map(|v| (file_key.to_string(), v)),
+        let parse_error = |reason: String| ConfigError::Parse {
+            path: file_name.to_string(),
+            reason,
         };
-        macro_rules! num {
-            ($env:literal, $field:ident, $default:expr) => {
-                match env($env).filter(|v| !v.is_empty()) {
-                    Some(v) => parse_num($env, &v)?,
-                    None => file.$field.unwrap_or($default),
-                }
-            };
+        // toml's Display draws a multi-line snippet; the message alone is
+        // the one line the operator needs, and the key is in it.
+        let mut file: toml::Table = toml::from_str(text)
+            .map_err(|e: toml::de::Error| parse_error(e.message().trim().replace('\n', " ")))?;
+        let runtimes: BTreeMap<String, RuntimeConfig> = match file.remove("runtimes") {
+            Some(v) => v.try_into().map_err(|e: toml::de::Error| {
+                parse_error(format!(
+                    "runtimes: {}",
+                    e.message().trim().replace('\n', " ")
+                ))
+            })?,
+            None => BTreeMap::new(),
+        };
+        let known = keys();
+        if let Some(unknown) = file.keys().find(|k| !known.iter().any(|i| i.key == *k)) {
+            return Err(parse_error(format!("unknown key `{unknown}`")));
         }
-        macro_rules! flag {
-            ($env:literal, $field:ident) => {
-                match env($env).filter(|v| !v.is_empty()) {
-                    Some(v) => parse_bool($env, &v)?,
-                    None => file.$field.unwrap_or(false),
-                }
-            };
-        }
-
-        let bind_host = match pick_str("SANDBOXD_BIND_HOST", file.bind_host.clone(), "bind_host") {
-            Some((key, v)) => parse_ip(&key, &v)?,
-            None => parse_ip("bind_host", DEFAULT_BIND_HOST)?,
+        let sources = Sources {
+            file: &file,
+            file_name,
+            env,
         };
-        let publish_host_ip = match pick_str(
-            "SANDBOXD_PUBLISH_HOST_IP",
-            file.publish_host_ip.clone(),
-            "publish_host_ip",
-        ) {
-            Some((key, v)) => parse_ip(&key, &v)?,
-            None => parse_ip("publish_host_ip", DEFAULT_PUBLISH_HOST_IP)?,
-        };
-        let port: u16 = num!("SANDBOXD_PORT", port, DEFAULT_PORT);
-        let instance = pick_str("SANDBOXD_INSTANCE", file.instance.clone(), "instance")
-            .unwrap_or(("instance".into(), DEFAULT_INSTANCE.into()));
-        let workspace_dir = pick_str(
-            "SANDBOXD_WORKSPACE_DIR",
-            file.workspace_dir.clone(),
-            "workspace_dir",
-        )
-        .unwrap_or(("workspace_dir".into(), DEFAULT_WORKSPACE_DIR.into()));
-        let network_name = pick_str(
-            "SANDBOXD_NETWORK_NAME",
-            file.network_name.clone(),
-            "network_name",
-        );
-        let public_proto = pick_str(
-            "SANDBOXD_PUBLIC_PROTO",
-            file.public_proto.clone(),
-            "public_proto",
-        )
-        .unwrap_or(("public_proto".into(), DEFAULT_PUBLIC_PROTO.into()));
+        let mut cfg = read_settings(&sources)?;
         // DOCKER_HOST is only a socket path for us when it is unix://; other
         // schemes are left to discovery to report.
-        let docker_socket = pick_str(
-            "SANDBOXD_DOCKER_SOCKET",
-            file.docker_socket.clone(),
-            "docker_socket",
-        )
-        .map(|(_, v)| v.strip_prefix("unix://").map(str::to_string).unwrap_or(v));
-
-        let mut runtimes: BTreeMap<String, RuntimeConfig> = BUILTIN_RUNTIMES
+        if let Some(s) = cfg.docker_socket.take() {
+            cfg.docker_socket = Some(s.strip_prefix("unix://").map(str::to_string).unwrap_or(s));
+        }
+        cfg.workspace_dir = trim_dir(&cfg.workspace_dir);
+        let aliases = match cfg.workspace_aliases.take() {
+            Some(list) => list.iter().map(|d| trim_dir(d)).collect(),
+            None => WORKSPACE_SPELLINGS
+                .iter()
+                .filter(|d| **d != cfg.workspace_dir)
+                .map(|d| d.to_string())
+                .collect(),
+        };
+        cfg.workspace_aliases = Some(aliases);
+        if cfg.network_name.is_none() {
+            cfg.network_name = Some(format!("{}-net", cfg.instance));
+        }
+        cfg.runtimes = BUILTIN_RUNTIMES
             .iter()
             .map(|name| {
                 (
@@ -322,175 +521,13 @@ impl Config {
                 )
             })
             .collect();
-        runtimes.extend(file.runtimes.clone());
-
-        let cfg = Config {
-            bind_host,
-            port,
-            admin_token: pick_str(
-                "SANDBOXD_ADMIN_TOKEN",
-                file.admin_token.clone(),
-                "admin_token",
-            )
-            .map(|(_, v)| AdminToken(v)),
-            allow_insecure_no_token: flag!(
-                "SANDBOXD_ALLOW_INSECURE_NO_TOKEN",
-                allow_insecure_no_token
-            ),
-            instance: validate_instance(&instance.0, instance.1)?,
-            docker_socket,
-            workspace_dir: validate_workspace_dir(&workspace_dir.0, workspace_dir.1)?,
-            image: pick_str("SANDBOXD_IMAGE", file.image.clone(), "image")
-                .map(|(_, v)| v)
-                .unwrap_or_else(|| DEFAULT_IMAGE.into()),
-            base_image: pick_str("SANDBOXD_BASE_IMAGE", file.base_image.clone(), "base_image")
-                .map(|(_, v)| v)
-                .unwrap_or_else(|| DEFAULT_BASE_IMAGE.into()),
-            oci_runtime: pick_str(
-                "SANDBOXD_OCI_RUNTIME",
-                file.oci_runtime.clone(),
-                "oci_runtime",
-            )
-            .map(|(_, v)| v),
-            disable_autobuild: flag!("SANDBOXD_DISABLE_AUTOBUILD", disable_autobuild),
-            network_name: String::new(),
-            publish_host_ip,
-            public_host: pick_str(
-                "SANDBOXD_PUBLIC_HOST",
-                file.public_host.clone(),
-                "public_host",
-            )
-            .map(|(_, v)| v),
-            public_proto: validate_proto(&public_proto.0, public_proto.1)?,
-            max_concurrent: num!(
-                "SANDBOXD_MAX_CONCURRENT",
-                max_concurrent,
-                DEFAULT_MAX_CONCURRENT
-            ),
-            default_idle_ttl_ms: num!(
-                "SANDBOXD_DEFAULT_IDLE_TTL_MS",
-                default_idle_ttl_ms,
-                DEFAULT_IDLE_TTL_MS
-            ),
-            max_body_bytes: num!(
-                "SANDBOXD_MAX_BODY_BYTES",
-                max_body_bytes,
-                DEFAULT_MAX_BODY_BYTES
-            ),
-            max_ports: num!("SANDBOXD_MAX_PORTS", max_ports, DEFAULT_MAX_PORTS),
-            pids_limit: num!("SANDBOXD_PIDS_LIMIT", pids_limit, DEFAULT_PIDS_LIMIT),
-            tmp_size_mb: num!("SANDBOXD_TMP_SIZE_MB", tmp_size_mb, DEFAULT_TMP_SIZE_MB),
-            workspace_size_mb: num!(
-                "SANDBOXD_WORKSPACE_SIZE_MB",
-                workspace_size_mb,
-                DEFAULT_WORKSPACE_SIZE_MB
-            ),
-            file_size_limit_mb: num!(
-                "SANDBOXD_FILE_SIZE_LIMIT_MB",
-                file_size_limit_mb,
-                DEFAULT_FILE_SIZE_LIMIT_MB
-            ),
-            default_vcpus: num!("SANDBOXD_DEFAULT_VCPUS", default_vcpus, DEFAULT_VCPUS),
-            default_memory_mb: num!(
-                "SANDBOXD_DEFAULT_MEMORY_MB",
-                default_memory_mb,
-                DEFAULT_MEMORY_MB
-            ),
-            sandbox_user: pick_str(
-                "SANDBOXD_SANDBOX_USER",
-                file.sandbox_user.clone(),
-                "sandbox_user",
-            )
-            .map(|(_, v)| v)
-            .unwrap_or_else(|| DEFAULT_SANDBOX_USER.into()),
-            default_timeout_ms: num!(
-                "SANDBOXD_DEFAULT_TIMEOUT_MS",
-                default_timeout_ms,
-                DEFAULT_TIMEOUT_MS
-            ),
-            max_timeout_ms: num!(
-                "SANDBOXD_MAX_TIMEOUT_MS",
-                max_timeout_ms,
-                DEFAULT_MAX_TIMEOUT_MS
-            ),
-            output_buffer_bytes: num!(
-                "SANDBOXD_OUTPUT_BUFFER_BYTES",
-                output_buffer_bytes,
-                DEFAULT_OUTPUT_BUFFER_BYTES
-            ),
-            kill_grace_ms: num!(
-                "SANDBOXD_KILL_GRACE_MS",
-                kill_grace_ms,
-                DEFAULT_KILL_GRACE_MS
-            ),
-            command_retention_ms: num!(
-                "SANDBOXD_COMMAND_RETENTION_MS",
-                command_retention_ms,
-                DEFAULT_COMMAND_RETENTION_MS
-            ),
-            max_finished_commands: num!(
-                "SANDBOXD_MAX_FINISHED_COMMANDS",
-                max_finished_commands,
-                DEFAULT_MAX_FINISHED_COMMANDS
-            ),
-            max_running_commands: num!(
-                "SANDBOXD_MAX_RUNNING_COMMANDS",
-                max_running_commands,
-                DEFAULT_MAX_RUNNING_COMMANDS
-            ),
-            log_heartbeat_ms: num!(
-                "SANDBOXD_LOG_HEARTBEAT_MS",
-                log_heartbeat_ms,
-                DEFAULT_LOG_HEARTBEAT_MS
-            ),
-            max_file_bytes: num!(
-                "SANDBOXD_MAX_FILE_BYTES",
-                max_file_bytes,
-                DEFAULT_MAX_FILE_BYTES
-            ),
-            output_memory_bytes: num!(
-                "SANDBOXD_OUTPUT_MEMORY_BYTES",
-                output_memory_bytes,
-                DEFAULT_OUTPUT_MEMORY_BYTES
-            ),
-            proxy_image: pick_str(
-                "SANDBOXD_PROXY_IMAGE",
-                file.proxy_image.clone(),
-                "proxy_image",
-            )
-            .map(|(_, v)| v),
-            link_subnet_pool: pick_str(
-                "SANDBOXD_LINK_SUBNET_POOL",
-                file.link_subnet_pool.clone(),
-                "link_subnet_pool",
-            )
-            .map(|(_, v)| v)
-            .unwrap_or_else(|| DEFAULT_LINK_SUBNET_POOL.into()),
-            runtimes,
-        };
-        let network_name = match network_name {
-            Some((key, v)) => validate_object_name(&key, v)?,
-            None => format!("{}-net", cfg.instance),
-        };
-        let cfg = Config {
-            network_name,
-            ..cfg
-        };
+        cfg.runtimes.extend(runtimes);
         cfg.validate()?;
         Ok(cfg)
     }
 
+    /// Checks that span keys.
     fn validate(&self) -> Result<(), ConfigError> {
-        if self.port == 0 {
-            return Err(ConfigError::invalid("port", "must be 1-65535, not 0"));
-        }
-        if self
-            .admin_token
-            .as_ref()
-            .is_some_and(|t| t.0.trim().is_empty())
-        {
-            return Err(ConfigError::invalid("admin_token", "must not be empty"));
-        }
         if !self.bind_host.is_loopback()
             && self.admin_token.is_none()
             && !self.allow_insecure_no_token
@@ -505,108 +542,11 @@ impl Config {
                 ),
             ));
         }
-        if self.max_concurrent == 0 {
-            return Err(ConfigError::invalid("max_concurrent", "must be at least 1"));
-        }
-        if !(10_000..=21_600_000).contains(&self.default_idle_ttl_ms) {
-            return Err(ConfigError::invalid(
-                "default_idle_ttl_ms",
-                "must be between 10000 (10 s) and 21600000 (6 h)",
-            ));
-        }
-        if self.max_body_bytes < 1024 {
-            return Err(ConfigError::invalid(
-                "max_body_bytes",
-                "must be at least 1024",
-            ));
-        }
-        if !(1..=64).contains(&self.max_ports) {
-            return Err(ConfigError::invalid(
-                "max_ports",
-                "must be between 1 and 64",
-            ));
-        }
-        if !(16..=1_000_000).contains(&self.pids_limit) {
-            return Err(ConfigError::invalid(
-                "pids_limit",
-                "must be between 16 and 1000000",
-            ));
-        }
-        if !(1..=65_536).contains(&self.tmp_size_mb) {
-            return Err(ConfigError::invalid(
-                "tmp_size_mb",
-                "must be between 1 and 65536",
-            ));
-        }
-        if self.workspace_size_mb > 16 * 1024 * 1024 {
-            return Err(ConfigError::invalid(
-                "workspace_size_mb",
-                "must be between 0 (no limit) and 16777216",
-            ));
-        }
-        if self.file_size_limit_mb > 16 * 1024 * 1024 {
-            return Err(ConfigError::invalid(
-                "file_size_limit_mb",
-                "must be between 0 (no limit) and 16777216",
-            ));
-        }
-        if !(1..=8).contains(&self.default_vcpus) {
-            return Err(ConfigError::invalid(
-                "default_vcpus",
-                "must be between 1 and 8",
-            ));
-        }
-        if !(256..=16_384).contains(&self.default_memory_mb) {
-            return Err(ConfigError::invalid(
-                "default_memory_mb",
-                "must be between 256 and 16384",
-            ));
-        }
-        validate_user(&self.sandbox_user)?;
-        if !(1_000..=86_400_000).contains(&self.max_timeout_ms) {
-            return Err(ConfigError::invalid(
-                "max_timeout_ms",
-                "must be between 1000 (1 s) and 86400000 (24 h)",
-            ));
-        }
-        if !(1_000..=self.max_timeout_ms).contains(&self.default_timeout_ms) {
+        if self.default_timeout < Duration::from_secs(1) || self.default_timeout > self.max_timeout
+        {
             return Err(ConfigError::invalid(
                 "default_timeout_ms",
                 "must be between 1000 and max_timeout_ms",
-            ));
-        }
-        if !(64 * 1024..=1 << 30).contains(&self.output_buffer_bytes) {
-            return Err(ConfigError::invalid(
-                "output_buffer_bytes",
-                "must be between 65536 and 1073741824",
-            ));
-        }
-        if self.kill_grace_ms > 60_000 {
-            return Err(ConfigError::invalid(
-                "kill_grace_ms",
-                "must be at most 60000",
-            ));
-        }
-        if !(1_000..=86_400_000).contains(&self.command_retention_ms) {
-            return Err(ConfigError::invalid(
-                "command_retention_ms",
-                "must be between 1000 and 86400000",
-            ));
-        }
-        if !(1..=10_000).contains(&self.max_finished_commands) {
-            return Err(ConfigError::invalid(
-                "max_finished_commands",
-                "must be between 1 and 10000",
-            ));
-        }
-        let prefix = crate::ports::link_prefix(self.max_ports);
-        if crate::ports::link_subnet_range(&self.link_subnet_pool, prefix).is_none() {
-            return Err(ConfigError::invalid(
-                "link_subnet_pool",
-                format!(
-                    "{:?} must be an IPv4 CIDR from /8 to /{prefix} (one link network is a /{prefix} with max_ports {}), e.g. 10.213.0.0/16",
-                    self.link_subnet_pool, self.max_ports
-                ),
             ));
         }
         if self.output_memory_bytes < self.output_buffer_bytes {
@@ -615,24 +555,17 @@ impl Config {
                 "must be at least output_buffer_bytes",
             ));
         }
-        if !(1..=1 << 32).contains(&self.max_file_bytes) {
+        let prefix = crate::subnet::link_prefix(self.max_ports);
+        if crate::subnet::link_subnet_range(&self.link_subnet_pool, prefix).is_none() {
             return Err(ConfigError::invalid(
-                "max_file_bytes",
-                "must be between 1 and 4294967296",
+                "link_subnet_pool",
+                format!(
+                    "{:?} must be an IPv4 CIDR from /8 to /{prefix} (one link network is a /{prefix} with max_ports {}), e.g. 10.213.0.0/16",
+                    self.link_subnet_pool, self.max_ports
+                ),
             ));
         }
-        if !(100..=60_000).contains(&self.log_heartbeat_ms) {
-            return Err(ConfigError::invalid(
-                "log_heartbeat_ms",
-                "must be between 100 and 60000",
-            ));
-        }
-        if !(1..=10_000).contains(&self.max_running_commands) {
-            return Err(ConfigError::invalid(
-                "max_running_commands",
-                "must be between 1 and 10000",
-            ));
-        }
+        self.validate_workspace_aliases()?;
         for (name, rt) in &self.runtimes {
             if name.is_empty() || name.len() > 64 {
                 return Err(ConfigError::invalid(
@@ -650,6 +583,42 @@ impl Config {
         Ok(())
     }
 
+    /// Aliases are mount points of the workspace volume: none may hold or
+    /// be held by another spelling (the volume would appear inside
+    /// itself), nor shadow what every sandbox needs.
+    fn validate_workspace_aliases(&self) -> Result<(), ConfigError> {
+        let all: Vec<&str> = self.workspace_dirs().collect();
+        for (i, a) in all.iter().enumerate() {
+            if ["/tmp", "/proc", "/sys", "/dev", "/etc", "/usr"]
+                .iter()
+                .any(|sys| nested(a, sys))
+            {
+                return Err(ConfigError::invalid(
+                    "workspace_aliases",
+                    format!("{a:?} would shadow a directory the sandbox needs"),
+                ));
+            }
+            if let Some(b) = all[i + 1..].iter().find(|b| nested(a, b)) {
+                return Err(ConfigError::invalid(
+                    "workspace_aliases",
+                    format!("{a:?} and {b:?} overlap; each spelling needs a place of its own"),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The network sandboxes with a network join.
+    pub fn network_name(&self) -> &str {
+        self.network_name.as_deref().unwrap_or_default()
+    }
+
+    /// Every path the workspace volume is mounted at, canonical first.
+    pub fn workspace_dirs(&self) -> impl Iterator<Item = &str> {
+        std::iter::once(self.workspace_dir.as_str())
+            .chain(self.workspace_aliases.iter().flatten().map(String::as_str))
+    }
+
     /// The image and OCI runtime a runtime name maps to, if it is known.
     pub fn runtime(&self, name: &str) -> Option<(String, Option<String>)> {
         self.runtimes.get(name).map(|rt| {
@@ -661,123 +630,71 @@ impl Config {
     }
 }
 
-fn read_file(path: &Path) -> Result<FileConfig, ConfigError> {
-    let text = std::fs::read_to_string(path).map_err(|e| ConfigError::Read {
-        path: path.display().to_string(),
-        reason: e.to_string(),
-    })?;
-    parse_file(&text, &path.display().to_string())
+/// Whether one of two absolute paths lies in (or is) the other.
+fn nested(a: &str, b: &str) -> bool {
+    let under = |x: &str, y: &str| x == y || x.starts_with(&format!("{y}/"));
+    under(a, b) || under(b, a)
 }
 
-fn parse_file(text: &str, path: &str) -> Result<FileConfig, ConfigError> {
-    toml::from_str(text).map_err(|e: toml::de::Error| ConfigError::Parse {
-        path: path.to_string(),
-        // toml's Display draws a multi-line snippet; the message alone is the
-        // one line the operator needs, and the key is in it.
-        reason: e.message().trim().replace('\n', " "),
-    })
-}
-
-fn parse_num<T: std::str::FromStr>(key: &str, v: &str) -> Result<T, ConfigError> {
-    v.trim()
-        .parse()
-        .map_err(|_| ConfigError::invalid(key, format!("{v:?} is not a valid number here")))
-}
-
-fn parse_bool(key: &str, v: &str) -> Result<bool, ConfigError> {
-    match v.trim().to_ascii_lowercase().as_str() {
-        "1" | "true" | "yes" | "on" => Ok(true),
-        "0" | "false" | "no" | "off" => Ok(false),
-        _ => Err(ConfigError::invalid(
-            key,
-            format!("{v:?} is not a boolean (use true/false or 1/0)"),
-        )),
+fn trim_dir(v: &str) -> String {
+    if v.len() > 1 {
+        v.trim_end_matches('/').to_string()
+    } else {
+        v.to_string()
     }
 }
 
-fn parse_ip(key: &str, v: &str) -> Result<IpAddr, ConfigError> {
-    let v = v.trim();
-    if v == "localhost" {
-        return Ok(IpAddr::from([127, 0, 0, 1]));
-    }
-    v.parse()
-        .map_err(|_| ConfigError::invalid(key, format!("{v:?} is not an IP address")))
-}
-
-fn validate_instance(key: &str, v: String) -> Result<String, ConfigError> {
+fn validate_instance(v: &String) -> Result<(), String> {
     if v.len() > 40 {
-        return Err(ConfigError::invalid(key, "must be at most 40 characters"));
+        return Err("must be at most 40 characters".into());
     }
-    validate_object_name(key, v)
+    validate_object_name(v)
 }
 
 /// Engine object names: what Docker accepts for containers and networks.
-fn validate_object_name(key: &str, v: String) -> Result<String, ConfigError> {
+fn validate_object_name(v: &String) -> Result<(), String> {
     let mut chars = v.chars();
     let first_ok = chars.next().is_some_and(|c| c.is_ascii_alphanumeric());
     let rest_ok = chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-'));
     if first_ok && rest_ok && v.len() <= 64 {
-        Ok(v)
+        Ok(())
     } else {
-        Err(ConfigError::invalid(
-            key,
-            format!(
-                "{v:?} must start with a letter or digit and hold only letters, digits, '_', '.', '-' (at most 64)"
-            ),
+        Err(format!(
+            "{v:?} must start with a letter or digit and hold only letters, digits, '_', '.', '-' (at most 64)"
         ))
     }
 }
 
-fn validate_workspace_dir(key: &str, v: String) -> Result<String, ConfigError> {
-    let trimmed = if v.len() > 1 {
-        v.trim_end_matches('/')
-    } else {
-        &v
-    };
+fn validate_dir(v: &String) -> Result<(), String> {
+    let trimmed = trim_dir(v);
     if !trimmed.starts_with('/') {
-        return Err(ConfigError::invalid(
-            key,
-            format!("{v:?} must be an absolute path"),
-        ));
+        return Err(format!("{v:?} must be an absolute path"));
     }
     if trimmed == "/" {
-        return Err(ConfigError::invalid(key, "must not be the root directory"));
+        return Err("must not be the root directory".into());
     }
     if trimmed
         .split('/')
         .skip(1)
         .any(|c| c.is_empty() || c == "." || c == "..")
     {
-        return Err(ConfigError::invalid(
-            key,
-            format!("{v:?} must be a normalised path (no '.', '..' or '//')"),
+        return Err(format!(
+            "{v:?} must be a normalised path (no '.', '..' or '//')"
         ));
     }
-    Ok(trimmed.to_string())
+    Ok(())
 }
 
-fn validate_proto(key: &str, v: String) -> Result<String, ConfigError> {
-    match v.as_str() {
-        "http" | "https" => Ok(v),
-        _ => Err(ConfigError::invalid(
-            key,
-            format!("{v:?} must be http or https"),
-        )),
-    }
-}
-
-fn validate_user(v: &str) -> Result<(), ConfigError> {
-    let ok = v
+fn validate_user(v: &String) -> Result<(), String> {
+    let (uid, gid) = v
         .split_once(':')
         .map(|(u, g)| (u, Some(g)))
         .unwrap_or((v, None));
-    let uid: Option<u32> = ok.0.parse().ok();
-    let gid_ok = ok.1.is_none_or(|g| g.parse::<u32>().is_ok_and(|g| g != 0));
-    match uid {
-        Some(uid) if uid != 0 && gid_ok => Ok(()),
-        _ => Err(ConfigError::invalid(
-            "sandbox_user",
-            format!("{v:?} must be a numeric non-root uid[:gid], e.g. 1000:1000"),
+    let gid_ok = gid.is_none_or(|g| g.parse::<u32>().is_ok_and(|g| g != 0));
+    match uid.parse::<u32>() {
+        Ok(uid) if uid != 0 && gid_ok => Ok(()),
+        _ => Err(format!(
+            "{v:?} must be a numeric non-root uid[:gid], e.g. 1000:1000"
         )),
     }
 }
@@ -808,15 +725,21 @@ mod tests {
         assert_eq!(cfg.bind_host.to_string(), "127.0.0.1");
         assert_eq!(cfg.port, 8080);
         assert_eq!(cfg.workspace_dir, "/workspace");
+        assert_eq!(
+            cfg.workspace_dirs().collect::<Vec<_>>(),
+            ["/workspace", "/vercel/sandbox/workspace"],
+            "RemcoChat's spelling works with no configuration"
+        );
         assert_eq!(cfg.image, "sandboxd-runtime:latest");
         assert_eq!(cfg.instance, "sandboxd");
-        assert_eq!(cfg.network_name, "sandboxd-net");
+        assert_eq!(cfg.network_name(), "sandboxd-net");
         assert!(cfg.admin_token.is_none());
         assert_eq!(
             cfg.workspace_size_mb, 0,
             "only a capable engine can enforce it"
         );
         assert_eq!(cfg.file_size_limit_mb, 1024);
+        assert_eq!(cfg.kill_grace, Duration::from_secs(2));
         for rt in BUILTIN_RUNTIMES {
             assert_eq!(
                 cfg.runtime(rt),
@@ -835,7 +758,7 @@ mod tests {
         assert_eq!(cfg.port, 9100);
         assert_eq!(cfg.workspace_dir, "/srv/ws");
         assert_eq!(cfg.instance, "blue");
-        assert_eq!(cfg.network_name, "blue-net");
+        assert_eq!(cfg.network_name(), "blue-net");
     }
 
     #[test]
@@ -867,46 +790,78 @@ mod tests {
             Some("s3cret")
         );
         assert!(
-            !format!("{cfg:?}").contains("s3cret"),
+            !format!("{:?}", cfg.admin_token).contains("s3cret"),
             "token must not appear in Debug"
         );
         assert_eq!(cfg.max_concurrent, 3);
-        assert_eq!(cfg.default_idle_ttl_ms, 60_000);
+        assert_eq!(cfg.default_idle_ttl, Duration::from_secs(60));
         assert_eq!(cfg.max_body_bytes, 4096);
         assert_eq!(cfg.docker_socket.as_deref(), Some("/tmp/d.sock"));
         assert_eq!(cfg.publish_host_ip.to_string(), "0.0.0.0");
         assert_eq!(cfg.public_host.as_deref(), Some("sandbox.example"));
         assert_eq!(cfg.public_proto, "https");
-        assert_eq!(cfg.network_name, "chatnet");
+        assert_eq!(cfg.network_name(), "chatnet");
         assert!(cfg.disable_autobuild);
         assert_eq!(cfg.workspace_dir, "/vercel/sandbox/workspace");
+        assert_eq!(
+            cfg.workspace_dirs().collect::<Vec<_>>(),
+            ["/vercel/sandbox/workspace", "/workspace"]
+        );
         assert_eq!(cfg.image, "img:1");
     }
 
     #[test]
     fn bad_values_name_their_key() {
-        assert!(err_of("", &[("SANDBOXD_PORT", "abc")]).starts_with("SANDBOXD_PORT:"));
-        assert!(err_of("", &[("SANDBOXD_PORT", "0")]).starts_with("port:"));
+        assert!(err_of("", &[("SANDBOXD_PORT", "abc")]).starts_with("SANDBOXD_PORT (port):"));
+        assert!(err_of("", &[("SANDBOXD_PORT", "0")]).starts_with("SANDBOXD_PORT (port):"));
         assert!(err_of("port = 0", &[]).starts_with("port:"));
         assert!(
-            err_of("", &[("SANDBOXD_WORKSPACE_DIR", "ws")]).starts_with("SANDBOXD_WORKSPACE_DIR:")
+            err_of("", &[("SANDBOXD_WORKSPACE_DIR", "ws")])
+                .starts_with("SANDBOXD_WORKSPACE_DIR (workspace_dir):")
         );
         assert!(err_of("workspace_dir = \"/a/../b\"", &[]).starts_with("workspace_dir:"));
         assert!(
             err_of("", &[("SANDBOXD_DISABLE_AUTOBUILD", "maybe")])
-                .starts_with("SANDBOXD_DISABLE_AUTOBUILD:")
+                .starts_with("SANDBOXD_DISABLE_AUTOBUILD (disable_autobuild):")
         );
-        assert!(err_of("", &[("SANDBOXD_BIND_HOST", "nope")]).starts_with("SANDBOXD_BIND_HOST:"));
-        assert!(err_of("", &[("SANDBOXD_INSTANCE", "a b")]).starts_with("SANDBOXD_INSTANCE:"));
+        assert!(
+            err_of("", &[("SANDBOXD_BIND_HOST", "nope")])
+                .starts_with("SANDBOXD_BIND_HOST (bind_host):")
+        );
+        assert!(
+            err_of("", &[("SANDBOXD_INSTANCE", "a b")])
+                .starts_with("SANDBOXD_INSTANCE (instance):")
+        );
         assert!(err_of("sandbox_user = \"0\"", &[]).starts_with("sandbox_user:"));
         assert!(err_of("workspace_size_mb = 99999999", &[]).starts_with("workspace_size_mb:"));
         assert!(
             err_of("", &[("SANDBOXD_FILE_SIZE_LIMIT_MB", "20000000")])
-                .starts_with("file_size_limit_mb:")
+                .starts_with("SANDBOXD_FILE_SIZE_LIMIT_MB (file_size_limit_mb):")
         );
         assert!(
             err_of("", &[("SANDBOXD_MAX_CONCURRENT", "-1")])
-                .starts_with("SANDBOXD_MAX_CONCURRENT:")
+                .starts_with("SANDBOXD_MAX_CONCURRENT (max_concurrent):")
+        );
+        assert!(err_of("port = \"x\"", &[]).contains("port"));
+        assert!(
+            err_of("", &[("SANDBOXD_WORKSPACE_ALIASES", "/workspace/inner")])
+                .starts_with("workspace_aliases:")
+        );
+        assert!(err_of("workspace_aliases = [\"/tmp/ws\"]", &[]).starts_with("workspace_aliases:"));
+    }
+
+    #[test]
+    fn aliases_can_be_set_or_turned_off() {
+        let cfg = Config::from_toml_and_env("workspace_aliases = []", env_of(&[])).expect("valid");
+        assert_eq!(cfg.workspace_dirs().collect::<Vec<_>>(), ["/workspace"]);
+        let cfg = Config::from_toml_and_env(
+            "",
+            env_of(&[("SANDBOXD_WORKSPACE_ALIASES", "/home/user/ws, /code/")]),
+        )
+        .expect("valid");
+        assert_eq!(
+            cfg.workspace_dirs().collect::<Vec<_>>(),
+            ["/workspace", "/home/user/ws", "/code"]
         );
     }
 
@@ -969,5 +924,59 @@ mod tests {
             cfg.runtime("fast"),
             Some(("sandboxd-runtime:latest".into(), Some("runc".into())))
         );
+    }
+
+    /// config.example.toml documents every key, with its variable and its
+    /// default, and nothing else: the two cannot drift.
+    #[test]
+    fn the_example_file_matches_the_declaration() {
+        let text = include_str!("../config.example.toml");
+        let blocks: Vec<&str> = text.split("\n\n").collect();
+        let mut documented = Vec::new();
+        for block in &blocks {
+            for line in block.lines() {
+                if let Some((key, value)) = line
+                    .strip_prefix("# ")
+                    .and_then(|l| l.split_once(" = "))
+                    .filter(|(k, _)| k.bytes().all(|b| b.is_ascii_lowercase() || b == b'_'))
+                {
+                    documented.push((key, value, *block));
+                }
+            }
+        }
+        // The first mention of a key is its own; `image` and `oci_runtime`
+        // come again later, inside the [runtimes.*] example.
+        for info in keys() {
+            let (_, value, block) = documented
+                .iter()
+                .find(|(k, _, _)| *k == info.key)
+                .unwrap_or_else(|| {
+                    panic!("config.example.toml does not show `# {} = …`", info.key)
+                });
+            let var = env_var(info.key);
+            assert!(
+                block.contains(&format!("Env: {var}")),
+                "the block of {} names no `Env: {var}`",
+                info.key
+            );
+            if let Some(default) = &info.default {
+                let shown: toml::Table = toml::from_str(&format!("v = {value}"))
+                    .unwrap_or_else(|e| panic!("{}: {value} is not TOML: {e}", info.key));
+                assert_eq!(
+                    shown.get("v"),
+                    Some(default),
+                    "config.example.toml shows {} = {value}, the default is {default}",
+                    info.key
+                );
+            }
+        }
+        let known: Vec<&str> = keys().iter().map(|k| k.key).collect();
+        let runtime_keys = ["image", "oci_runtime"];
+        for (key, _, _) in &documented {
+            assert!(
+                known.contains(key) || runtime_keys.contains(key),
+                "config.example.toml shows `{key}`, which is no key"
+            );
+        }
     }
 }

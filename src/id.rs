@@ -9,8 +9,7 @@ pub fn random_hex(n: usize) -> String {
     // and a counter, unique per process, rather than refuse the request.
     if getrandom::fill(&mut bytes).is_err() {
         static COUNTER: AtomicU64 = AtomicU64::new(0);
-        let mix = crate::sandbox::registry::now_ms()
-            ^ COUNTER.fetch_add(1, Ordering::Relaxed).rotate_left(40);
+        let mix = crate::clock::now_ms() ^ COUNTER.fetch_add(1, Ordering::Relaxed).rotate_left(40);
         for (i, b) in bytes.iter_mut().enumerate() {
             *b = (mix >> ((i % 8) * 8)) as u8 ^ i as u8;
         }

@@ -51,12 +51,12 @@ pub async fn run(config: Config) -> std::io::Result<()> {
         shutdown.clone(),
     ));
 
-    tracing::info!(
-        %addr,
-        instance = %app.config.instance,
-        auth = if app.config.admin_token.is_some() { "admin token required" } else { "no token (loopback only)" },
-        "sandboxd listening"
-    );
+    let auth = match (&app.config.admin_token, addr.ip().is_loopback()) {
+        (Some(_), _) => "admin token required",
+        (None, true) => "no token (loopback only)",
+        (None, false) => "NO TOKEN on a non-loopback address (allow_insecure_no_token)",
+    };
+    tracing::info!(%addr, instance = %app.config.instance, auth, "sandboxd listening");
     let router = crate::api::router(Arc::clone(&app));
     let signal_token = shutdown.clone();
     let served = axum::serve(listener, router)
@@ -68,7 +68,9 @@ pub async fn run(config: Config) -> std::io::Result<()> {
         .await;
     shutdown.cancel();
     tasks.close();
+    app.tasks.close();
     tasks.wait().await;
+    app.tasks.wait().await;
     tracing::info!("sandboxd stopped");
     served
 }

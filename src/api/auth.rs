@@ -5,12 +5,12 @@
 use std::sync::Arc;
 
 use axum::extract::{Request, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::HeaderMap;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use subtle::ConstantTimeEq;
 
-use super::error::ApiError;
+use super::error::{ApiError, ErrorCode};
 use crate::app::App;
 
 /// Refuses requests without the configured token; a no-op without one.
@@ -21,8 +21,7 @@ pub(super) async fn require_token(
 ) -> Response {
     match app.config.admin_token.as_ref() {
         Some(token) if !presented_matches(req.headers(), token.expose()) => ApiError::new(
-            StatusCode::UNAUTHORIZED,
-            "unauthorized",
+            ErrorCode::Unauthorized,
             "a valid admin token is required (x-sandboxd-admin-token or Authorization: Bearer)",
         )
         .into_response(),

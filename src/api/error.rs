@@ -1,142 +1,217 @@
 //! `ApiError`: the one error type at the HTTP edge, and the one place where
-//! HTTP statuses are chosen. Clients get a sentence and a stable `code`;
-//! internal details are logged, not sent.
+//! HTTP statuses are chosen. Clients get a sentence and a stable
+//! [`ErrorCode`]; internal details are logged, not sent.
 
 use axum::Json;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use serde_json::json;
 
+use super::dto::ErrorBody;
 use crate::command::CommandError;
 use crate::files::FileError;
 use crate::ports::PortError;
 use crate::sandbox::SandboxError;
 
-/// An error answer: `{"error": message, "code": code}` with `status`.
+macro_rules! error_codes {
+    ($($variant:ident = $code:literal, $status:ident;)*) => {
+        /// Every stable `code` the API answers with, and its status. The
+        /// table in docs/API.md lists exactly these (a test checks).
+        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+        pub enum ErrorCode { $($variant,)* }
+
+        impl ErrorCode {
+            /// Every code, in the order docs/API.md lists them.
+            pub const ALL: &[ErrorCode] = &[$(ErrorCode::$variant,)*];
+
+            /// The `code` field.
+            pub fn as_str(self) -> &'static str {
+                match self { $(ErrorCode::$variant => $code,)* }
+            }
+
+            /// The HTTP status it is answered with.
+            pub fn status(self) -> StatusCode {
+                match self { $(ErrorCode::$variant => StatusCode::$status,)* }
+            }
+        }
+    };
+}
+
+error_codes! {
+    InvalidRequest = "invalid_request", BAD_REQUEST;
+    SymlinkEscape = "symlink_escape", BAD_REQUEST;
+    IsADirectory = "is_a_directory", BAD_REQUEST;
+    NotADirectory = "not_a_directory", BAD_REQUEST;
+    NotARegularFile = "not_a_regular_file", BAD_REQUEST;
+    Unauthorized = "unauthorized", UNAUTHORIZED;
+    PermissionDenied = "permission_denied", FORBIDDEN;
+    NotFound = "not_found", NOT_FOUND;
+    SandboxNotFound = "sandbox_not_found", NOT_FOUND;
+    CommandNotFound = "command_not_found", NOT_FOUND;
+    FileNotFound = "file_not_found", NOT_FOUND;
+    MethodNotAllowed = "method_not_allowed", METHOD_NOT_ALLOWED;
+    NeedsRecursive = "needs_recursive", CONFLICT;
+    PathChanged = "path_changed", CONFLICT;
+    NoNetwork = "no_network", CONFLICT;
+    CommandLost = "command_lost", GONE;
+    BodyTooLarge = "body_too_large", PAYLOAD_TOO_LARGE;
+    FileTooLarge = "file_too_large", PAYLOAD_TOO_LARGE;
+    UnsupportedMediaType = "unsupported_media_type", UNSUPPORTED_MEDIA_TYPE;
+    AtCapacity = "at_capacity", TOO_MANY_REQUESTS;
+    TooManyCommands = "too_many_commands", TOO_MANY_REQUESTS;
+    EngineError = "engine_error", BAD_GATEWAY;
+    FileHelperFailed = "file_helper_failed", BAD_GATEWAY;
+    PortPublishFailed = "port_publish_failed", BAD_GATEWAY;
+    EngineUnavailable = "engine_unavailable", SERVICE_UNAVAILABLE;
+    ImageMissing = "image_missing", SERVICE_UNAVAILABLE;
+    WorkspaceQuotaUnsupported = "workspace_quota_unsupported", SERVICE_UNAVAILABLE;
+    ShuttingDown = "shutting_down", SERVICE_UNAVAILABLE;
+    InsufficientStorage = "insufficient_storage", INSUFFICIENT_STORAGE;
+}
+
+/// An error answer: `{"error": message, "code": code}` with the code's status.
 #[derive(Debug, Clone)]
 pub struct ApiError {
-    pub status: StatusCode,
-    pub code: &'static str,
+    pub code: ErrorCode,
     pub message: String,
 }
 
 impl ApiError {
-    pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
         ApiError {
-            status,
             code,
             message: message.into(),
         }
     }
 
     pub fn bad_request(message: impl Into<String>) -> Self {
-        Self::new(StatusCode::BAD_REQUEST, "invalid_request", message)
+        Self::new(ErrorCode::InvalidRequest, message)
     }
 
     pub fn not_found(message: impl Into<String>) -> Self {
-        Self::new(StatusCode::NOT_FOUND, "not_found", message)
+        Self::new(ErrorCode::NotFound, message)
+    }
+
+    pub fn method_not_allowed(message: impl Into<String>) -> Self {
+        Self::new(ErrorCode::MethodNotAllowed, message)
+    }
+
+    pub fn status(&self) -> StatusCode {
+        self.code.status()
     }
 }
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let body = Json(json!({ "error": self.message, "code": self.code }));
-        (self.status, body).into_response()
+        let body = ErrorBody {
+            error: &self.message,
+            code: self.code.as_str(),
+        };
+        (self.code.status(), Json(body)).into_response()
     }
 }
 
 impl From<SandboxError> for ApiError {
     fn from(e: SandboxError) -> Self {
         let message = e.to_string();
-        match e {
-            SandboxError::Invalid(_) => ApiError::bad_request(message),
-            SandboxError::NotFound(_) => {
-                ApiError::new(StatusCode::NOT_FOUND, "sandbox_not_found", message)
-            }
-            SandboxError::AtCapacity { .. } => {
-                ApiError::new(StatusCode::TOO_MANY_REQUESTS, "at_capacity", message)
-            }
-            SandboxError::ImageMissing { .. } => {
-                ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "image_missing", message)
-            }
-            SandboxError::WorkspaceQuotaUnsupported(_) => ApiError::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "workspace_quota_unsupported",
-                message,
-            ),
-            SandboxError::EngineUnavailable(_) => ApiError::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "engine_unavailable",
-                message,
-            ),
+        let code = match e {
+            SandboxError::Invalid(_) => ErrorCode::InvalidRequest,
+            SandboxError::NotFound(_) => ErrorCode::SandboxNotFound,
+            SandboxError::AtCapacity { .. } => ErrorCode::AtCapacity,
+            SandboxError::ImageMissing { .. } => ErrorCode::ImageMissing,
+            SandboxError::WorkspaceQuotaUnsupported(_) => ErrorCode::WorkspaceQuotaUnsupported,
+            SandboxError::EngineUnavailable(_) => ErrorCode::EngineUnavailable,
             SandboxError::Engine(inner) => {
                 tracing::error!(error = %inner, "engine call failed");
-                ApiError::new(
-                    StatusCode::BAD_GATEWAY,
-                    "engine_error",
+                return ApiError::new(
+                    ErrorCode::EngineError,
                     "the container engine refused the operation; sandboxd's log has the details",
-                )
+                );
             }
-        }
+        };
+        ApiError::new(code, message)
     }
 }
 
 impl From<CommandError> for ApiError {
     fn from(e: CommandError) -> Self {
         let message = e.to_string();
-        match e {
-            CommandError::Invalid(_) => ApiError::bad_request(message),
-            CommandError::Sandbox(inner) => inner.into(),
-            CommandError::NotFound(_) => {
-                ApiError::new(StatusCode::NOT_FOUND, "command_not_found", message)
-            }
-            CommandError::Lost(_) => ApiError::new(StatusCode::GONE, "command_lost", message),
-            CommandError::TooMany { .. } => {
-                ApiError::new(StatusCode::TOO_MANY_REQUESTS, "too_many_commands", message)
-            }
-            CommandError::ShuttingDown => {
-                ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "shutting_down", message)
-            }
-        }
+        let code = match e {
+            CommandError::Invalid(_) => ErrorCode::InvalidRequest,
+            CommandError::Sandbox(inner) => return inner.into(),
+            CommandError::NotFound(_) => ErrorCode::CommandNotFound,
+            CommandError::Lost(_) => ErrorCode::CommandLost,
+            CommandError::TooMany { .. } => ErrorCode::TooManyCommands,
+            CommandError::ShuttingDown => ErrorCode::ShuttingDown,
+        };
+        ApiError::new(code, message)
     }
 }
 
 impl From<FileError> for ApiError {
     fn from(e: FileError) -> Self {
         let message = e.to_string();
-        let (status, code) = match e {
+        let code = match e {
             FileError::Sandbox(inner) => return inner.into(),
-            FileError::Invalid(_) => (StatusCode::BAD_REQUEST, "invalid_request"),
-            FileError::Escape(_) => (StatusCode::BAD_REQUEST, "symlink_escape"),
-            FileError::NotFound(_) => (StatusCode::NOT_FOUND, "file_not_found"),
-            FileError::IsDirectory(_) => (StatusCode::BAD_REQUEST, "is_a_directory"),
-            FileError::NotDirectory(_) => (StatusCode::BAD_REQUEST, "not_a_directory"),
-            FileError::NeedsRecursive(_) => (StatusCode::CONFLICT, "needs_recursive"),
-            FileError::NotRegular(_) => (StatusCode::BAD_REQUEST, "not_a_regular_file"),
-            FileError::TooLarge(_) => (StatusCode::PAYLOAD_TOO_LARGE, "file_too_large"),
-            FileError::Changed(_) => (StatusCode::CONFLICT, "path_changed"),
-            FileError::NoSpace(_) => (StatusCode::INSUFFICIENT_STORAGE, "insufficient_storage"),
-            FileError::PermissionDenied(_) => (StatusCode::FORBIDDEN, "permission_denied"),
+            FileError::Invalid(_) => ErrorCode::InvalidRequest,
+            FileError::Escape(_) => ErrorCode::SymlinkEscape,
+            FileError::NotFound(_) => ErrorCode::FileNotFound,
+            FileError::IsDirectory(_) => ErrorCode::IsADirectory,
+            FileError::NotDirectory(_) => ErrorCode::NotADirectory,
+            FileError::NeedsRecursive(_) => ErrorCode::NeedsRecursive,
+            FileError::NotRegular(_) => ErrorCode::NotARegularFile,
+            FileError::TooLarge(_) => ErrorCode::FileTooLarge,
+            FileError::Changed(_) => ErrorCode::PathChanged,
+            FileError::NoSpace(_) => ErrorCode::InsufficientStorage,
+            FileError::PermissionDenied(_) => ErrorCode::PermissionDenied,
             FileError::Helper(ref m) => {
                 tracing::error!(error = %m, "file helper failed");
-                (StatusCode::BAD_GATEWAY, "file_helper_failed")
+                ErrorCode::FileHelperFailed
             }
         };
-        ApiError::new(status, code, message)
+        ApiError::new(code, message)
     }
 }
 
 impl From<PortError> for ApiError {
     fn from(e: PortError) -> Self {
         let message = e.to_string();
-        match e {
-            PortError::Sandbox(inner) => inner.into(),
-            PortError::Invalid(_) => ApiError::bad_request(message),
-            PortError::NoNetwork => ApiError::new(StatusCode::CONFLICT, "no_network", message),
+        let code = match e {
+            PortError::Sandbox(inner) => return inner.into(),
+            PortError::NoNetwork => ErrorCode::NoNetwork,
             PortError::Failed(_) => {
                 tracing::error!(error = %message, "publishing a port failed");
-                ApiError::new(StatusCode::BAD_GATEWAY, "port_publish_failed", message)
+                ErrorCode::PortPublishFailed
             }
-        }
+        };
+        ApiError::new(code, message)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// docs/API.md's error table lists every code with its status, and
+    /// only codes the API can answer with.
+    #[test]
+    fn the_docs_table_lists_exactly_these_codes() {
+        let docs = include_str!("../../docs/API.md");
+        let table: Vec<(u16, String)> = docs
+            .lines()
+            .filter_map(|l| {
+                let cells: Vec<&str> = l.split('|').map(str::trim).collect();
+                let status = cells.get(1)?.parse::<u16>().ok()?;
+                let code = cells.get(2)?.strip_prefix('`')?.strip_suffix('`')?;
+                Some((status, code.to_string()))
+            })
+            .collect();
+        let ours: Vec<(u16, String)> = ErrorCode::ALL
+            .iter()
+            .map(|c| (c.status().as_u16(), c.as_str().to_string()))
+            .collect();
+        assert_eq!(
+            table, ours,
+            "docs/API.md's error table and ErrorCode differ"
+        );
     }
 }

@@ -8,7 +8,7 @@ use axum::http::{StatusCode, header};
 use bytes::Bytes;
 use serde::de::DeserializeOwned;
 
-use super::error::ApiError;
+use super::error::{ApiError, ErrorCode};
 
 /// A JSON body. Requires `content-type: application/json`: that forces a
 /// CORS preflight on browsers, so a web page cannot drive a token-less
@@ -28,8 +28,7 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for Json<T> {
             .is_some_and(|mime| mime.trim().eq_ignore_ascii_case("application/json"));
         if !is_json {
             return Err(ApiError::new(
-                StatusCode::UNSUPPORTED_MEDIA_TYPE,
-                "unsupported_media_type",
+                ErrorCode::UnsupportedMediaType,
                 "the body must be JSON, sent with content-type: application/json",
             ));
         }
@@ -43,8 +42,7 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for Json<T> {
 fn body_error(e: BytesRejection) -> ApiError {
     if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
         ApiError::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "body_too_large",
+            ErrorCode::BodyTooLarge,
             "the request body is larger than max_body_bytes",
         )
     } else {

@@ -1,17 +1,18 @@
 //! File routes: `files:read`, `files:write`, `files:list`, `files:delete`.
+//! Contents travel as standard base64; it is decoded and encoded here, at
+//! the edge, and the domain sees bytes.
 
 use std::sync::Arc;
 
 use axum::extract::State;
-use axum::response::{IntoResponse, Response};
 use base64::Engine as _;
 use serde::Deserialize;
-use serde_json::json;
 
+use super::dto;
 use super::error::ApiError;
 use super::extract::{Json, Path, Query};
 use crate::app::App;
-use crate::files::WriteFile;
+use crate::files::FileToWrite;
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -24,17 +25,22 @@ pub(super) async fn read_file(
     State(app): State<Arc<App>>,
     Path(id): Path<String>,
     Query(q): Query<PathQuery>,
-) -> Result<Response, ApiError> {
+) -> Result<axum::Json<dto::FileRead>, ApiError> {
     let path = q
         .path
         .ok_or_else(|| ApiError::bad_request("path: the query parameter is required"))?;
-    Ok(match app.files.read(&id, &path).await? {
-        Some(content) => {
-            let b64 = base64::engine::general_purpose::STANDARD.encode(content);
-            axum::Json(json!({"found": true, "contentBase64": b64})).into_response()
-        }
-        None => axum::Json(json!({"found": false})).into_response(),
-    })
+    let content = app.files.read(&id, &path).await?;
+    Ok(axum::Json(content.into()))
+}
+
+/// One file of `files:write`, as the client sends it.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub(super) struct WriteFile {
+    path: String,
+    content_base64: String,
+    #[serde(default)]
+    mode: Option<i64>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -48,9 +54,28 @@ pub(super) async fn write_files(
     State(app): State<Arc<App>>,
     Path(id): Path<String>,
     Json(req): Json<WriteRequest>,
-) -> Result<Response, ApiError> {
-    app.files.write(&id, req.files).await?;
-    Ok(axum::Json(json!({"ok": true})).into_response())
+) -> Result<axum::Json<dto::Done>, ApiError> {
+    let files = req
+        .files
+        .into_iter()
+        .enumerate()
+        .map(|(i, f)| {
+            let content = base64::engine::general_purpose::STANDARD
+                .decode(f.content_base64.as_bytes())
+                .map_err(|e| {
+                    ApiError::bad_request(format!(
+                        "files[{i}].contentBase64: not valid base64 ({e})"
+                    ))
+                })?;
+            Ok(FileToWrite {
+                path: f.path,
+                content,
+                mode: f.mode,
+            })
+        })
+        .collect::<Result<Vec<_>, ApiError>>()?;
+    app.files.write(&id, files).await?;
+    Ok(axum::Json(dto::Done::new()))
 }
 
 /// `GET /v1/sandboxes/{id}/files:list?path=P` (the workspace when omitted)
@@ -58,10 +83,10 @@ pub(super) async fn list_files(
     State(app): State<Arc<App>>,
     Path(id): Path<String>,
     Query(q): Query<PathQuery>,
-) -> Result<Response, ApiError> {
+) -> Result<axum::Json<dto::FileList>, ApiError> {
     let path = q.path.unwrap_or_else(|| app.config.workspace_dir.clone());
     let entries = app.files.list(&id, &path).await?;
-    Ok(axum::Json(json!({ "entries": entries })).into_response())
+    Ok(axum::Json(entries.into()))
 }
 
 #[derive(Debug, Deserialize)]
@@ -77,7 +102,7 @@ pub(super) async fn delete_files(
     State(app): State<Arc<App>>,
     Path(id): Path<String>,
     Json(req): Json<DeleteRequest>,
-) -> Result<Response, ApiError> {
+) -> Result<axum::Json<dto::Done>, ApiError> {
     app.files.delete(&id, req.paths, req.recursive).await?;
-    Ok(axum::Json(json!({"ok": true})).into_response())
+    Ok(axum::Json(dto::Done::new()))
 }

@@ -7,19 +7,26 @@ use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use serde_json::json;
 
+use super::dto;
 use crate::app::App;
 
 /// 200 with the engine version, or 503 saying why not.
 pub(super) async fn health(State(app): State<Arc<App>>) -> Response {
-    match app.engine.version().await {
-        Ok(version) => {
-            Json(json!({"ok": true, "engine": "docker", "version": version})).into_response()
-        }
+    match app.engine_version().await {
+        Ok(version) => Json(dto::Healthy {
+            ok: true,
+            engine: "docker",
+            version,
+        })
+        .into_response(),
         Err(e) => (
             StatusCode::SERVICE_UNAVAILABLE,
-            Json(json!({"ok": false, "engine": "docker", "error": e.to_string()})),
+            Json(dto::Unhealthy {
+                ok: false,
+                engine: "docker",
+                error: e,
+            }),
         )
             .into_response(),
     }

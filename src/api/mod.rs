@@ -4,6 +4,7 @@
 
 mod auth;
 mod commands;
+mod dto;
 pub mod error;
 mod extract;
 mod files;
@@ -15,7 +16,7 @@ use std::sync::Arc;
 
 use axum::Router;
 use axum::extract::{DefaultBodyLimit, Request, State};
-use axum::http::{StatusCode, header};
+use axum::http::header;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -24,7 +25,7 @@ use tower_http::trace::TraceLayer;
 
 use crate::app::App;
 use crate::telemetry;
-use error::ApiError;
+use error::{ApiError, ErrorCode};
 
 /// The whole API.
 pub fn router(app: Arc<App>) -> Router {
@@ -120,8 +121,7 @@ async fn refuse_declared_oversize(
     match declared {
         Some(n) if n > app.config.max_body_bytes as u64 => {
             let mut resp = ApiError::new(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "body_too_large",
+                ErrorCode::BodyTooLarge,
                 format!(
                     "the request body ({n} bytes) is larger than max_body_bytes ({})",
                     app.config.max_body_bytes
@@ -144,9 +144,5 @@ async fn not_found() -> ApiError {
 }
 
 async fn method_not_allowed() -> ApiError {
-    ApiError::new(
-        StatusCode::METHOD_NOT_ALLOWED,
-        "method_not_allowed",
-        "this route does not take that method",
-    )
+    ApiError::method_not_allowed("this route does not take that method")
 }

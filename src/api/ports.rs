@@ -5,9 +5,9 @@ use std::time::Duration;
 
 use axum::extract::State;
 use axum::http::{HeaderMap, header};
-use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 
+use super::dto;
 use super::error::ApiError;
 use super::extract::{Path, Query};
 use crate::app::App;
@@ -26,7 +26,7 @@ pub(super) async fn port_url(
     Path((id, port)): Path<(String, String)>,
     Query(q): Query<PortQuery>,
     headers: HeaderMap,
-) -> Result<Response, ApiError> {
+) -> Result<axum::Json<dto::PortUrl>, ApiError> {
     let port: u16 = Some(port.as_str())
         .filter(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
         .and_then(|p| p.parse().ok())
@@ -51,5 +51,5 @@ pub(super) async fn port_url(
             move |sid, n| commands.last_output(sid, n),
         )
         .await?;
-    Ok(axum::Json(answer).into_response())
+    Ok(axum::Json(answer.into()))
 }

@@ -4,9 +4,8 @@
 use std::sync::Arc;
 
 use axum::extract::State;
-use axum::response::{IntoResponse, Response};
-use serde_json::json;
 
+use super::dto;
 use super::error::ApiError;
 use super::extract::{Json, Path};
 use crate::app::App;
@@ -16,34 +15,26 @@ use crate::sandbox::spec::CreateSandboxRequest;
 pub(super) async fn create_sandbox(
     State(app): State<Arc<App>>,
     Json(req): Json<CreateSandboxRequest>,
-) -> Result<Response, ApiError> {
-    let created = app.sandboxes.create(req).await?;
-    // Publish the allowlisted ports in the background; the answer does
-    // not wait for it.
-    if created.ports_added {
-        let prepare = Arc::clone(&app);
-        let id = created.sandbox_id.clone();
-        tokio::spawn(async move { prepare.ports.prepare(&id).await });
-    }
-    Ok(
-        axum::Json(json!({"sandboxId": created.sandbox_id, "created": created.created}))
-            .into_response(),
-    )
+) -> Result<axum::Json<dto::SandboxCreated>, ApiError> {
+    let created = app.create_sandbox(req).await?;
+    Ok(axum::Json(created.into()))
 }
 
 /// `GET /v1/sandboxes`
-pub(super) async fn list_sandboxes(State(app): State<Arc<App>>) -> Result<Response, ApiError> {
+pub(super) async fn list_sandboxes(
+    State(app): State<Arc<App>>,
+) -> Result<axum::Json<dto::SandboxList>, ApiError> {
     let list = app.sandboxes.list().await?;
-    Ok(axum::Json(json!({ "sandboxes": list })).into_response())
+    Ok(axum::Json(list.into()))
 }
 
 /// `GET /v1/sandboxes/{id}`
 pub(super) async fn get_sandbox(
     State(app): State<Arc<App>>,
     Path(id): Path<String>,
-) -> Result<Response, ApiError> {
-    let view = app.sandboxes.get(&id).await?;
-    Ok(axum::Json(view).into_response())
+) -> Result<axum::Json<dto::Sandbox>, ApiError> {
+    let info = app.sandboxes.get(&id).await?;
+    Ok(axum::Json(info.into()))
 }
 
 /// `POST /v1/sandboxes/{id}:stop` and `POST /v1/sandboxes/{id}:restart`. The
@@ -51,11 +42,9 @@ pub(super) async fn get_sandbox(
 pub(super) async fn sandbox_action(
     State(app): State<Arc<App>>,
     Path(segment): Path<String>,
-) -> Result<Response, ApiError> {
+) -> Result<axum::Json<dto::Done>, ApiError> {
     let Some((id, action)) = segment.rsplit_once(':') else {
-        return Err(ApiError::new(
-            axum::http::StatusCode::METHOD_NOT_ALLOWED,
-            "method_not_allowed",
+        return Err(ApiError::method_not_allowed(
             "POST on a sandbox needs an action: {id}:stop or {id}:restart",
         ));
     };
@@ -68,5 +57,5 @@ pub(super) async fn sandbox_action(
             )));
         }
     }
-    Ok(axum::Json(json!({"ok": true})).into_response())
+    Ok(axum::Json(dto::Done::new()))
 }

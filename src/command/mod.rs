@@ -7,6 +7,7 @@
 //! Output is always drained into an [`log::OutputLog`] whether or not anyone
 //! reads it: the engine blocks a process whose exec output nobody drains.
 
+mod follow;
 pub mod log;
 pub mod spec;
 
@@ -15,14 +16,15 @@ use std::time::{Duration, Instant};
 
 use dashmap::DashMap;
 use futures_util::StreamExt;
-use serde::Serialize;
 use tokio::io::AsyncWriteExt;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{mpsc, oneshot, watch};
 use tokio_util::sync::CancellationToken;
 
+use crate::clock::now_ms;
 use crate::config::Config;
-use crate::engine::{Engine, EngineError, ExecRequest, ExecSession, OutputStream};
-use crate::sandbox::registry::{RunningCommand, Stops, now_ms};
+use crate::engine::{EngineError, ExecRequest, ExecSession, OutputStream};
+use crate::field_error::FieldError;
+use crate::sandbox::registry::{RunningCommand, Stops};
 use crate::sandbox::{Sandbox, SandboxError, Sandboxes};
 use log::{ExitInfo, OutputLog, Tail};
 use spec::{CommandRequest, CommandSpec, MARKER_VAR};
@@ -56,6 +58,8 @@ fn supervisor_exec(
 /// After a kill request, how long past the grace period the supervisor gets
 /// before a separate sweep is started.
 const SUPERVISOR_SLACK: Duration = Duration::from_secs(3);
+/// Longest a kill request waits for its signal to be sent.
+const KILL_ACK_WITHIN: Duration = Duration::from_secs(5);
 /// After the fallback sweep, how long before we stop waiting for the stream.
 const ABANDON_AFTER: Duration = Duration::from_secs(10);
 /// How often a running command checks that its sandbox is still alive.
@@ -68,8 +72,8 @@ const PRUNE_EVERY: Duration = Duration::from_secs(5);
 /// What can go wrong with a command operation.
 #[derive(Debug, thiserror::Error)]
 pub enum CommandError {
-    #[error("{0}")]
-    Invalid(String),
+    #[error(transparent)]
+    Invalid(#[from] FieldError),
     #[error(transparent)]
     Sandbox(#[from] SandboxError),
     #[error("no command with id {0:?} in this sandbox")]
@@ -94,13 +98,10 @@ impl From<EngineError> for CommandError {
 pub type CommandResult<T> = Result<T, CommandError>;
 
 /// How a command ended, with its timing.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "camelCase")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Finished {
-    #[serde(flatten)]
     pub exit: ExitInfo,
     pub duration_ms: u64,
-    #[serde(skip)]
     pub finished_at: u64,
 }
 
@@ -114,7 +115,10 @@ pub struct Command {
     pub log: OutputLog,
     /// Per-stream tails, kept only for `commands:run`.
     tails: Option<Mutex<[Tail; 2]>>,
-    kill: mpsc::Sender<()>,
+    /// Kill requests; each is answered once the signal is on its way.
+    kill: mpsc::Sender<oneshot::Sender<()>>,
+    /// The effective timeout (capped to `max_timeout`).
+    pub timeout_ms: u64,
     finished: watch::Sender<Option<Finished>>,
     /// Found running after a restart of sandboxd: no output, no status.
     lost: bool,
@@ -155,40 +159,23 @@ impl Command {
     }
 }
 
-/// A command as `GET …/commands` lists it.
-#[derive(Debug, Clone, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct CommandView {
-    pub command_id: String,
-    pub state: &'static str,
-    pub exit_code: Option<i64>,
-    pub timed_out: Option<bool>,
-    pub killed: Option<bool>,
-    pub started_at: u64,
-    pub finished_at: Option<u64>,
-    pub duration_ms: Option<u64>,
-    pub summary: String,
-}
-
-/// The answer of `commands:run`.
-#[derive(Debug, Clone, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct RunOutput {
-    pub exit_code: i64,
+/// What `commands:run` answers: how the command ended and the tail of
+/// each stream.
+#[derive(Debug, Clone)]
+pub struct RunResult {
+    pub finished: Finished,
     pub stdout: String,
     pub stderr: String,
     pub stdout_truncated_bytes: u64,
     pub stderr_truncated_bytes: u64,
-    pub timed_out: bool,
-    pub killed: bool,
-    pub duration_ms: u64,
+    /// The effective timeout (capped to `max_timeout`).
+    pub timeout_ms: u64,
 }
 
 /// See the module docs.
 #[derive(Debug)]
 pub struct Commands {
     config: Arc<Config>,
-    engine: Engine,
     sandboxes: Arc<Sandboxes>,
     all: DashMap<String, Arc<Command>>,
 }
@@ -210,10 +197,9 @@ fn started_at_of(id: &str) -> u64 {
 }
 
 impl Commands {
-    pub fn new(config: Arc<Config>, engine: Engine, sandboxes: Arc<Sandboxes>) -> Self {
+    pub fn new(config: Arc<Config>, sandboxes: Arc<Sandboxes>) -> Self {
         Commands {
             config,
-            engine,
             sandboxes,
             all: DashMap::new(),
         }
@@ -234,7 +220,7 @@ impl Commands {
         sandbox_id: &str,
         req: CommandRequest,
         shutdown: &CancellationToken,
-    ) -> CommandResult<RunOutput> {
+    ) -> CommandResult<RunResult> {
         let cmd = self.start_inner(sandbox_id, req, true).await?;
         let done = tokio::select! {
             f = cmd.ended() => f,
@@ -244,15 +230,13 @@ impl Commands {
             Some(Ok(t)) => (t[0].finish(), t[1].finish()),
             _ => ((String::new(), 0), (String::new(), 0)),
         };
-        Ok(RunOutput {
-            exit_code: done.exit.exit_code,
+        Ok(RunResult {
+            finished: done,
             stdout,
             stderr,
             stdout_truncated_bytes: out_cut,
             stderr_truncated_bytes: err_cut,
-            timed_out: done.exit.timed_out,
-            killed: done.exit.killed,
-            duration_ms: done.duration_ms,
+            timeout_ms: cmd.timeout_ms,
         })
     }
 
@@ -262,8 +246,16 @@ impl Commands {
         req: CommandRequest,
         keep_tails: bool,
     ) -> CommandResult<Arc<Command>> {
-        let spec = CommandSpec::parse(req, &self.config).map_err(CommandError::Invalid)?;
+        let spec = CommandSpec::parse(req, &self.config)?;
         let sandbox = self.sandboxes.lookup(sandbox_id).await?;
+        if let Some(asked) = spec.requested_timeout {
+            tracing::info!(
+                sandbox_id = %sandbox.id,
+                requested_ms = asked.as_millis(),
+                effective_ms = spec.timeout.as_millis(),
+                "timeoutMs capped to max_timeout_ms"
+            );
+        }
         let max = self.config.max_running_commands;
         let running = sandbox
             .command_started(max)
@@ -286,21 +278,20 @@ impl Commands {
             log: OutputLog::new(self.config.output_buffer_bytes),
             tails,
             kill: kill_tx,
+            timeout_ms: u64::try_from(spec.timeout.as_millis()).unwrap_or(u64::MAX),
             finished: watch::channel(None).0,
             lost: false,
             found_at: 0,
         });
         self.all.insert(id, Arc::clone(&cmd));
-        let oci_runtime = self.config.runtime(&sandbox.runtime).and_then(|(_, rt)| rt);
         let drive = Drive {
             cmd: Arc::clone(&cmd),
-            engine: self.engine.clone(),
+            sandboxes: Arc::clone(&self.sandboxes),
             stops: sandbox.stops(),
-            under_gvisor: self.engine.is_gvisor(oci_runtime.as_deref()).await,
+            under_gvisor: self.sandboxes.under_gvisor(&sandbox).await,
             sandbox: Arc::clone(&sandbox),
             timeout: spec.timeout,
-            grace: Duration::from_millis(self.config.kill_grace_ms),
-            grace_ms: self.config.kill_grace_ms,
+            grace: self.config.kill_grace,
             stdin: spec.stdin,
             _running: running,
         };
@@ -312,7 +303,7 @@ impl Commands {
     fn exec_request(&self, id: &str, spec: &CommandSpec) -> ExecRequest {
         let args = [
             "supervise".to_string(),
-            self.config.kill_grace_ms.to_string(),
+            self.config.kill_grace.as_millis().to_string(),
             spec.stdin.len().to_string(),
             spec.cwd.clone().unwrap_or_default(),
         ]
@@ -342,6 +333,29 @@ impl Commands {
         Ok((sandbox, cmd))
     }
 
+    /// The command's NDJSON log after record `after`: replayed, then
+    /// followed live until its `exit` record (or `shutdown`).
+    pub async fn follow_logs(
+        &self,
+        sandbox_id: &str,
+        command_id: &str,
+        after: u64,
+        shutdown: CancellationToken,
+    ) -> CommandResult<impl futures_util::Stream<Item = bytes::Bytes> + Send + 'static> {
+        let (sandbox, cmd) = self.get(sandbox_id, command_id).await?;
+        if cmd.lost {
+            return Err(CommandError::Lost(cmd.id.clone()));
+        }
+        let busy = sandbox.open_request();
+        Ok(follow::follow(
+            cmd,
+            after,
+            self.config.log_heartbeat,
+            shutdown,
+            busy,
+        ))
+    }
+
     /// Waits for the end of a command.
     pub async fn wait(
         &self,
@@ -360,61 +374,38 @@ impl Commands {
         }
     }
 
-    /// Ends a command's whole process tree and waits until it is gone.
-    /// A finished command is left alone.
+    /// Ends a command's whole process tree: answers once SIGTERM is on its
+    /// way; the grace period and SIGKILL go on in the background, and
+    /// `wait`/`logs` report the end. A finished command is left alone.
     pub async fn kill(&self, sandbox_id: &str, command_id: &str) -> CommandResult<()> {
         let (sandbox, cmd) = self.get(sandbox_id, command_id).await?;
         if cmd.lost {
-            sweep(
-                &self.engine,
-                &sandbox.container,
-                &cmd.id,
-                self.config.kill_grace_ms,
-            )
-            .await;
+            sweep(&self.sandboxes, &sandbox, &cmd.id, self.config.kill_grace).await;
             self.all.remove(&cmd.id);
             return Ok(());
         }
         if cmd.finished().is_some() {
             return Ok(());
         }
+        let (ack, sent) = oneshot::channel();
         // A full channel means a kill is already under way.
-        let _ = cmd.kill.try_send(());
-        let bound =
-            Duration::from_millis(self.config.kill_grace_ms) + SUPERVISOR_SLACK + ABANDON_AFTER;
-        let _ = tokio::time::timeout(bound, cmd.ended()).await;
+        if cmd.kill.try_send(ack).is_ok() {
+            // An Err means the command ended first: nothing left to signal.
+            let _ = tokio::time::timeout(KILL_ACK_WITHIN, sent).await;
+        }
         Ok(())
     }
 
     /// The commands of a sandbox, oldest first.
-    pub async fn list(&self, sandbox_id: &str) -> CommandResult<Vec<CommandView>> {
+    pub async fn list(&self, sandbox_id: &str) -> CommandResult<Vec<Arc<Command>>> {
         let sandbox = self.sandboxes.lookup(sandbox_id).await?;
-        let mut out: Vec<CommandView> = self
+        let mut out: Vec<Arc<Command>> = self
             .all
             .iter()
             .filter(|c| c.sandbox_id == sandbox.id)
-            .map(|c| {
-                let f = c.finished();
-                CommandView {
-                    command_id: c.id.clone(),
-                    state: if c.lost {
-                        "lost"
-                    } else if f.is_some() {
-                        "exited"
-                    } else {
-                        "running"
-                    },
-                    exit_code: f.map(|f| f.exit.exit_code),
-                    timed_out: f.map(|f| f.exit.timed_out),
-                    killed: f.map(|f| f.exit.killed),
-                    started_at: c.started_at,
-                    finished_at: f.map(|f| f.finished_at),
-                    duration_ms: f.map(|f| f.duration_ms),
-                    summary: c.summary.clone(),
-                }
-            })
+            .map(|c| Arc::clone(&c))
             .collect();
-        out.sort_by(|a, b| (a.started_at, &a.command_id).cmp(&(b.started_at, &b.command_id)));
+        out.sort_by(|a, b| (a.started_at, &a.id).cmp(&(b.started_at, &b.id)));
         Ok(out)
     }
 
@@ -453,7 +444,8 @@ impl Commands {
     /// count, or of sandboxes that are gone.
     pub fn prune(&self) {
         let now = now_ms();
-        let retention = self.config.command_retention_ms;
+        let retention =
+            u64::try_from(self.config.command_retention.as_millis()).unwrap_or(u64::MAX);
         let mut per_sandbox: std::collections::HashMap<String, Vec<(u64, String)>> =
             Default::default();
         let mut remove = Vec::new();
@@ -531,16 +523,13 @@ impl Commands {
                 ["list".to_string(), "0".to_string()],
                 vec![],
             );
-            let out = match run_to_end(
-                &self.engine,
-                &sandbox.container,
-                &req,
-                Duration::from_secs(10),
-            )
-            .await
+            let out = match self
+                .sandboxes
+                .exec_to_end(&sandbox, &req, Duration::from_secs(10))
+                .await
             {
-                Some((o, _)) => o,
-                None => continue,
+                Ok(Some(ended)) => String::from_utf8_lossy(&ended.stdout).into_owned(),
+                _ => continue,
             };
             for id in out
                 .lines()
@@ -562,6 +551,7 @@ impl Commands {
                         log: OutputLog::new(1024),
                         tails: None,
                         kill,
+                        timeout_ms: 0,
                         finished: watch::channel(None).0,
                         lost: true,
                         found_at: now_ms(),
@@ -583,55 +573,28 @@ pub async fn run_pruner(commands: Arc<Commands>, shutdown: CancellationToken) {
     }
 }
 
-/// Runs `req` and returns its stdout and exit code, or None if it failed or
-/// took too long.
-async fn run_to_end(
-    engine: &Engine,
-    container: &str,
-    req: &ExecRequest,
-    limit: Duration,
-) -> Option<(String, Option<i64>)> {
-    let session = engine.exec(container, req).await.ok()?;
-    let ExecSession {
-        id,
-        mut output,
-        stdin,
-    } = session;
-    let collect = async {
-        let mut out = Vec::new();
-        while let Some(Ok((stream, bytes))) = output.next().await {
-            if stream == OutputStream::Stdout {
-                out.extend_from_slice(&bytes);
-            }
-        }
-        out
-    };
-    let out = tokio::time::timeout(limit, collect).await.ok();
-    drop(stdin);
-    let out = out?;
-    Some((
-        String::from_utf8_lossy(&out).into_owned(),
-        exit_code_of(engine, &id).await,
-    ))
-}
-
 /// Ends every process marked with `command_id` from a separate exec: the
 /// fallback when the command's own supervisor is gone or stuck. Returns the
 /// sweep's verdict: 143 when SIGTERM sufficed, 137 when SIGKILL was needed.
-async fn sweep(engine: &Engine, container: &str, command_id: &str, grace_ms: u64) -> Option<i64> {
+async fn sweep(
+    sandboxes: &Sandboxes,
+    sandbox: &Arc<Sandbox>,
+    command_id: &str,
+    grace: Duration,
+) -> Option<i64> {
     let req = supervisor_exec(
         "sandboxd-sweep",
         [
             "sweep".to_string(),
-            grace_ms.to_string(),
+            grace.as_millis().to_string(),
             command_id.to_string(),
         ],
         vec![],
     );
-    let limit = Duration::from_millis(grace_ms) + ABANDON_AFTER;
-    match run_to_end(engine, container, &req, limit).await {
-        Some((_, code)) => code,
-        None => {
+    let limit = grace + ABANDON_AFTER;
+    match sandboxes.exec_to_end(sandbox, &req, limit).await {
+        Ok(Some(ended)) => ended.code,
+        _ => {
             tracing::warn!(command_id, "the fallback sweep did not finish");
             None
         }
@@ -642,20 +605,19 @@ async fn sweep(engine: &Engine, container: &str, command_id: &str, grace_ms: u64
 /// timeout, passes kill requests to the supervisor, and records the end.
 struct Drive {
     cmd: Arc<Command>,
-    engine: Engine,
+    sandboxes: Arc<Sandboxes>,
     sandbox: Arc<Sandbox>,
     /// The sandbox's stops when the command started.
     stops: Stops,
     under_gvisor: bool,
     timeout: Duration,
     grace: Duration,
-    grace_ms: u64,
     stdin: Vec<u8>,
     _running: RunningCommand,
 }
 
 impl Drive {
-    async fn run(mut self, session: ExecSession, mut kill_rx: mpsc::Receiver<()>) {
+    async fn run(mut self, session: ExecSession, mut kill_rx: mpsc::Receiver<oneshot::Sender<()>>) {
         let started = Instant::now();
         let deadline = tokio::time::Instant::from_std(started + self.timeout);
         let ExecSession {
@@ -683,6 +645,7 @@ impl Drive {
         let mut abandoned = false;
         let mut sandbox_died = false;
         let far = deadline + Duration::from_secs(86_400 * 365);
+        let mut kill_acks: Vec<oneshot::Sender<()>> = Vec::new();
         // A sandbox that dies (gVisor's kernel killed by the OOM killer) can
         // leave the exec's stream open: look at the container now and then.
         let mut liveness =
@@ -702,13 +665,20 @@ impl Drive {
                     timed_out = true;
                     true
                 }
-                Some(()) = kill_rx.recv(), if kill_sent.is_none() => {
-                    killed = true;
-                    true
+                Some(ack) = kill_rx.recv() => {
+                    kill_acks.push(ack);
+                    if kill_sent.is_none() && !timed_out {
+                        killed = true;
+                        true
+                    } else {
+                        // Already on its way: the signal was sent.
+                        kill_acks.drain(..).for_each(|a| { let _ = a.send(()); });
+                        false
+                    }
                 }
                 _ = tokio::time::sleep_until(sweep_at), if !swept => {
                     swept = true;
-                    sweep_code = sweep(&self.engine, &self.sandbox.container, &self.cmd.id, self.grace_ms).await;
+                    sweep_code = sweep(&self.sandboxes, &self.sandbox, &self.cmd.id, self.grace).await;
                     false
                 }
                 _ = liveness.tick() => {
@@ -765,13 +735,16 @@ impl Drive {
                     // supervisor is gone): sweep from outside right away.
                     kill_sent = Some(now - self.grace - SUPERVISOR_SLACK);
                 }
+                for ack in kill_acks.drain(..) {
+                    let _ = ack.send(());
+                }
             }
         }
 
         let mut code = if abandoned || sandbox_died {
             None
         } else {
-            exit_code_of(&self.engine, &exec_id).await
+            self.sandboxes.exit_code(&exec_id).await
         };
         // No code, or one that may be the runtime's rather than the
         // command's: the whole sandbox may have died under it (under gVisor
@@ -868,7 +841,7 @@ impl Drive {
         }
         let status = tokio::time::timeout(
             LIVENESS_TIMEOUT,
-            self.engine.container_status(&self.sandbox.container),
+            self.sandboxes.container_status(&self.sandbox),
         )
         .await;
         match status {
@@ -915,20 +888,4 @@ enum SandboxEnd {
     Gone,
     /// The sandbox ended under the command, for this reason.
     Ended(&'static str),
-}
-
-/// The exec's exit code. The engine records it before it closes the output,
-/// so this normally answers at once; it retries briefly in case not.
-async fn exit_code_of(engine: &Engine, exec_id: &str) -> Option<i64> {
-    for _ in 0..40 {
-        match engine.exec_exit_code(exec_id).await {
-            Ok(Some(code)) => return Some(code),
-            Ok(None) => tokio::time::sleep(Duration::from_millis(25)).await,
-            Err(e) => {
-                tracing::warn!(exec_id, error = %e, "the engine could not say how a process ended");
-                return None;
-            }
-        }
-    }
-    None
 }

@@ -7,7 +7,8 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use crate::config::Config;
-use crate::files::path::WorkspacePath;
+use crate::field_error::FieldError;
+use crate::workspace_path::WorkspacePath;
 
 /// Default for `maxOutputBytes` of `commands:run`.
 pub const DEFAULT_RUN_OUTPUT_BYTES: usize = 1024 * 1024;
@@ -56,16 +57,19 @@ pub struct CommandSpec {
     /// Absolute path inside the sandbox, created if missing.
     pub cwd: Option<String>,
     pub stdin: Vec<u8>,
+    /// The effective timeout: what was asked for, capped to `max_timeout`.
     pub timeout: Duration,
+    /// What was asked for, when it was capped.
+    pub requested_timeout: Option<Duration>,
     pub summary: String,
     pub max_output_bytes: usize,
 }
 
-fn bad(field: &str, msg: impl std::fmt::Display) -> String {
-    format!("{field}: {msg}")
+fn bad(field: &str, msg: impl std::fmt::Display) -> FieldError {
+    FieldError::new(field, msg.to_string())
 }
 
-fn no_nul(field: &str, s: &str) -> Result<(), String> {
+fn no_nul(field: &str, s: &str) -> Result<(), FieldError> {
     if s.contains('\0') {
         Err(bad(field, "must not contain NUL bytes"))
     } else {
@@ -93,7 +97,7 @@ fn summarise(text: &str) -> String {
 
 impl CommandSpec {
     /// Validates `req`; the error is a sentence naming the field.
-    pub fn parse(req: CommandRequest, config: &Config) -> Result<CommandSpec, String> {
+    pub fn parse(req: CommandRequest, config: &Config) -> Result<CommandSpec, FieldError> {
         let login = req.login.unwrap_or(true);
         let shell = req.shell.unwrap_or_else(|| "bash".into());
         let shell_ok = !shell.is_empty()
@@ -107,10 +111,16 @@ impl CommandSpec {
         let flag = if login { "-lc" } else { "-c" };
         let (argv, summary) = match (req.cmd, req.command) {
             (Some(_), Some(_)) => {
-                return Err("give either cmd (with args) or command, not both".into());
+                return Err(bad(
+                    "cmd",
+                    "give either cmd (with args) or command, not both",
+                ));
             }
             (None, None) => {
-                return Err("cmd: a command is required (cmd with args, or command)".into());
+                return Err(bad(
+                    "cmd",
+                    "a command is required (cmd with args, or command)",
+                ));
             }
             (None, Some(script)) => {
                 if req.args.is_some() {
@@ -188,23 +198,28 @@ impl CommandSpec {
         let cwd = match req.cwd {
             None => None,
             Some(c) => {
-                let p =
-                    WorkspacePath::parse(&c, &config.workspace_dir).map_err(|e| bad("cwd", e))?;
+                let dirs: Vec<&str> = config.workspace_dirs().collect();
+                let p = WorkspacePath::parse(&c, &dirs).map_err(|e| bad("cwd", e))?;
                 Some(p.absolute(&config.workspace_dir))
             }
         };
 
-        let timeout_ms = match req.timeout_ms {
-            None => config.default_timeout_ms,
-            Some(t) => u64::try_from(t)
-                .ok()
-                .filter(|t| (1..=config.max_timeout_ms).contains(t))
-                .ok_or_else(|| {
-                    bad(
-                        "timeoutMs",
-                        format!("must be between 1 and {} (got {t})", config.max_timeout_ms),
-                    )
-                })?,
+        // Longer than the maximum is capped, not refused: RemcoChat sends
+        // its own configured limit (up to 5 h), and the original capped.
+        let (timeout, requested_timeout) = match req.timeout_ms {
+            None => (config.default_timeout, None),
+            Some(t) => {
+                let asked = u64::try_from(t)
+                    .ok()
+                    .filter(|t| *t >= 1)
+                    .map(Duration::from_millis)
+                    .ok_or_else(|| bad("timeoutMs", format!("must be at least 1 (got {t})")))?;
+                if asked > config.max_timeout {
+                    (config.max_timeout, Some(asked))
+                } else {
+                    (asked, None)
+                }
+            }
         };
         let max_output_bytes = match req.max_output_bytes {
             None => DEFAULT_RUN_OUTPUT_BYTES,
@@ -224,7 +239,8 @@ impl CommandSpec {
             env,
             cwd,
             stdin: req.stdin.map(String::into_bytes).unwrap_or_default(),
-            timeout: Duration::from_millis(timeout_ms),
+            timeout,
+            requested_timeout,
             summary,
             max_output_bytes,
         })
@@ -241,6 +257,7 @@ mod tests {
 
     fn parse(json: serde_json::Value) -> Result<CommandSpec, String> {
         CommandSpec::parse(serde_json::from_value(json).expect("shape"), &config())
+            .map_err(|e| e.to_string())
     }
 
     #[test]
@@ -276,10 +293,7 @@ mod tests {
         let s = parse(serde_json::json!({"command": "echo hi", "shell": "sh", "login": false}))
             .expect("ok");
         assert_eq!(s.argv, ["sh", "-c", "echo hi"]);
-        assert_eq!(
-            s.timeout,
-            Duration::from_millis(config().default_timeout_ms)
-        );
+        assert_eq!(s.timeout, config().default_timeout);
     }
 
     #[test]
@@ -312,7 +326,7 @@ mod tests {
                 "timeoutMs",
             ),
             (
-                serde_json::json!({"command": "a", "timeoutMs": 999_999_999_999i64}),
+                serde_json::json!({"command": "a", "timeoutMs": -5}),
                 "timeoutMs",
             ),
             (
@@ -330,9 +344,29 @@ mod tests {
     }
 
     #[test]
+    fn long_timeouts_are_capped_and_remembered() {
+        let s = parse(serde_json::json!({"command": "a", "timeoutMs": 18_000_000})).expect("ok");
+        assert_eq!(s.timeout, config().max_timeout);
+        assert_eq!(s.requested_timeout, Some(Duration::from_secs(18_000)));
+        let s = parse(serde_json::json!({"command": "a", "timeoutMs": 1000})).expect("ok");
+        assert_eq!(
+            (s.timeout, s.requested_timeout),
+            (Duration::from_secs(1), None)
+        );
+    }
+
+    #[test]
     fn cwd_env_and_stdin_pass_through() {
         let s = parse(serde_json::json!({"command": "x", "cwd": "sub/dir", "env": {"A_1": "v v"}, "stdin": "in"})).expect("ok");
         assert_eq!(s.cwd.as_deref(), Some("/workspace/sub/dir"));
+        let aliased =
+            parse(serde_json::json!({"command": "x", "cwd": "/vercel/sandbox/workspace/d"}))
+                .expect("the alias is accepted");
+        assert_eq!(
+            aliased.cwd.as_deref(),
+            Some("/workspace/d"),
+            "and reported canonically"
+        );
         assert_eq!(s.env, ["A_1=v v"]);
         assert_eq!(s.stdin, b"in");
     }

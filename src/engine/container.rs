@@ -19,6 +19,8 @@ pub struct SandboxContainer {
     /// Numeric `uid:gid`, never root.
     pub user: String,
     pub workspace_dir: String,
+    /// More paths the workspace volume is mounted at: the same files.
+    pub workspace_aliases: Vec<String>,
     pub volume: String,
     /// Network to join; `None` means no network at all.
     pub network: Option<String>,
@@ -95,13 +97,19 @@ pub fn sandbox_container_body(spec: &SandboxContainer, under_gvisor: bool) -> Co
             "/tmp".to_string(),
             format!("rw,noexec,nosuid,nodev,size={tmp_bytes},mode=1777"),
         )])),
-        mounts: Some(vec![Mount {
-            target: Some(spec.workspace_dir.clone()),
-            source: Some(spec.volume.clone()),
-            typ: Some(MountType::VOLUME),
-            read_only: Some(false),
-            ..Default::default()
-        }]),
+        // One volume, mounted at each spelling of the workspace.
+        mounts: Some(
+            std::iter::once(&spec.workspace_dir)
+                .chain(&spec.workspace_aliases)
+                .map(|target| Mount {
+                    target: Some(target.clone()),
+                    source: Some(spec.volume.clone()),
+                    typ: Some(MountType::VOLUME),
+                    read_only: Some(false),
+                    ..Default::default()
+                })
+                .collect(),
+        ),
         runtime: spec.oci_runtime.clone(),
         // Soft equals hard: the sandbox user cannot raise it again.
         ulimits: (spec.file_size_limit_mb > 0).then(|| {
@@ -200,6 +208,7 @@ mod tests {
             oci_runtime: None,
             user: "1000:1000".into(),
             workspace_dir: "/workspace".into(),
+            workspace_aliases: vec!["/vercel/sandbox/workspace".into()],
             volume: "inst-abc-workspace".into(),
             network: Some("inst-net".into()),
             vcpus: 2,
@@ -233,9 +242,17 @@ mod tests {
             assert!(tmp.split(',').any(|o| o == opt), "{opt} in {tmp}");
         }
         let mounts = hc.mounts.expect("mounts");
-        assert_eq!(mounts.len(), 1);
-        assert_eq!(mounts[0].typ, Some(MountType::VOLUME));
-        assert_eq!(mounts[0].target.as_deref(), Some("/workspace"));
+        let targets: Vec<_> = mounts.iter().map(|m| m.target.as_deref()).collect();
+        assert_eq!(
+            targets,
+            [Some("/workspace"), Some("/vercel/sandbox/workspace")],
+            "the workspace volume at each spelling"
+        );
+        for m in &mounts {
+            assert_eq!(m.typ, Some(MountType::VOLUME));
+            assert_eq!(m.source.as_deref(), Some("inst-abc-workspace"));
+            assert_eq!(m.read_only, Some(false));
+        }
         assert_eq!(hc.binds, Some(vec![]));
         assert_eq!(hc.devices, Some(vec![]));
         assert_eq!(hc.network_mode.as_deref(), Some("inst-net"));

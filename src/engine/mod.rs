@@ -2,11 +2,11 @@
 //! domain asks for volumes, containers and networks in its own words
 //! ([`SandboxContainer`], [`ContainerRecord`]) and gets [`EngineError`]s back;
 //! no bollard type leaves this module. A second backend (rootless Podman,
-//! Kubernetes) would be another file beside `docker.rs` behind the same
+//! Kubernetes) would be another file beside `discovery.rs` behind the same
 //! methods.
 
 mod container;
-pub(crate) mod docker;
+pub(crate) mod discovery;
 mod exec;
 mod image;
 
@@ -27,7 +27,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 pub use container::{ProxyContainer, SandboxContainer, sandbox_container_body};
-use docker::DiscoveryInputs;
+use discovery::DiscoveryInputs;
 pub use exec::{ExecOutput, ExecRequest, ExecSession, OutputStream};
 
 /// How long an engine call that should be instant may take before we call
@@ -177,7 +177,8 @@ impl Engine {
                 }
             }
         };
-        if let Some((docker, choice)) = docker::connect_until_ready(inputs, shutdown, status).await
+        if let Some((docker, choice)) =
+            discovery::connect_until_ready(inputs, shutdown, status).await
         {
             let api = docker.client_version();
             tracing::info!(

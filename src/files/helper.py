@@ -18,7 +18,9 @@
 import errno, json, os, resource, secrets, stat, sys
 
 WS = sys.argv[1]
-WS_PARTS = [c for c in WS.split("/") if c]
+# Every spelling of the workspace (the same volume mounted again): an
+# absolute symlink target under any of them stays inside.
+SPELLINGS = [[c for c in d.split("/") if c] for d in sys.argv[1:]]
 MAX_HOPS = 40
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
@@ -32,6 +34,16 @@ class Fail(Exception):
 
 def parts_of(rel):
     return [c for c in rel.split("/") if c and c != "."]
+
+
+def under_workspace(target, path):
+    """The components of absolute `target` below the workspace, or an
+    escape when it lies under no spelling of it."""
+    clean = [c for c in target.split("/") if c and c != "."]
+    for ws in SPELLINGS:
+        if clean[: len(ws)] == ws:
+            return clean[len(ws):]
+    raise escape(path)
 
 
 def escape(path):
@@ -73,13 +85,11 @@ def walk_dirs(parts, path, create=False, created=None):
                 target = os.readlink(name, dir_fd=cur)
                 tparts = target.split("/")
                 if target.startswith("/"):
-                    clean = [c for c in tparts if c and c != "."]
-                    if clean[: len(WS_PARTS)] != WS_PARTS:
-                        raise escape(path)
+                    rest = under_workspace(target, path)
                     while len(fds) > 1:
                         os.close(fds.pop())
                     stack = []
-                    todo = clean[len(WS_PARTS):] + todo
+                    todo = rest + todo
                 else:
                     todo = tparts + todo
                 continue
@@ -127,10 +137,7 @@ def locate(rel, follow_last=True, create=False, created=None):
         target = os.readlink(leaf, dir_fd=fd)
         os.close(fd)
         if target.startswith("/"):
-            clean = [c for c in target.split("/") if c and c != "."]
-            if clean[: len(WS_PARTS)] != WS_PARTS:
-                raise escape(rel)
-            parts = clean[len(WS_PARTS):]
+            parts = under_workspace(target, rel)
         else:
             # Relative to the link's directory; walk_dirs resolves '..'
             # against real directories and refuses to climb above the root.

@@ -10,13 +10,10 @@
 //! of the workspace. The engine's archive API is not used: it writes as root
 //! and follows symlinks in intermediate components.
 
-pub mod path;
-
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use base64::Engine as _;
 use bytes::BytesMut;
 use dashmap::DashMap;
 use futures_util::StreamExt;
@@ -25,8 +22,9 @@ use tokio::io::AsyncWriteExt;
 
 use crate::config::Config;
 use crate::engine::{EngineError, ExecOutput, ExecRequest, OutputStream};
+use crate::field_error::FieldError;
 use crate::sandbox::{Sandbox, SandboxError, Sandboxes};
-use path::WorkspacePath;
+use crate::workspace_path::WorkspacePath;
 
 const HELPER: &str = include_str!("helper.py");
 /// The helper travels in this variable, so `ps` in the sandbox stays short.
@@ -38,9 +36,9 @@ const CALL_TIMEOUT: Duration = Duration::from_secs(120);
 /// What can go wrong with a file operation.
 #[derive(Debug, thiserror::Error)]
 pub enum FileError {
-    /// The request itself is invalid (path form, base64, mode, duplicates).
-    #[error("{0}")]
-    Invalid(String),
+    /// The request itself is invalid (path form, mode, duplicates).
+    #[error(transparent)]
+    Invalid(#[from] FieldError),
     /// A symlink would lead outside the workspace.
     #[error("{0}")]
     Escape(String),
@@ -80,23 +78,33 @@ impl From<EngineError> for FileError {
 /// Result of file operations.
 pub type FileResult<T> = Result<T, FileError>;
 
-/// One file of a write request, as the client sends it.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct WriteFile {
+/// One file of a write request: where, what, and its permission bits
+/// (`None`: 0o644).
+#[derive(Debug, Clone)]
+pub struct FileToWrite {
     pub path: String,
-    pub content_base64: String,
-    #[serde(default)]
+    pub content: Vec<u8>,
     pub mode: Option<i64>,
 }
 
+/// What a directory entry is; symlinks are not followed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum EntryKind {
+    File,
+    Dir,
+    Symlink,
+    /// FIFO, socket, device.
+    Other,
+}
+
 /// A directory entry.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Entry {
     pub name: String,
     #[serde(rename = "type")]
-    pub kind: String,
+    pub kind: EntryKind,
     pub size: u64,
     pub mtime_ms: i64,
     pub mode: u32,
@@ -216,8 +224,9 @@ impl Files {
     }
 
     fn parse(&self, p: &str) -> FileResult<WorkspacePath> {
-        WorkspacePath::parse(p, &self.config.workspace_dir)
-            .map_err(|e| FileError::Invalid(format!("path {p:?}: {e}")))
+        let dirs: Vec<&str> = self.config.workspace_dirs().collect();
+        WorkspacePath::parse(p, &dirs)
+            .map_err(|e| FieldError::new("path", format!("{p:?}: {e}")).into())
     }
 
     /// The content of a file, or `None` when there is no such file.
@@ -243,26 +252,27 @@ impl Files {
 
     /// Writes every file or none. Everything is validated (paths, base64,
     /// modes) before anything is sent to the sandbox.
-    pub async fn write(&self, sandbox_id: &str, files: Vec<WriteFile>) -> FileResult<()> {
+    pub async fn write(&self, sandbox_id: &str, files: Vec<FileToWrite>) -> FileResult<()> {
         if files.is_empty() {
-            return Err(FileError::Invalid(
-                "files: at least one file is required".into(),
-            ));
+            return Err(FieldError::new("files", "at least one file is required").into());
         }
         let mut seen = HashSet::new();
         let mut decoded = Vec::with_capacity(files.len());
         for (i, f) in files.iter().enumerate() {
             let path = self.parse(&f.path)?;
             if path.is_root() {
-                return Err(FileError::Invalid(format!(
-                    "files[{i}].path: the workspace directory itself is not a file"
-                )));
+                return Err(FieldError::new(
+                    format!("files[{i}].path"),
+                    "the workspace directory itself is not a file",
+                )
+                .into());
             }
             if !seen.insert(path.relative()) {
-                return Err(FileError::Invalid(format!(
-                    "files[{i}].path: {} appears twice",
-                    f.path
-                )));
+                return Err(FieldError::new(
+                    format!("files[{i}].path"),
+                    format!("{} appears twice", f.path),
+                )
+                .into());
             }
             let mode = match f.mode {
                 None => 0o644,
@@ -270,17 +280,13 @@ impl Files {
                     .ok()
                     .filter(|m| *m <= 0o777)
                     .ok_or_else(|| {
-                        FileError::Invalid(format!(
-                            "files[{i}].mode: must be 0 to 511 (0o777), got {m}"
-                        ))
+                        FieldError::new(
+                            format!("files[{i}].mode"),
+                            format!("must be 0 to 511 (0o777), got {m}"),
+                        )
                     })?,
             };
-            let content = base64::engine::general_purpose::STANDARD
-                .decode(f.content_base64.as_bytes())
-                .map_err(|e| {
-                    FileError::Invalid(format!("files[{i}].contentBase64: not valid base64 ({e})"))
-                })?;
-            decoded.push((path.relative(), mode, content));
+            decoded.push((path.relative(), mode, &f.content));
         }
         let total: usize = decoded.iter().map(|(_, _, c)| c.len()).sum();
         let files: Vec<WriteHeaderFile> = decoded
@@ -320,17 +326,17 @@ impl Files {
         recursive: bool,
     ) -> FileResult<()> {
         if paths.is_empty() {
-            return Err(FileError::Invalid(
-                "paths: at least one path is required".into(),
-            ));
+            return Err(FieldError::new("paths", "at least one path is required").into());
         }
         let mut rel = Vec::with_capacity(paths.len());
         for (i, p) in paths.iter().enumerate() {
             let path = self.parse(p)?;
             if path.is_root() {
-                return Err(FileError::Invalid(format!(
-                    "paths[{i}]: the workspace directory itself cannot be deleted"
-                )));
+                return Err(FieldError::new(
+                    format!("paths[{i}]"),
+                    "the workspace directory itself cannot be deleted",
+                )
+                .into());
             }
             rel.push(path.relative());
         }
@@ -349,8 +355,10 @@ impl Files {
                 "-S".to_string(),
                 "-c".to_string(),
                 format!("import os; exec(os.environ[\"{HELPER_VAR}\"])"),
-                self.config.workspace_dir.clone(),
-            ],
+            ]
+            .into_iter()
+            .chain(self.config.workspace_dirs().map(str::to_string))
+            .collect(),
             env: vec![format!("{HELPER_VAR}={HELPER}")],
             working_dir: "/".into(),
         };
@@ -397,12 +405,10 @@ impl Files {
         let Some((status, body)) = answer else {
             // Stopped while we were at it (the engine then answers an exec
             // with its own error text): the sandbox is gone, nothing broke.
-            if self.sandboxes.registry().get(&sandbox.id).is_none() {
-                return Err(SandboxError::NotFound(sandbox.id.clone()).into());
-            }
-            return Err(FileError::Helper(format!(
-                "{last_error} (is python3 in the sandbox image?)"
-            )));
+            return Err(self.sandboxes.gone_or(
+                sandbox,
+                FileError::Helper(format!("{last_error} (is python3 in the sandbox image?)")),
+            ));
         };
         if status.ok {
             return Ok(body);
@@ -419,7 +425,7 @@ impl Files {
             "changed" => FileError::Changed(m),
             "no_space" => FileError::NoSpace(m),
             "permission_denied" => FileError::PermissionDenied(m),
-            "invalid" => FileError::Invalid(m),
+            "invalid" => FieldError::new("path", m).into(),
             _ => FileError::Helper(m),
         })
     }

@@ -12,18 +12,17 @@
 //! background right after create (or a reconnect that adds some), so the
 //! first GET of a port is a quick check, not a container start.
 
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use dashmap::DashMap;
-use futures_util::StreamExt;
-use serde::Serialize;
 
 use crate::config::Config;
-use crate::engine::{Engine, EngineError, ExecRequest, ProxyContainer};
+use crate::engine::{EngineError, ExecRequest, ProxyContainer};
 use crate::sandbox::spec::NetworkMode;
 use crate::sandbox::{Sandbox, SandboxError, Sandboxes, labels};
+use crate::subnet;
 
 /// The port a proxy listens on inside its own container.
 const PROXY_LISTEN_PORT: u16 = 8080;
@@ -35,14 +34,10 @@ const LAST_OUTPUT_BYTES: usize = 4096;
 /// on the instance network too, where inter-container traffic is off; this
 /// alias exists only on the link network.
 const LINK_ALIAS: &str = "sandbox-link";
-/// `sandboxd.role` of a link network.
-const ROLE_LINK: &str = "link";
 /// How long a relay that answered is taken to be still there, unless the
 /// container stopped since. Only a process inside the sandbox killing it
 /// can make that wrong, and then for at most this long.
 const RELAY_TRUST: Duration = Duration::from_secs(5);
-/// Label on proxies: the sandbox port they publish.
-pub const PORT_LABEL: &str = "sandboxd.port";
 
 /// Inside the sandbox: start the relay for $1 (target) on $2 (relay port),
 /// accepting only peers from $3 (the link network, i.e. its proxies),
@@ -71,8 +66,6 @@ done
 /// What can go wrong publishing a port.
 #[derive(Debug, thiserror::Error)]
 pub enum PortError {
-    #[error("{0}")]
-    Invalid(String),
     #[error(
         "this sandbox was created with network mode \"none\": it has no network to publish a port on"
     )]
@@ -89,31 +82,14 @@ impl From<EngineError> for PortError {
     }
 }
 
-/// The answer of `GET …/ports/{port}`.
-#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
-#[serde(rename_all = "camelCase")]
-pub struct PortAnswer {
-    pub found: bool,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub host_port: Option<u16>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub url: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
+/// A published port: its host port and URL, and with a wait, whether a
+/// server answered (and if not, the sandbox's recent output).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Published {
+    pub host_port: u16,
+    pub url: String,
     pub ready: Option<bool>,
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub last_output: Option<String>,
-}
-
-impl PortAnswer {
-    fn not_found() -> Self {
-        PortAnswer {
-            found: false,
-            host_port: None,
-            url: None,
-            ready: None,
-            last_output: None,
-        }
-    }
 }
 
 /// The relay port inside the sandbox for target `port`: stable, in the
@@ -169,65 +145,45 @@ fn host_of(header: &str) -> Option<String> {
     ok.then(|| host.to_ascii_lowercase())
 }
 
-/// The prefix length of a link network: room for the network and
-/// broadcast addresses, the gateway, the sandbox and one proxy per port
-/// (/29 for the default four ports).
-pub fn link_prefix(max_ports: usize) -> u32 {
-    let needed = (max_ports as u32).saturating_add(4);
-    32 - needed.next_power_of_two().trailing_zeros()
-}
-
-/// The link-network blocks of `pool` ("10.213.0.0/16"), each `/prefix`:
-/// (first address, block size, how many); None unless the pool is an IPv4
-/// CIDR from /8 up to `prefix`.
-pub fn link_subnet_range(pool: &str, prefix: u32) -> Option<(u32, u32, u32)> {
-    let (base, bits) = pool.split_once('/')?;
-    let (base, bits) = (base.parse::<Ipv4Addr>().ok()?, bits.parse::<u32>().ok()?);
-    if !(8..=prefix).contains(&bits) || prefix > 30 {
-        return None;
-    }
-    let start = u32::from(base) & (u32::MAX << (32 - bits));
-    Some((start, 1u32 << (32 - prefix), 1u32 << (prefix - bits)))
-}
-
-/// The `i`th block of a range from [`link_subnet_range`].
-fn link_subnet((start, size, count): (u32, u32, u32), i: u32) -> String {
-    let prefix = 32 - size.trailing_zeros();
-    format!("{}/{prefix}", Ipv4Addr::from(start + (i % count) * size))
-}
-
 /// See the module docs.
 #[derive(Debug)]
 pub struct Ports {
     config: Arc<Config>,
-    engine: Engine,
     sandboxes: Arc<Sandboxes>,
     /// One publish at a time per (sandbox, port); key port 0 guards the
     /// sandbox's link network.
-    locks: DashMap<(String, u16), Arc<tokio::sync::Mutex<()>>>,
+    locks: LockMap,
 }
 
 impl Ports {
-    pub fn new(config: Arc<Config>, engine: Engine, sandboxes: Arc<Sandboxes>) -> Self {
+    pub fn new(config: Arc<Config>, sandboxes: Arc<Sandboxes>) -> Self {
         Ports {
             config,
-            engine,
             sandboxes,
             locks: DashMap::new(),
         }
     }
 
-    fn lock_for(&self, sandbox: &str, port: u16) -> Arc<tokio::sync::Mutex<()>> {
-        self.locks
-            .entry((sandbox.to_string(), port))
+    /// Takes the lock of one (sandbox, port); port 0 is the link network.
+    async fn lock(&self, sandbox: &str, port: u16) -> PortLock<'_> {
+        let key = (sandbox.to_string(), port);
+        let mutex = self
+            .locks
+            .entry(key.clone())
             .or_insert_with(|| Arc::new(tokio::sync::Mutex::new(())))
-            .clone()
+            .clone();
+        let guard = mutex.lock_owned().await;
+        PortLock {
+            locks: &self.locks,
+            key,
+            guard: Some(guard),
+        }
     }
 
-    /// Makes sure `port` of the sandbox is published and answers its URL.
-    /// With `wait`, also waits (bounded) until something answers on the
-    /// port inside the sandbox; `last_output` explains a server that did
-    /// not come up.
+    /// Makes sure `port` of the sandbox is published and answers its URL;
+    /// `None` when the port is not allowlisted. With `wait`, also waits
+    /// (bounded) until something answers on the port inside the sandbox;
+    /// `last_output` explains a server that did not come up.
     pub async fn publish(
         &self,
         sandbox_id: &str,
@@ -235,31 +191,24 @@ impl Ports {
         request_host: Option<&str>,
         wait: Option<Duration>,
         last_output: impl FnOnce(&str, usize) -> Option<String>,
-    ) -> Result<PortAnswer, PortError> {
+    ) -> Result<Option<Published>, PortError> {
         let sandbox = self.sandboxes.lookup(sandbox_id).await?;
         if !sandbox.ports().allowed.contains(&port) {
-            return Ok(PortAnswer::not_found());
+            return Ok(None);
         }
         if sandbox.network == NetworkMode::None {
             return Err(PortError::NoNetwork);
         }
         let _busy = sandbox.open_request();
         let host_port = {
-            let lock = self.lock_for(&sandbox.id, port);
-            let _one = lock.lock().await;
-            match self.ensure_published(&sandbox, port).await {
-                Ok(h) => h,
-                // Stopped while we were at it: gone, not broken.
-                Err(_) if self.sandboxes.registry().get(&sandbox.id).is_none() => {
-                    return Err(SandboxError::NotFound(sandbox.id.clone()).into());
-                }
-                Err(e) => return Err(e),
-            }
+            let _one = self.lock(&sandbox.id, port).await;
+            self.ensure_published(&sandbox, port)
+                .await
+                .map_err(|e| self.sandboxes.gone_or(&sandbox, e))?
         };
-        let mut answer = PortAnswer {
-            found: true,
-            host_port: Some(host_port),
-            url: Some(public_url(&self.config, request_host, host_port)),
+        let mut answer = Published {
+            host_port,
+            url: public_url(&self.config, request_host, host_port),
             ready: None,
             last_output: None,
         };
@@ -271,7 +220,7 @@ impl Ports {
                     Some(last_output(&sandbox.id, LAST_OUTPUT_BYTES).unwrap_or_default());
             }
         }
-        Ok(answer)
+        Ok(Some(answer))
     }
 
     async fn ensure_published(&self, sandbox: &Arc<Sandbox>, port: u16) -> Result<u16, PortError> {
@@ -279,7 +228,8 @@ impl Ports {
         let relay = relay_port(port);
         let name = proxy_name(&self.config.instance, &sandbox.id, port);
         if let Some(host) = self
-            .engine
+            .sandboxes
+            .engine()
             .published_port(&name, PROXY_LISTEN_PORT)
             .await
             .or_else(|e| match e {
@@ -292,12 +242,12 @@ impl Ports {
             return Ok(host);
         }
         // Missing, or there but stopped (its host port is gone with it).
-        self.engine.remove_container(&name).await?;
+        self.sandboxes.engine().remove_container(&name).await?;
         let mut labels = labels::instance_only(&self.config.instance);
         labels.insert(labels::ROLE.into(), labels::ROLE_PROXY.into());
         labels.insert(labels::SANDBOX_ID.into(), sandbox.id.clone());
         labels.insert(labels::SESSION_KEY.into(), sandbox.session_key.clone());
-        labels.insert(PORT_LABEL.into(), port.to_string());
+        labels.insert(labels::PORT.into(), port.to_string());
         let spec = ProxyContainer {
             name: name.clone(),
             image: self
@@ -316,14 +266,15 @@ impl Ports {
         // The relay and the proxy do not depend on each other: start both.
         let (relay_ok, proxy_ok) = tokio::join!(
             self.ensure_relay(sandbox, port, relay, &subnet),
-            self.engine.start_proxy(&spec)
+            self.sandboxes.engine().start_proxy(&spec)
         );
         if let Err(e) = proxy_ok.map_err(PortError::from).and(relay_ok) {
-            let _ = self.engine.remove_container(&name).await;
+            let _ = self.sandboxes.engine().remove_container(&name).await;
             return Err(e);
         }
         let host = self
-            .engine
+            .sandboxes
+            .engine()
             .published_port(&name, PROXY_LISTEN_PORT)
             .await?
             .ok_or_else(|| PortError::Failed("the proxy started but publishes no port".into()))?;
@@ -346,8 +297,7 @@ impl Ports {
         }
         for port in sandbox.ports().allowed {
             {
-                let lock = self.lock_for(&sandbox.id, port);
-                let _one = lock.lock().await;
+                let _one = self.lock(&sandbox.id, port).await;
                 if sandbox.ports().published.contains_key(&port) {
                     continue;
                 }
@@ -370,8 +320,7 @@ impl Ports {
         if let Some(subnet) = sandbox.ports().link_subnet {
             return Ok(subnet);
         }
-        let lock = self.lock_for(&sandbox.id, 0);
-        let _one = lock.lock().await;
+        let _one = self.lock(&sandbox.id, 0).await;
         if let Some(subnet) = sandbox.ports().link_subnet {
             return Ok(subnet);
         }
@@ -380,7 +329,8 @@ impl Ports {
             Some(s) => s,
             None => self.create_link_network(&name, &sandbox.id).await?,
         };
-        self.engine
+        self.sandboxes
+            .engine()
             .connect_network(&name, &sandbox.container, &[LINK_ALIAS])
             .await?;
         sandbox.set_linked(subnet.clone());
@@ -389,11 +339,12 @@ impl Ports {
 
     async fn existing_link_subnet(&self, sandbox_id: &str) -> Result<Option<String>, PortError> {
         Ok(self
-            .engine
+            .sandboxes
+            .engine()
             .list_networks(&[
                 (labels::INSTANCE, &self.config.instance),
                 (labels::SANDBOX_ID, sandbox_id),
-                (labels::ROLE, ROLE_LINK),
+                (labels::ROLE, labels::ROLE_LINK),
             ])
             .await?
             .into_iter()
@@ -403,18 +354,19 @@ impl Ports {
     async fn create_link_network(&self, name: &str, sandbox_id: &str) -> Result<String, PortError> {
         let mut labels = labels::instance_only(&self.config.instance);
         labels.insert(labels::SANDBOX_ID.into(), sandbox_id.to_string());
-        labels.insert(labels::ROLE.into(), ROLE_LINK.into());
+        labels.insert(labels::ROLE.into(), labels::ROLE_LINK.into());
         // Subnets in use by any sandboxd on this engine (reading others'
         // networks is fine; we never change them).
         let used: std::collections::HashSet<String> = self
-            .engine
-            .list_networks(&[(labels::ROLE, ROLE_LINK)])
+            .sandboxes
+            .engine()
+            .list_networks(&[(labels::ROLE, labels::ROLE_LINK)])
             .await?
             .into_iter()
             .flat_map(|n| n.subnets)
             .collect();
-        let prefix = link_prefix(self.config.max_ports);
-        let Some(range) = link_subnet_range(&self.config.link_subnet_pool, prefix) else {
+        let prefix = subnet::link_prefix(self.config.max_ports);
+        let Some(range) = subnet::link_subnet_range(&self.config.link_subnet_pool, prefix) else {
             return Err(PortError::Failed(
                 "link_subnet_pool is not a usable range".into(),
             ));
@@ -423,12 +375,13 @@ impl Ports {
         // try the same block.
         let offset = u32::from_str_radix(sandbox_id.get(..6).unwrap_or("0"), 16).unwrap_or(0);
         for i in 0..range.2 {
-            let subnet = link_subnet(range, offset.wrapping_add(i));
+            let subnet = subnet::link_subnet(range, offset.wrapping_add(i));
             if used.contains(&subnet) {
                 continue;
             }
             match self
-                .engine
+                .sandboxes
+                .engine()
                 .create_network(name, labels.clone(), false, Some(&subnet))
                 .await
             {
@@ -517,22 +470,34 @@ impl Ports {
             env: vec![],
             working_dir: "/".into(),
         };
-        let session = self.sandboxes.exec(sandbox, &req).await?;
-        let id = session.id.clone();
-        let mut output = session.output;
-        let collect = async {
-            let mut out = Vec::new();
-            while let Some(Ok((_, b))) = output.next().await {
-                out.extend_from_slice(&b);
-            }
-            out
-        };
-        let out = tokio::time::timeout(limit, collect)
-            .await
-            .map_err(|_| PortError::Failed("the sandbox did not answer in time".into()))?;
-        drop(session.stdin);
-        let code = self.engine.exec_exit_code(&id).await.ok().flatten();
-        Ok((code, String::from_utf8_lossy(&out).into_owned()))
+        let ended = self
+            .sandboxes
+            .exec_to_end(sandbox, &req, limit)
+            .await?
+            .ok_or_else(|| PortError::Failed("the sandbox did not answer in time".into()))?;
+        let mut out = ended.stdout;
+        out.extend_from_slice(&ended.stderr);
+        Ok((ended.code, String::from_utf8_lossy(&out).into_owned()))
+    }
+}
+
+type LockMap = DashMap<(String, u16), Arc<tokio::sync::Mutex<()>>>;
+
+/// Holds one (sandbox, port) lock; the map forgets the mutex once nobody
+/// holds or waits for it, so it does not grow with every sandbox ever made.
+struct PortLock<'a> {
+    locks: &'a LockMap,
+    key: (String, u16),
+    guard: Option<tokio::sync::OwnedMutexGuard<()>>,
+}
+
+impl Drop for PortLock<'_> {
+    fn drop(&mut self) {
+        drop(self.guard.take());
+        // remove_if runs under the shard lock, which is also where waiters
+        // clone the Arc: none can be between "cloned" and "counted".
+        self.locks
+            .remove_if(&self.key, |_, m| Arc::strong_count(m) == 1);
     }
 }
 
@@ -546,17 +511,33 @@ pub fn link_name(instance: &str, sandbox_id: &str) -> String {
     format!("{instance}-{sandbox_id}-link")
 }
 
-/// `sandboxd.role` of link networks, for rehydration.
-pub fn is_link_network(labels: &std::collections::HashMap<String, String>) -> bool {
-    labels.get(labels::ROLE).map(String::as_str) == Some(ROLE_LINK)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn config(toml: &str) -> Config {
         Config::from_toml_and_env(toml, |_| None).expect("config")
+    }
+
+    #[tokio::test]
+    async fn port_locks_are_forgotten_once_released() {
+        let cfg = Arc::new(config(""));
+        let sandboxes = Arc::new(Sandboxes::new(
+            Arc::clone(&cfg),
+            crate::engine::Engine::new(),
+        ));
+        let ports = Ports::new(cfg, sandboxes);
+        let held = ports.lock("s", 3000).await;
+        assert!(
+            tokio::time::timeout(Duration::from_millis(50), ports.lock("s", 3000))
+                .await
+                .is_err(),
+            "a second holder waits"
+        );
+        let other = ports.lock("s", 0).await;
+        drop(other);
+        drop(held);
+        assert!(ports.locks.is_empty(), "nothing is kept once released");
     }
 
     #[test]
@@ -601,42 +582,5 @@ mod tests {
             "http://127.0.0.1:5",
             "never 0.0.0.0"
         );
-    }
-
-    #[test]
-    fn link_subnets_are_blocks_of_the_pool() {
-        assert_eq!(
-            link_prefix(4),
-            29,
-            "sandbox + 4 proxies + gateway fit a /29"
-        );
-        assert_eq!(link_prefix(1), 29);
-        assert_eq!(link_prefix(5), 28);
-        assert_eq!(link_prefix(64), 25);
-        let r = link_subnet_range("10.213.0.0/16", 29).expect("range");
-        assert_eq!(r.2, 8192);
-        assert_eq!(link_subnet(r, 0), "10.213.0.0/29");
-        assert_eq!(link_subnet(r, 1), "10.213.0.8/29");
-        assert_eq!(link_subnet(r, 8191), "10.213.255.248/29");
-        assert_eq!(link_subnet(r, 8192), "10.213.0.0/29", "wraps around");
-        let r = link_subnet_range("10.213.0.0/16", 25).expect("range");
-        assert_eq!(
-            (r.2, link_subnet(r, 1)),
-            (512, "10.213.0.128/25".to_string())
-        );
-        assert_eq!(link_subnet_range("nonsense", 29), None);
-        assert_eq!(link_subnet_range("10.0.0.0/30", 29), None);
-        assert_eq!(
-            link_subnet_range("10.0.0.0/28", 25),
-            None,
-            "smaller than one block"
-        );
-        assert_eq!(
-            link_subnet_range("0.0.0.0/0", 29),
-            None,
-            "too large to enumerate"
-        );
-        let one = link_subnet_range("10.1.2.3/29", 29).expect("range");
-        assert_eq!((one.2, link_subnet(one, 0)), (1, "10.1.2.0/29".to_string()));
     }
 }

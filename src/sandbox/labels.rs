@@ -23,6 +23,15 @@ const PORTS: &str = "sandboxd.ports";
 pub const ROLE_SANDBOX: &str = "sandbox";
 /// `sandboxd.role` of a port proxy container.
 pub const ROLE_PROXY: &str = "proxy";
+/// `sandboxd.role` of a link network (a sandbox and its port proxies).
+pub const ROLE_LINK: &str = "link";
+/// Label on proxies: the sandbox port they publish.
+pub const PORT: &str = "sandboxd.port";
+
+/// Whether a network's labels mark it as a link network.
+pub fn is_link_network(labels: &HashMap<String, String>) -> bool {
+    labels.get(ROLE).map(String::as_str) == Some(ROLE_LINK)
+}
 
 /// What the labels of a sandbox carry.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -9,20 +9,25 @@ pub mod registry;
 mod rehydrate;
 pub mod spec;
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use serde::Serialize;
 use tokio::sync::watch;
 
 use crate::config::Config;
-use crate::engine::{Engine, EngineError, ExecRequest, ExecSession, SandboxContainer};
+use futures_util::StreamExt;
+
+use crate::clock::now_ms;
+use crate::engine::{
+    ContainerStatus, Engine, EngineError, ExecRequest, ExecSession, OutputStream, SandboxContainer,
+};
+use crate::field_error::FieldError;
 pub use reaper::run_reaper;
 pub use registry::{Sandbox, SandboxRegistry};
-use registry::{container_name, is_sandbox_id, now_ms, volume_name};
-use spec::{CreateSandboxRequest, NetworkMode, SandboxSpec, SpecError};
+use registry::{container_name, is_sandbox_id, volume_name};
+use spec::{CreateSandboxRequest, NetworkMode, SandboxSpec};
 
 /// The runtime Dockerfile, built into the binary so a fresh install can build
 /// its image on first use.
@@ -39,7 +44,7 @@ const RESTART_GRACE: Duration = Duration::from_secs(2);
 pub enum SandboxError {
     /// The request is invalid; names the field.
     #[error(transparent)]
-    Invalid(#[from] SpecError),
+    Invalid(#[from] FieldError),
     /// No sandbox with this id (or its container is gone).
     #[error("no sandbox with id {0:?}")]
     NotFound(String),
@@ -76,6 +81,15 @@ impl From<EngineError> for SandboxError {
 /// Result of sandbox operations.
 pub type SandboxResult<T> = Result<T, SandboxError>;
 
+/// A process that ran to its end: see [`Sandboxes::exec_to_end`].
+#[derive(Debug, Clone)]
+pub struct ExecEnded {
+    /// `None` when the engine could not say.
+    pub code: Option<i64>,
+    pub stdout: Vec<u8>,
+    pub stderr: Vec<u8>,
+}
+
 /// The answer to a create.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Created {
@@ -86,89 +100,74 @@ pub struct Created {
     pub ports_added: bool,
 }
 
-/// A sandbox as the API shows it.
-#[derive(Debug, Clone, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct SandboxView {
-    pub sandbox_id: String,
+/// A sandbox as it is now: what the API shows of it.
+#[derive(Debug, Clone)]
+pub struct SandboxInfo {
+    pub id: String,
     pub session_key: String,
     pub runtime: String,
-    pub state: &'static str,
     pub created_at: u64,
     pub last_used_at: u64,
     pub idle_ttl_ms: u64,
     pub expires_at: u64,
-    pub resources: ResourcesView,
-    pub network: NetworkView,
-    pub ports: PortsView,
+    pub resources: spec::Resources,
+    pub network: NetworkMode,
+    pub ports: registry::PortState,
     pub running_commands: usize,
 }
 
-#[derive(Debug, Clone, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct ResourcesView {
-    pub vcpus: u32,
-    pub memory_mb: u32,
-}
-
-#[derive(Debug, Clone, Serialize)]
-pub struct NetworkView {
-    pub mode: &'static str,
-}
-
-#[derive(Debug, Clone, Serialize)]
-pub struct PortsView {
-    pub allowed: Vec<u16>,
-    pub published: BTreeMap<String, u16>,
-}
-
-fn view(s: &Sandbox, state: &'static str) -> SandboxView {
-    let ports = s.ports();
-    SandboxView {
-        sandbox_id: s.id.clone(),
-        session_key: s.session_key.clone(),
-        runtime: s.runtime.clone(),
-        state,
-        created_at: s.created_at,
-        last_used_at: s.last_used_at(),
-        idle_ttl_ms: s.idle_ttl_ms(),
-        expires_at: s.expires_at(),
-        resources: ResourcesView {
-            vcpus: s.resources.vcpus,
-            memory_mb: s.resources.memory_mb,
-        },
-        network: NetworkView {
-            mode: s.network.as_str(),
-        },
-        ports: PortsView {
-            allowed: ports.allowed.into_iter().collect(),
-            published: ports
-                .published
-                .into_iter()
-                .map(|(p, h)| (p.to_string(), h))
-                .collect(),
-        },
-        running_commands: s.running_commands(),
+impl From<&Sandbox> for SandboxInfo {
+    fn from(s: &Sandbox) -> Self {
+        SandboxInfo {
+            id: s.id.clone(),
+            session_key: s.session_key.clone(),
+            runtime: s.runtime.clone(),
+            created_at: s.created_at,
+            last_used_at: s.last_used_at(),
+            idle_ttl_ms: s.idle_ttl_ms(),
+            expires_at: s.expires_at(),
+            resources: s.resources,
+            network: s.network,
+            ports: s.ports(),
+            running_commands: s.running_commands(),
+        }
     }
 }
 
-/// Why a sandbox is being removed; one tracing event each.
-#[derive(Debug, Clone, Copy)]
-enum Removal {
+/// A sandbox lifecycle event: one structured log line and one count,
+/// always together (`sandboxd_sandbox_events_total{event}`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Event {
+    Created,
+    Reconnected,
+    /// sandboxd restarted it, or found it stopped and started it again.
+    Restarted,
     Stopped,
     Expired,
     Evicted,
+    /// Its container was gone or unusable, so sandboxd dropped it.
     Removed,
+    Rehydrated,
 }
 
-impl Removal {
-    fn event(self) -> &'static str {
+impl Event {
+    fn name(self) -> &'static str {
         match self {
-            Removal::Stopped => "stopped",
-            Removal::Expired => "expired",
-            Removal::Evicted => "evicted",
-            Removal::Removed => "removed",
+            Event::Created => "created",
+            Event::Reconnected => "reconnected",
+            Event::Restarted => "restarted",
+            Event::Stopped => "stopped",
+            Event::Expired => "expired",
+            Event::Evicted => "evicted",
+            Event::Removed => "removed",
+            Event::Rehydrated => "rehydrated",
         }
+    }
+
+    fn record(self, sandbox_id: &str, session_key: &str) {
+        let event = self.name();
+        tracing::info!(event, sandbox_id, session_key, "sandbox {event}");
+        crate::telemetry::sandbox_event(event);
     }
 }
 
@@ -248,7 +247,7 @@ impl Sandboxes {
             .reserve()
             .map_err(|e| SandboxError::AtCapacity { max: e.max })?;
         if let Some(victim) = reservation.evicted.take() {
-            self.remove_objects(&victim.id, Removal::Evicted, Some(&victim))
+            self.remove_objects(&victim.id, Event::Evicted, Some(&victim))
                 .await;
         }
 
@@ -258,7 +257,9 @@ impl Sandboxes {
             session_key: spec.session_key.clone(),
             runtime: spec.runtime.clone(),
             created_at: now_ms(),
-            idle_ttl_ms: spec.idle_ttl_ms.unwrap_or(self.config.default_idle_ttl_ms),
+            idle_ttl_ms: spec.idle_ttl_ms.unwrap_or(
+                u64::try_from(self.config.default_idle_ttl.as_millis()).unwrap_or(u64::MAX),
+            ),
             resources: spec.resources,
             network: spec.network,
             ports: spec.ports.clone(),
@@ -276,8 +277,7 @@ impl Sandboxes {
             return Err(e);
         }
         self.registry.insert(reservation, sandbox);
-        tracing::info!(event = "created", sandbox_id = %id, session_key = %spec.session_key, runtime = %spec.runtime, "sandbox created");
-        crate::telemetry::sandbox_event("created");
+        Event::Created.record(&id, &spec.session_key);
         crate::telemetry::create_took(create_started);
         Ok(Created {
             sandbox_id: id,
@@ -306,7 +306,7 @@ impl Sandboxes {
         };
         if !healthy {
             self.registry.remove(&existing.id);
-            self.remove_objects(&existing.id, Removal::Removed, Some(existing))
+            self.remove_objects(&existing.id, Event::Removed, Some(existing))
                 .await;
             return Ok(None);
         }
@@ -314,21 +314,20 @@ impl Sandboxes {
         existing
             .allow_ports(&spec.ports, self.config.max_ports)
             .map_err(|n| {
-                SandboxError::Invalid(SpecError {
-                    field: "ports".into(),
-                    message: format!(
+                SandboxError::Invalid(FieldError::new(
+                    "ports",
+                    format!(
                         "at most {} ports per sandbox (this would make {n})",
                         self.config.max_ports
                     ),
-                })
+                ))
             })?;
         let allowed_after = existing.ports().allowed.len();
         if let Some(ttl) = spec.idle_ttl_ms {
             existing.set_idle_ttl_ms(ttl);
         }
         self.registry.touch(existing);
-        tracing::info!(event = "reconnected", sandbox_id = %existing.id, session_key = %existing.session_key, "sandbox reconnected");
-        crate::telemetry::sandbox_event("reconnected");
+        Event::Reconnected.record(&existing.id, &existing.session_key);
         Ok(Some(Created {
             sandbox_id: existing.id.clone(),
             created: false,
@@ -349,9 +348,15 @@ impl Sandboxes {
             oci_runtime: spec.oci_runtime.clone(),
             user: self.config.sandbox_user.clone(),
             workspace_dir: self.config.workspace_dir.clone(),
+            workspace_aliases: self
+                .config
+                .workspace_dirs()
+                .skip(1)
+                .map(str::to_string)
+                .collect(),
             volume: sandbox.volume.clone(),
             network: match spec.network {
-                NetworkMode::Default => Some(self.config.network_name.clone()),
+                NetworkMode::Default => Some(self.config.network_name().to_string()),
                 NetworkMode::None => None,
             },
             vcpus: spec.resources.vcpus,
@@ -393,7 +398,7 @@ impl Sandboxes {
     async fn ensure_network(&self) -> SandboxResult<()> {
         let labels = labels::instance_only(&self.config.instance);
         self.engine
-            .ensure_network(&self.config.network_name, labels)
+            .ensure_network(self.config.network_name(), labels)
             .await?;
         self.network_ready.store(true, Ordering::Relaxed);
         Ok(())
@@ -431,13 +436,13 @@ impl Sandboxes {
 
     /// One sandbox, with its container's actual state. A container removed
     /// out of band makes the sandbox unknown; a stopped one is started again.
-    pub async fn get(&self, id: &str) -> SandboxResult<SandboxView> {
+    pub async fn get(&self, id: &str) -> SandboxResult<SandboxInfo> {
         let s = self.lookup(id).await?;
         match self.engine.container_running(&s.container).await? {
-            Some(true) => Ok(view(&s, "running")),
+            Some(true) => Ok(SandboxInfo::from(&*s)),
             Some(false) => {
                 self.revive(&s).await?;
-                Ok(view(&s, "running"))
+                Ok(SandboxInfo::from(&*s))
             }
             None => {
                 self.forget_gone(&s).await;
@@ -452,8 +457,7 @@ impl Sandboxes {
         s.note_unexpected_stop();
         match self.engine.start_container(&s.container).await {
             Ok(()) => {
-                tracing::info!(event = "restarted", sandbox_id = %s.id, session_key = %s.session_key, "stopped container started again");
-                crate::telemetry::sandbox_event("restarted");
+                Event::Restarted.record(&s.id, &s.session_key);
                 Ok(())
             }
             Err(EngineError::NotFound(_)) => {
@@ -484,15 +488,85 @@ impl Sandboxes {
             },
             Err(e) => Err(e.into()),
         };
-        // Stopped (or expired, or evicted) while we were at it: the sandbox
-        // is gone, whatever the engine said about its container.
-        match result {
-            Err(SandboxError::Engine(_) | SandboxError::EngineUnavailable(_))
-                if self.registry.get(&s.id).is_none() =>
-            {
-                Err(SandboxError::NotFound(s.id.clone()))
-            }
+        result.map_err(|e| match e {
+            SandboxError::Engine(_) | SandboxError::EngineUnavailable(_) => self.gone_or(s, e),
             other => other,
+        })
+    }
+
+    /// Runs a process in the sandbox to its end, or until `limit` passes,
+    /// and returns what it printed and its exit code. `None`: it could not
+    /// start or did not end in time.
+    pub async fn exec_to_end(
+        &self,
+        s: &Arc<Sandbox>,
+        req: &ExecRequest,
+        limit: Duration,
+    ) -> SandboxResult<Option<ExecEnded>> {
+        let ExecSession {
+            id,
+            mut output,
+            stdin,
+        } = self.exec(s, req).await?;
+        let collect = async {
+            let (mut stdout, mut stderr) = (Vec::new(), Vec::new());
+            while let Some(Ok((stream, bytes))) = output.next().await {
+                match stream {
+                    OutputStream::Stdout => stdout.extend_from_slice(&bytes),
+                    OutputStream::Stderr => stderr.extend_from_slice(&bytes),
+                }
+            }
+            (stdout, stderr)
+        };
+        let collected = tokio::time::timeout(limit, collect).await;
+        drop(stdin);
+        let Ok((stdout, stderr)) = collected else {
+            return Ok(None);
+        };
+        Ok(Some(ExecEnded {
+            code: self.exit_code(&id).await,
+            stdout,
+            stderr,
+        }))
+    }
+
+    /// The exit code of a process started by [`Sandboxes::exec`]. The engine
+    /// records it before it closes the output, so this normally answers at
+    /// once; it retries briefly in case not. `None`: the engine could not
+    /// say (it restarted, the container vanished).
+    pub async fn exit_code(&self, exec_id: &str) -> Option<i64> {
+        for _ in 0..40 {
+            match self.engine.exec_exit_code(exec_id).await {
+                Ok(Some(code)) => return Some(code),
+                Ok(None) => tokio::time::sleep(Duration::from_millis(25)).await,
+                Err(e) => {
+                    tracing::warn!(exec_id, error = %e, "the engine could not say how a process ended");
+                    return None;
+                }
+            }
+        }
+        None
+    }
+
+    /// The state of a sandbox's container, `None` when it is gone.
+    pub async fn container_status(&self, s: &Sandbox) -> SandboxResult<Option<ContainerStatus>> {
+        Ok(self.engine.container_status(&s.container).await?)
+    }
+
+    /// Whether the sandbox runs under gVisor.
+    pub async fn under_gvisor(&self, s: &Sandbox) -> bool {
+        let oci_runtime = self.config.runtime(&s.runtime).and_then(|(_, rt)| rt);
+        self.engine.is_gvisor(oci_runtime.as_deref()).await
+    }
+
+    /// What a failure on `s` means: a sandbox stopped (or expired, or
+    /// evicted) while the work was under way is gone, whatever the engine
+    /// said about its container.
+    pub fn gone_or<E: From<SandboxError>>(&self, s: &Sandbox, e: E) -> E {
+        if self.registry.get(&s.id).is_none() {
+            SandboxError::NotFound(s.id.clone()).into()
+        } else {
+            e
         }
     }
 
@@ -500,18 +574,18 @@ impl Sandboxes {
     pub async fn forget_gone(&self, s: &Arc<Sandbox>) {
         let _key = self.registry.lock_key(&s.session_key).await;
         if self.registry.remove(&s.id).is_some() {
-            self.remove_objects(&s.id, Removal::Removed, Some(s)).await;
+            self.remove_objects(&s.id, Event::Removed, Some(s)).await;
         }
     }
 
     /// Every sandbox of this instance.
-    pub async fn list(&self) -> SandboxResult<Vec<SandboxView>> {
+    pub async fn list(&self) -> SandboxResult<Vec<SandboxInfo>> {
         self.ensure_ready().await?;
         Ok(self
             .registry
             .list()
             .iter()
-            .map(|s| view(s, "running"))
+            .map(|s| SandboxInfo::from(&**s))
             .collect())
     }
 
@@ -531,8 +605,7 @@ impl Sandboxes {
         let removed = self.registry.remove(id);
         self.remove_objects_checked(id).await?;
         if let Some(s) = removed {
-            tracing::info!(event = Removal::Stopped.event(), sandbox_id = %s.id, session_key = %s.session_key, "sandbox stopped");
-            crate::telemetry::sandbox_event("stopped");
+            Event::Stopped.record(&s.id, &s.session_key);
         }
         Ok(())
     }
@@ -547,8 +620,7 @@ impl Sandboxes {
             .await
         {
             Ok(()) => {
-                tracing::info!(event = "restarted", sandbox_id = %s.id, session_key = %s.session_key, "sandbox restarted");
-                crate::telemetry::sandbox_event("restarted");
+                Event::Restarted.record(&s.id, &s.session_key);
                 Ok(())
             }
             Err(EngineError::NotFound(_)) => {
@@ -568,7 +640,7 @@ impl Sandboxes {
                 continue;
             }
             self.registry.remove(&s.id);
-            self.remove_objects(&s.id, Removal::Expired, Some(&s)).await;
+            self.remove_objects(&s.id, Event::Expired, Some(&s)).await;
         }
     }
 
@@ -582,15 +654,11 @@ impl Sandboxes {
     }
 
     /// Removes everything of sandbox `id`, logging failures.
-    async fn remove_objects(&self, id: &str, why: Removal, s: Option<&Arc<Sandbox>>) {
+    async fn remove_objects(&self, id: &str, why: Event, s: Option<&Arc<Sandbox>>) {
         if let Err(e) = self.remove_objects_checked(id).await {
             tracing::warn!(sandbox_id = %id, error = %e, "could not remove all engine objects");
         }
-        crate::telemetry::sandbox_event(why.event());
-        if !matches!(why, Removal::Stopped) {
-            let key = s.map(|s| s.session_key.as_str()).unwrap_or("");
-            tracing::info!(event = why.event(), sandbox_id = %id, session_key = %key, "sandbox {}", why.event());
-        }
+        why.record(id, s.map(|s| s.session_key.as_str()).unwrap_or(""));
     }
 
     /// Removes proxies, container and volume of `id`, found by label as well

@@ -9,7 +9,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use dashmap::DashMap;
@@ -17,13 +17,17 @@ use lru::LruCache;
 
 use super::labels::SandboxRecord;
 use super::spec::{NetworkMode, Resources};
+use crate::clock::now_ms;
 
-/// Milliseconds since the Unix epoch.
-pub fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-        .unwrap_or(0)
+/// Locks one of the registry's std mutexes, each held only for a short
+/// synchronous section that cannot leave its data half-changed (one
+/// insert, remove or promote). So a lock poisoned by a panic elsewhere is
+/// taken over, and the panic is reported rather than swallowed.
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|poisoned| {
+        tracing::error!("a registry lock was poisoned by a panic; carrying on with its data");
+        poisoned.into_inner()
+    })
 }
 
 /// One live sandbox. Immutable facts are plain fields; what changes while it
@@ -109,17 +113,14 @@ impl Sandbox {
     /// of the container since (a stop ends every process in it).
     pub fn relay_seen_within(&self, port: u16, trust: Duration) -> bool {
         let stops = self.stops();
-        self.relays_seen.lock().is_ok_and(|seen| {
-            seen.get(&port)
-                .is_some_and(|(at, then)| *then == stops && at.elapsed() < trust)
-        })
+        lock(&self.relays_seen)
+            .get(&port)
+            .is_some_and(|(at, then)| *then == stops && at.elapsed() < trust)
     }
 
     /// The relay for `port` answered; `stops` as read before asking.
     pub fn note_relay_seen(&self, port: u16, stops: Stops) {
-        if let Ok(mut seen) = self.relays_seen.lock() {
-            seen.insert(port, (Instant::now(), stops));
-        }
+        lock(&self.relays_seen).insert(port, (Instant::now(), stops));
     }
 
     pub fn stops(&self) -> Stops {
@@ -156,13 +157,13 @@ impl Sandbox {
     }
 
     pub fn ports(&self) -> PortState {
-        self.ports.lock().map(|p| p.clone()).unwrap_or_default()
+        lock(&self.ports).clone()
     }
 
     /// Adds ports to the allowlist unless that would pass `max`; returns the
     /// resulting allowlist, or the size it would have had.
     pub fn allow_ports(&self, add: &BTreeSet<u16>, max: usize) -> Result<BTreeSet<u16>, usize> {
-        let mut ports = self.ports.lock().map_err(|_| 0usize)?;
+        let mut ports = lock(&self.ports);
         let union: BTreeSet<u16> = ports.allowed.union(add).copied().collect();
         if union.len() > max {
             return Err(union.len());
@@ -173,19 +174,16 @@ impl Sandbox {
 
     /// Records a published port (`host` = None forgets it).
     pub fn set_published(&self, port: u16, host: Option<u16>) {
-        if let Ok(mut p) = self.ports.lock() {
-            match host {
-                Some(h) => p.published.insert(port, h),
-                None => p.published.remove(&port),
-            };
-        }
+        let mut p = lock(&self.ports);
+        match host {
+            Some(h) => p.published.insert(port, h),
+            None => p.published.remove(&port),
+        };
     }
 
     /// Records that the sandbox is attached to its link network.
     pub fn set_linked(&self, subnet: String) {
-        if let Ok(mut p) = self.ports.lock() {
-            p.link_subnet = Some(subnet);
-        }
+        lock(&self.ports).link_subnet = Some(subnet);
     }
 
     pub fn running_commands(&self) -> usize {
@@ -312,9 +310,8 @@ pub struct Reservation<'a> {
 impl Drop for Reservation<'_> {
     fn drop(&mut self) {
         if self.held {
-            if let Ok(mut occ) = self.registry.occupancy.lock() {
-                occ.reserved = occ.reserved.saturating_sub(1);
-            }
+            let mut occ = lock(&self.registry.occupancy);
+            occ.reserved = occ.reserved.saturating_sub(1);
         }
     }
 }
@@ -394,18 +391,13 @@ impl SandboxRegistry {
     /// Records a use: refreshes the idle clock and the recency order.
     pub fn touch(&self, sandbox: &Sandbox) {
         sandbox.last_used_at.store(now_ms(), Ordering::Relaxed);
-        if let Ok(mut occ) = self.occupancy.lock() {
-            occ.recency.promote(&sandbox.id);
-        }
+        lock(&self.occupancy).recency.promote(&sandbox.id);
     }
 
     /// Takes a capacity slot, evicting the least recently used idle sandbox
     /// when all are taken.
     pub fn reserve(&self) -> Result<Reservation<'_>, AtCapacity> {
-        let mut occ = self
-            .occupancy
-            .lock()
-            .map_err(|_| AtCapacity { max: self.max })?;
+        let mut occ = lock(&self.occupancy);
         let mut evicted = None;
         if occ.recency.len() + occ.reserved >= self.max {
             let victim = occ
@@ -434,7 +426,8 @@ impl SandboxRegistry {
     /// Registers a sandbox into the slot `reservation` holds.
     pub fn insert(&self, mut reservation: Reservation<'_>, sandbox: Arc<Sandbox>) {
         reservation.held = false;
-        if let Ok(mut occ) = self.occupancy.lock() {
+        {
+            let mut occ = lock(&self.occupancy);
             occ.reserved = occ.reserved.saturating_sub(1);
             occ.recency.put(sandbox.id.clone(), Arc::clone(&sandbox));
         }
@@ -446,9 +439,9 @@ impl SandboxRegistry {
     /// Registers an adopted sandbox (rehydration), ignoring capacity: adopted
     /// sandboxes already exist in the engine.
     pub fn adopt(&self, sandbox: Arc<Sandbox>) {
-        if let Ok(mut occ) = self.occupancy.lock() {
-            occ.recency.put(sandbox.id.clone(), Arc::clone(&sandbox));
-        }
+        lock(&self.occupancy)
+            .recency
+            .put(sandbox.id.clone(), Arc::clone(&sandbox));
         self.by_key
             .insert(sandbox.session_key.clone(), sandbox.id.clone());
         self.by_id.insert(sandbox.id.clone(), sandbox);
@@ -456,10 +449,7 @@ impl SandboxRegistry {
 
     /// Forgets a sandbox; returns it if it was registered.
     pub fn remove(&self, id: &str) -> Option<Arc<Sandbox>> {
-        let s = {
-            let mut occ = self.occupancy.lock().ok()?;
-            occ.recency.pop(id)
-        };
+        let s = lock(&self.occupancy).recency.pop(id);
         let s = s.or_else(|| self.get(id))?;
         self.forget_maps(&s);
         s.note_planned_stop();

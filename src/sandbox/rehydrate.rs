@@ -9,8 +9,9 @@ use std::sync::Arc;
 
 use tokio_util::sync::CancellationToken;
 
-use super::registry::{Sandbox, now_ms};
-use super::{Removal, Sandboxes, labels};
+use super::registry::Sandbox;
+use super::{Event, Sandboxes, labels};
+use crate::clock::now_ms;
 
 impl Sandboxes {
     /// Waits for the engine, then reconciles; returns true once done (false
@@ -68,7 +69,7 @@ impl Sandboxes {
                 Err(e) => {
                     tracing::warn!(container = %c.name, error = %e, "unreadable sandbox labels; removing it");
                     if let Some(id) = c.labels.get(labels::SANDBOX_ID) {
-                        self.remove_objects(id, Removal::Removed, None).await;
+                        self.remove_objects(id, Event::Removed, None).await;
                     } else {
                         self.engine().remove_container(&c.name).await?;
                     }
@@ -77,21 +78,18 @@ impl Sandboxes {
             };
             if keys.contains_key(&record.session_key) {
                 tracing::warn!(sandbox_id = %record.id, session_key = %record.session_key, "second sandbox for one session key; removing it");
-                self.remove_objects(&record.id, Removal::Removed, None)
-                    .await;
+                self.remove_objects(&record.id, Event::Removed, None).await;
                 continue;
             }
             if !c.running {
                 if let Err(e) = self.engine().start_container(&c.name).await {
                     tracing::warn!(sandbox_id = %record.id, error = %e, "stopped sandbox would not start; removing it");
-                    self.remove_objects(&record.id, Removal::Removed, None)
-                        .await;
+                    self.remove_objects(&record.id, Event::Removed, None).await;
                     continue;
                 }
             }
             let sandbox = Arc::new(Sandbox::from_record(&instance, &record, now_ms()));
-            tracing::info!(event = "rehydrated", sandbox_id = %record.id, session_key = %record.session_key, was_running = c.running, "sandbox rehydrated");
-            crate::telemetry::sandbox_event("rehydrated");
+            Event::Rehydrated.record(&record.id, &record.session_key);
             keys.insert(record.session_key.clone(), record.id.clone());
             adopted.insert(record.id.clone());
             self.registry().adopt(sandbox);
@@ -105,7 +103,7 @@ impl Sandboxes {
                 .unwrap_or_default();
             let port = p
                 .labels
-                .get(crate::ports::PORT_LABEL)
+                .get(labels::PORT)
                 .and_then(|v| v.parse::<u16>().ok());
             let sandbox = self
                 .registry()
@@ -134,7 +132,7 @@ impl Sandboxes {
         // Link networks: kept for adopted sandboxes, removed otherwise (their
         // sandbox may have vanished while sandboxd was down).
         for n in self.engine().list_networks(&mine).await? {
-            if !crate::ports::is_link_network(&n.labels) {
+            if !labels::is_link_network(&n.labels) {
                 continue;
             }
             let owner = n

@@ -6,6 +6,7 @@ use std::collections::BTreeSet;
 use serde::Deserialize;
 
 use crate::config::Config;
+use crate::field_error::FieldError;
 
 /// Inclusive bounds from the API contract.
 const IDLE_TTL_MS: (u64, u64) = (10_000, 21_600_000);
@@ -93,22 +94,11 @@ pub struct SandboxSpec {
     pub ports: BTreeSet<u16>,
 }
 
-/// A refused field.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{field}: {message}")]
-pub struct SpecError {
-    pub field: String,
-    pub message: String,
+fn bad(field: &str, message: impl Into<String>) -> FieldError {
+    FieldError::new(field, message)
 }
 
-fn bad(field: &str, message: impl Into<String>) -> SpecError {
-    SpecError {
-        field: field.to_string(),
-        message: message.into(),
-    }
-}
-
-fn in_range<T>(field: &str, v: i64, (lo, hi): (T, T)) -> Result<T, SpecError>
+fn in_range<T>(field: &str, v: i64, (lo, hi): (T, T)) -> Result<T, FieldError>
 where
     T: TryFrom<i64> + PartialOrd + std::fmt::Display + Copy,
 {
@@ -120,7 +110,7 @@ where
 
 impl SandboxSpec {
     /// Validates `req` against the contract and `config`.
-    pub fn parse(req: CreateSandboxRequest, config: &Config) -> Result<SandboxSpec, SpecError> {
+    pub fn parse(req: CreateSandboxRequest, config: &Config) -> Result<SandboxSpec, FieldError> {
         let chars = req.session_key.chars().count();
         if chars == 0 || chars > SESSION_KEY_MAX_CHARS {
             return Err(bad(
@@ -178,7 +168,7 @@ impl SandboxSpec {
 }
 
 /// Ports 1-65535, duplicates folded, at most `max`.
-pub fn parse_ports(ports: Vec<i64>, max: usize) -> Result<BTreeSet<u16>, SpecError> {
+pub fn parse_ports(ports: Vec<i64>, max: usize) -> Result<BTreeSet<u16>, FieldError> {
     let mut out = BTreeSet::new();
     for (i, p) in ports.iter().enumerate() {
         let port = u16::try_from(*p)

@@ -1,9 +1,10 @@
 //! `WorkspacePath`: the lexical rules a path must pass before anything
 //! touches the sandbox. Absolute paths must lie under the workspace
-//! directory, relative ones are taken from it; `..` is refused outright
-//! rather than resolved, and `.`/repeated slashes are normalised. This is
-//! only the first line: symlinks are handled inside the sandbox, where the
-//! kernel resolves them (see `files`).
+//! directory, or under one of its aliases (the same volume mounted at
+//! another path, see `workspace_aliases`); relative ones are taken from
+//! it. `..` is refused outright rather than resolved, and `.`/repeated
+//! slashes are normalised. This is only the first line: symlinks are
+//! handled inside the sandbox, where the kernel resolves them (see `files`).
 
 /// Longest path accepted, in bytes (PATH_MAX).
 pub const MAX_PATH_BYTES: usize = 4096;
@@ -30,13 +31,14 @@ pub enum PathError {
     ComponentTooLong,
     #[error("'..' is not allowed in paths")]
     ParentComponent,
-    #[error("{0:?} is outside the workspace {1:?}")]
+    #[error("{0:?} is outside the workspace ({1})")]
     Outside(String, String),
 }
 
 impl WorkspacePath {
-    /// Parses `input`, absolute under `workspace` or relative to it.
-    pub fn parse(input: &str, workspace: &str) -> Result<WorkspacePath, PathError> {
+    /// Parses `input`, absolute under one of `dirs` (the workspace's
+    /// spellings, canonical first) or relative to the workspace.
+    pub fn parse(input: &str, dirs: &[&str]) -> Result<WorkspacePath, PathError> {
         if input.is_empty() {
             return Err(PathError::Empty);
         }
@@ -55,17 +57,25 @@ impl WorkspacePath {
                 c => parts.push(c),
             }
         }
-        // Absolute paths must start with the workspace's components, whole:
-        // /workspacex is not under /workspace.
+        // Absolute paths must start with the components of one of the
+        // workspace's spellings, whole: /workspacex is not under /workspace.
         let skip = if input.starts_with('/') {
-            let ws: Vec<&str> = workspace.split('/').filter(|c| !c.is_empty()).collect();
-            if parts.len() < ws.len() || parts[..ws.len()] != ws[..] {
-                return Err(PathError::Outside(
-                    input.to_string(),
-                    workspace.trim_end_matches('/').to_string(),
-                ));
+            let under = dirs.iter().find_map(|dir| {
+                let ws: Vec<&str> = dir.split('/').filter(|c| !c.is_empty()).collect();
+                (parts.len() >= ws.len() && parts[..ws.len()] == ws[..]).then_some(ws.len())
+            });
+            match under {
+                Some(n) => n,
+                None => {
+                    return Err(PathError::Outside(
+                        input.to_string(),
+                        dirs.iter()
+                            .map(|d| d.trim_end_matches('/'))
+                            .collect::<Vec<_>>()
+                            .join(" or "),
+                    ));
+                }
             }
-            ws.len()
         } else {
             0
         };
@@ -104,9 +114,10 @@ mod tests {
     use proptest::prelude::*;
 
     const WS: &str = "/workspace";
+    const DIRS: &[&str] = &["/workspace", "/vercel/sandbox/workspace"];
 
     fn rel(p: &str) -> Result<String, PathError> {
-        WorkspacePath::parse(p, WS).map(|w| w.relative())
+        WorkspacePath::parse(p, DIRS).map(|w| w.relative())
     }
 
     #[test]
@@ -123,9 +134,38 @@ mod tests {
             assert_eq!(rel(ok), Ok(ok.to_string()), "{ok}");
         }
         assert_eq!(
-            WorkspacePath::parse("x/y", "/vercel/sandbox/workspace")
+            WorkspacePath::parse("x/y", &["/vercel/sandbox/workspace"])
                 .map(|p| p.absolute("/vercel/sandbox/workspace")),
             Ok("/vercel/sandbox/workspace/x/y".into())
+        );
+    }
+
+    #[test]
+    fn both_spellings_name_the_same_path_reported_canonically() {
+        assert_eq!(rel("/vercel/sandbox/workspace/a/b"), Ok("a/b".into()));
+        assert_eq!(rel("/vercel/sandbox/workspace"), Ok("".into()));
+        assert_eq!(
+            WorkspacePath::parse("/vercel/sandbox/workspace/x", DIRS).map(|p| p.absolute(WS)),
+            Ok("/workspace/x".into())
+        );
+        assert!(matches!(
+            rel("/vercel/sandbox"),
+            Err(PathError::Outside(..))
+        ));
+        assert!(matches!(
+            rel("/vercel/sandbox/workspacex"),
+            Err(PathError::Outside(..))
+        ));
+        assert_eq!(
+            rel("/vercel/sandbox/workspace/../x"),
+            Err(PathError::ParentComponent)
+        );
+        assert!(
+            matches!(
+                WorkspacePath::parse("/vercel/sandbox/workspace/a", &[WS]),
+                Err(PathError::Outside(..))
+            ),
+            "without the alias it is outside"
         );
     }
 
@@ -147,7 +187,7 @@ mod tests {
     proptest! {
         #[test]
         fn never_escapes(input in "[a-z./\\\\]{0,40}") {
-            if let Ok(p) = WorkspacePath::parse(&input, WS) {
+            if let Ok(p) = WorkspacePath::parse(&input, DIRS) {
                 for c in p.components() {
                     prop_assert!(!c.is_empty() && c != "." && c != "..");
                     prop_assert!(!c.contains('/'));
@@ -155,7 +195,7 @@ mod tests {
                 let abs = p.absolute(WS);
                 prop_assert!(abs == WS || abs.starts_with("/workspace/"));
                 // Normalisation is idempotent.
-                prop_assert_eq!(WorkspacePath::parse(&abs, WS), Ok(p));
+                prop_assert_eq!(WorkspacePath::parse(&abs, DIRS), Ok(p));
             }
         }
     }
