@@ -1,9 +1,7 @@
 //! Observability against the real binary: Prometheus metrics (behind the
 //! token), request ids in answers and logs, JSON logs.
 
-mod common;
-
-use common::{ServerOptions, TestServer};
+use crate::harness::{self, ServerOptions, TestServer};
 use serde_json::json;
 
 #[tokio::test]
@@ -92,7 +90,7 @@ async fn every_answer_carries_a_request_id_that_the_log_shows() {
             .and_then(|v| v.to_str().ok()),
         Some("from-the-caller")
     );
-    common::eventually(
+    harness::eventually(
         std::time::Duration::from_secs(5),
         "the id is in the log",
         || async { server.log_text().contains(&id) },

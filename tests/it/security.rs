@@ -3,11 +3,9 @@
 //! container checks of CIS Docker Benchmark section 5 that apply, as one
 //! table over every kind of container sandboxd creates.
 
-mod common;
-
+use crate::harness::{self, ServerOptions, TestServer, eventually};
 use bollard::models::ContainerInspectResponse;
 use bollard::query_parameters::InspectContainerOptions;
-use common::{ServerOptions, TestServer, eventually};
 use serde_json::{Value, json};
 
 async fn sh(server: &TestServer, sid: &str, script: &str) -> Value {
@@ -98,7 +96,7 @@ async fn escape_attempts_from_inside_fail() {
     let sid = server.create(json!({"sessionKey": "inside"})).await;
     // Each must fail, and for the reason that matters (a vacuous "command
     // not found" would pass an exit-code check alone).
-    let gvisor = common::under_gvisor();
+    let gvisor = harness::under_gvisor();
     // gVisor checks permissions before the read-only mount; the image's own
     // sandbox-owned directory below shows the mount under either runtime.
     let root_owned_read_only = if gvisor {
@@ -508,11 +506,11 @@ async fn a_stream_of_bad_input_is_4xx_and_leaves_memory_flat() {
     };
     // Warm up, then measure across many more rounds.
     futures_util::future::join_all((0..4).map(round)).await;
-    let before = common::rss_kb(pid);
+    let before = harness::rss_kb(pid);
     for _ in 0..50 {
         futures_util::future::join_all((0..4).map(round)).await;
     }
-    let after = common::rss_kb(pid);
+    let after = harness::rss_kb(pid);
     let growth_mb = after.saturating_sub(before) / 1024;
     assert!(
         growth_mb < 8,

@@ -3,17 +3,15 @@
 //! heartbeats), bounded memory, stdin/cwd/env/argv/login PATH, limits,
 //! busy sandboxes, retention and commands lost to a restart.
 
-mod common;
-
 use std::time::{Duration, Instant};
 
-use common::{ServerOptions, TestServer, eventually};
+use crate::harness::{self, ServerOptions, TestServer, eventually};
 use futures_util::StreamExt;
 use serde_json::{Value, json};
 
 async fn sandbox(server: &TestServer) -> String {
     server
-        .create(json!({"sessionKey": common::unique_instance(), "network": {"mode": "none"}}))
+        .create(json!({"sessionKey": harness::unique_instance(), "network": {"mode": "none"}}))
         .await
 }
 
@@ -542,11 +540,11 @@ async fn a_gigabyte_nobody_reads_keeps_memory_bounded_and_is_not_blocked() {
     let sid = sandbox(&server).await;
     sh(&server, &sid, "true").await;
     let pid = server.pid().expect("pid");
-    let before = common::rss_kb(pid);
+    let before = harness::rss_kb(pid);
     let r = run(&server, &sid, json!({"command": "head -c 1073741824 /dev/zero | tr '\\0' x; echo", "timeoutMs": 300000, "maxOutputBytes": 16})).await;
     assert_eq!(r["exitCode"], 0);
     assert_eq!(r["stdoutTruncatedBytes"].as_u64(), Some(1_073_741_825 - 16));
-    let after = common::rss_kb(pid);
+    let after = harness::rss_kb(pid);
     let growth_mb = after.saturating_sub(before) / 1024;
     assert!(
         growth_mb < 8 + 32,

@@ -3,12 +3,10 @@
 //! of sandboxd and of the sandbox, waitMs, cleanup, proxy hardening, and
 //! isolation between sandboxes.
 
-mod common;
-
 use std::time::Duration;
 
+use crate::harness::{TestServer, eventually};
 use bollard::query_parameters::InspectContainerOptions;
-use common::{TestServer, eventually};
 use serde_json::{Value, json};
 
 async fn start(server: &TestServer, sid: &str, script: &str) -> String {

@@ -4,12 +4,10 @@
 //! sandboxd and the other sandboxes must carry on. (The fork bomb is in
 //! tests/commands.rs.)
 
-mod common;
-
 use std::time::{Duration, Instant};
 
+use crate::harness::{self, ServerOptions, TestServer};
 use base64::Engine as _;
-use common::{ServerOptions, TestServer};
 use futures_util::StreamExt;
 use serde_json::{Value, json};
 
@@ -55,7 +53,7 @@ async fn memory_past_the_limit_is_killed_and_nothing_else_notices() {
         "the OOM killer ends it: {text}"
     );
     let errors: Vec<&Value> = records.iter().filter(|r| r["stream"] == "error").collect();
-    if common::under_gvisor() {
+    if harness::under_gvisor() {
         // gVisor's kernel goes with its memory, and the log says so.
         assert_eq!(errors.len(), 1, "{text}");
         assert!(
@@ -338,7 +336,7 @@ async fn a_thousand_orphans_leave_no_zombies() {
     )
     .await;
     assert_eq!(r["stdout"], "spawned\n");
-    common::eventually(Duration::from_secs(10), "no zombies", || async {
+    harness::eventually(Duration::from_secs(10), "no zombies", || async {
         let z = run(
             &server,
             &sid,
@@ -361,7 +359,7 @@ async fn a_flood_to_a_reader_that_barely_reads_stays_bounded_and_times_out() {
         .create(json!({"sessionKey": "flood", "network": {"mode": "none"}}))
         .await;
     let pid = server.pid().expect("pid");
-    let before = common::rss_kb(pid);
+    let before = harness::rss_kb(pid);
     let (_, v) = server
         .post(
             &format!("/v1/sandboxes/{sid}/commands"),
@@ -377,7 +375,7 @@ async fn a_flood_to_a_reader_that_barely_reads_stays_bounded_and_times_out() {
         let _ = body.next().await;
         for _ in 0..10 {
             tokio::time::sleep(Duration::from_millis(200)).await;
-            peak = peak.max(common::rss_kb(pid));
+            peak = peak.max(harness::rss_kb(pid));
         }
     }
     // The timeout fired regardless of the slow reader.

@@ -3,15 +3,13 @@
 //! concurrency, failure cleanup, image autobuild, networks, stop, restart,
 //! expiry, eviction, rehydration and out-of-band changes.
 
-mod common;
-
 use std::collections::HashMap;
 use std::time::Duration;
 
+use crate::harness::{self, ServerOptions, TestServer, eventually};
 use bollard::query_parameters::{
     InspectContainerOptions, KillContainerOptions, RemoveContainerOptions,
 };
-use common::{ServerOptions, TestServer, eventually};
 use serde_json::json;
 
 async fn inspect(server: &TestServer, id: &str) -> bollard::models::ContainerInspectResponse {
@@ -50,7 +48,7 @@ async fn create_hardens_the_container_and_reconnect_reuses_it() {
     );
     assert_eq!(hc.privileged, Some(false), "Privileged");
     // Under gVisor the limit also holds the sentry's own host tasks.
-    let pids = if common::under_gvisor() {
+    let pids = if harness::under_gvisor() {
         256 + 512 * 8
     } else {
         512
@@ -152,7 +150,7 @@ async fn create_hardens_the_container_and_reconnect_reuses_it() {
     let (_, status) = server.docker_exec(&id, "cat /proc/self/status").await;
     assert!(status.contains("CapEff:\t0000000000000000"), "{status}");
     // gVisor's /proc reports neither (the inspect checks above hold).
-    if !common::under_gvisor() {
+    if !harness::under_gvisor() {
         assert!(status.contains("NoNewPrivs:\t1"), "{status}");
         assert!(status.contains("Seccomp:\t2"), "{status}");
     }
@@ -348,7 +346,7 @@ impl Drop for ImageGuard {
 
 #[tokio::test]
 async fn a_missing_runtime_image_is_built_once_from_the_embedded_dockerfile() {
-    let docker = common::docker().await;
+    let docker = harness::docker().await;
     // Whichever base this machine has: the registry's, or build.sh's offline one.
     let base = if docker.inspect_image("debian:bookworm-slim").await.is_ok() {
         "debian:bookworm-slim"
@@ -544,7 +542,7 @@ async fn restart_ends_every_process_and_keeps_the_workspace() {
         .as_str()
         .expect("commandId")
         .to_string();
-    common::eventually(Duration::from_secs(10), "the command runs", || async {
+    harness::eventually(Duration::from_secs(10), "the command runs", || async {
         server
             .docker_exec(&id, "ps -eo args")
             .await

@@ -3,17 +3,15 @@
 //! work there. scripts/ensure-docker.sh registers runsc on our machines;
 //! an engine without it fails this test and says so.
 
-mod common;
-
 use std::time::Duration;
 
+use crate::harness::{self, ServerOptions, TestServer};
 use bollard::query_parameters::InspectContainerOptions;
-use common::{ServerOptions, TestServer};
 use serde_json::json;
 
 #[tokio::test]
 async fn a_gvisor_runtime_runs_sandboxes_under_gvisor() {
-    let docker = common::docker().await;
+    let docker = harness::docker().await;
     let runtimes = docker
         .info()
         .await
@@ -25,7 +23,7 @@ async fn a_gvisor_runtime_runs_sandboxes_under_gvisor() {
         "the engine has no runsc runtime (runtimes: {:?}); scripts/ensure-docker.sh registers it on Debian",
         runtimes.keys().collect::<Vec<_>>()
     );
-    let config = std::env::temp_dir().join(format!("{}-gvisor.toml", common::unique_instance()));
+    let config = std::env::temp_dir().join(format!("{}-gvisor.toml", harness::unique_instance()));
     std::fs::write(&config, "[runtimes.gvisor]\noci_runtime = \"runsc\"\n").expect("config");
     let server = TestServer::start_with(
         ServerOptions::default().env("SANDBOXD_CONFIG", config.to_str().expect("utf8")),

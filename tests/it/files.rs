@@ -3,12 +3,10 @@
 //! proof that nothing outside the workspace changed), the swap race,
 //! all-or-nothing writes, list, delete and limits.
 
-mod common;
-
 use std::time::{Duration, Instant};
 
+use crate::harness::{self, ServerOptions, TestServer};
 use base64::Engine as _;
-use common::{ServerOptions, TestServer};
 use serde_json::{Value, json};
 
 fn b64(bytes: &[u8]) -> String {
@@ -23,7 +21,7 @@ fn random_bytes(n: usize) -> Vec<u8> {
 
 async fn sandbox(server: &TestServer) -> String {
     server
-        .create(json!({"sessionKey": common::unique_instance(), "network": {"mode": "none"}}))
+        .create(json!({"sessionKey": harness::unique_instance(), "network": {"mode": "none"}}))
         .await
 }
 

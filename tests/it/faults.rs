@@ -4,11 +4,9 @@
 //! stopped out of band, a missing image and an engine that appears late
 //! are in tests/sandboxes.rs and tests/foundation.rs.)
 
-mod common;
-
 use std::time::{Duration, Instant};
 
-use common::TestServer;
+use crate::harness::{self, TestServer};
 use serde_json::json;
 
 #[tokio::test]
@@ -24,7 +22,7 @@ async fn sandboxd_killed_mid_command_comes_back_with_the_command_lost() {
         )
         .await;
     let cid = v["commandId"].as_str().expect("cid").to_string();
-    common::eventually(Duration::from_secs(5), "the command runs", || async {
+    harness::eventually(Duration::from_secs(5), "the command runs", || async {
         let (code, out) = server.docker_exec(&sid, "ps -eo args").await;
         code == 0 && out.lines().any(|l| l.trim() == "sleep 6161")
     })
