@@ -6,21 +6,9 @@
 
 use std::time::{Duration, Instant};
 
-use crate::harness::{self, ServerOptions, TestServer};
-use base64::Engine as _;
+use crate::harness::{self, ServerOptions, TestServer, b64};
 use futures_util::StreamExt;
 use serde_json::{Value, json};
-
-async fn run(server: &TestServer, sid: &str, script: &str, timeout_ms: u64) -> Value {
-    let (s, v) = server
-        .post(
-            &format!("/v1/sandboxes/{sid}/commands:run"),
-            json!({"command": script, "timeoutMs": timeout_ms}),
-        )
-        .await;
-    assert_eq!(s, 200, "{v}");
-    v
-}
 
 #[tokio::test]
 async fn memory_past_the_limit_is_killed_and_nothing_else_notices() {
@@ -30,7 +18,9 @@ async fn memory_past_the_limit_is_killed_and_nothing_else_notices() {
         .create(json!({"sessionKey": "calm", "network": {"mode": "none"}}))
         .await;
     assert_eq!(
-        run(&server, &hog, "echo kept > before.txt && echo ok", 10000).await["stdout"],
+        server
+            .sh_with_timeout(&hog, "echo kept > before.txt && echo ok", 10000)
+            .await["stdout"],
         "ok\n"
     );
     let (s, started) = server
@@ -67,11 +57,11 @@ async fn memory_past_the_limit_is_killed_and_nothing_else_notices() {
         assert!(errors.is_empty(), "only the process died: {text}");
     }
     assert_eq!(
-        run(&server, &calm, "echo fine", 10000).await["stdout"],
+        server.sh_with_timeout(&calm, "echo fine", 10000).await["stdout"],
         "fine\n"
     );
     assert_eq!(
-        run(&server, &hog, "cat before.txt", 10000).await["stdout"],
+        server.sh_with_timeout(&hog, "cat before.txt", 10000).await["stdout"],
         "kept\n",
         "the sandbox answers, its workspace intact"
     );
@@ -85,13 +75,13 @@ async fn a_full_tmp_says_enospc_at_its_size() {
     let sid = server
         .create(json!({"sessionKey": "tmp", "network": {"mode": "none"}}))
         .await;
-    let r = run(
-        &server,
-        &sid,
-        "head -c 32M /dev/zero > /tmp/fill; echo rc=$?; du -m /tmp/fill | cut -f1",
-        30000,
-    )
-    .await;
+    let r = server
+        .sh_with_timeout(
+            &sid,
+            "head -c 32M /dev/zero > /tmp/fill; echo rc=$?; du -m /tmp/fill | cut -f1",
+            30000,
+        )
+        .await;
     let out = r["stdout"].as_str().unwrap_or("");
     assert!(
         r["stderr"]
@@ -108,7 +98,9 @@ async fn a_full_tmp_says_enospc_at_its_size() {
         .expect("size");
     assert!((15..=16).contains(&mb), "stopped at the 16 MB size: {mb}");
     assert_eq!(
-        run(&server, &sid, "rm /tmp/fill && echo ok", 10000).await["stdout"],
+        server
+            .sh_with_timeout(&sid, "rm /tmp/fill && echo ok", 10000)
+            .await["stdout"],
         "ok\n"
     );
 }
@@ -124,11 +116,7 @@ async fn a_runaway_file_stops_at_the_file_size_limit() {
     let other = server
         .create(json!({"sessionKey": "other", "network": {"mode": "none"}}))
         .await;
-    let inspect = server
-        .docker
-        .inspect_container(&server.container_name(&filler), None)
-        .await
-        .expect("inspect");
+    let inspect = server.inspect(&filler).await;
     let ulimits = inspect
         .host_config
         .and_then(|h| h.ulimits)
@@ -141,9 +129,7 @@ async fn a_runaway_file_stops_at_the_file_size_limit() {
     );
 
     // The classic accident: an endless writer into the workspace.
-    let r = run(
-        &server,
-        &filler,
+    let r = server.sh_with_timeout(&filler,
         "yes > out.txt; echo rc=$?; stat -c %s out.txt; ulimit -f unlimited 2>/dev/null && echo raised",
         60000,
     )
@@ -162,7 +148,7 @@ async fn a_runaway_file_stops_at_the_file_size_limit() {
     );
 
     // files:write past the limit: a clear 413, and no partial file.
-    let big = base64::engine::general_purpose::STANDARD.encode(vec![b'x'; 17 << 20]);
+    let big = b64(vec![b'x'; 17 << 20]);
     let (s, v) = server
         .post(
             &format!("/v1/sandboxes/{filler}/files:write"),
@@ -176,14 +162,16 @@ async fn a_runaway_file_stops_at_the_file_size_limit() {
         "{v}"
     );
     assert_eq!(
-        run(&server, &filler, "ls -A; rm out.txt", 10000).await["stdout"],
+        server
+            .sh_with_timeout(&filler, "ls -A; rm out.txt", 10000)
+            .await["stdout"],
         "out.txt\n",
         "nothing half-written is left"
     );
     let (s, v) = server
         .post(
             &format!("/v1/sandboxes/{other}/files:write"),
-            json!({"files": [{"path": "fine.bin", "contentBase64": base64::engine::general_purpose::STANDARD.encode(vec![b'y'; 1 << 20])}]}),
+            json!({"files": [{"path": "fine.bin", "contentBase64": b64(vec![b'y'; 1 << 20])}]}),
         )
         .await;
     assert_eq!(s, 200, "the other sandbox writes as before: {v}");
@@ -232,13 +220,13 @@ async fn filling_the_workspace_stops_at_its_quota_or_is_refused_up_front() {
     let other = server
         .create(json!({"sessionKey": "neighbour", "network": {"mode": "none"}}))
         .await;
-    let r = run(
-        &server,
-        &full,
-        "for i in 1 2 3 4 5 6 7 8; do head -c 16M /dev/zero > f$i || break; done; echo done",
-        60000,
-    )
-    .await;
+    let r = server
+        .sh_with_timeout(
+            &full,
+            "for i in 1 2 3 4 5 6 7 8; do head -c 16M /dev/zero > f$i || break; done; echo done",
+            60000,
+        )
+        .await;
     let err = r["stderr"].as_str().unwrap_or("");
     assert!(
         err.contains("No space left on device") || err.contains("Disk quota exceeded"),
@@ -247,34 +235,30 @@ async fn filling_the_workspace_stops_at_its_quota_or_is_refused_up_front() {
     let (s, v) = server
         .post(
             &format!("/v1/sandboxes/{full}/files:write"),
-            json!({"files": [{"path": "more.bin", "contentBase64": base64::engine::general_purpose::STANDARD.encode(vec![b'x'; 1 << 20])}]}),
+            json!({"files": [{"path": "more.bin", "contentBase64": b64(vec![b'x'; 1 << 20])}]}),
         )
         .await;
     assert_eq!(s, 507, "{v}");
     assert_eq!(v["code"], "insufficient_storage", "{v}");
     assert_eq!(
-        run(&server, &full, "echo answers", 10000).await["stdout"],
+        server.sh_with_timeout(&full, "echo answers", 10000).await["stdout"],
         "answers\n"
     );
     assert_eq!(
-        run(
-            &server,
-            &other,
-            "head -c 32M /dev/zero > f && echo wrote",
-            30000
-        )
-        .await["stdout"],
+        server
+            .sh_with_timeout(&other, "head -c 32M /dev/zero > f && echo wrote", 30000)
+            .await["stdout"],
         "wrote\n",
         "the neighbour has its own quota"
     );
     assert_eq!(
-        run(
-            &server,
-            &full,
-            "rm f* && head -c 1M /dev/zero > g && echo again",
-            10000
-        )
-        .await["stdout"],
+        server
+            .sh_with_timeout(
+                &full,
+                "rm f* && head -c 1M /dev/zero > g && echo again",
+                10000
+            )
+            .await["stdout"],
         "again\n",
         "freeing space frees the sandbox"
     );
@@ -312,13 +296,13 @@ async fn a_crowd_of_commands_gets_429_past_the_limit_and_leaves_nothing() {
     }
     let (_, view) = server.get(&format!("/v1/sandboxes/{sid}")).await;
     assert_eq!(view["runningCommands"], 0);
-    let ps = run(
-        &server,
-        &sid,
-        "ps -eo args --no-headers | grep -c '^sleep 3$' || true",
-        10000,
-    )
-    .await;
+    let ps = server
+        .sh_with_timeout(
+            &sid,
+            "ps -eo args --no-headers | grep -c '^sleep 3$' || true",
+            10000,
+        )
+        .await;
     assert_eq!(ps["stdout"], "0\n", "nothing left behind");
 }
 
@@ -328,22 +312,22 @@ async fn a_thousand_orphans_leave_no_zombies() {
     let sid = server
         .create(json!({"sessionKey": "orphans", "network": {"mode": "none"}}))
         .await;
-    let r = run(
-        &server,
-        &sid,
-        "for i in $(seq 1000); do (sleep 0.01 &); done; sleep 1; echo spawned",
-        60000,
-    )
-    .await;
-    assert_eq!(r["stdout"], "spawned\n");
-    harness::eventually(Duration::from_secs(10), "no zombies", || async {
-        let z = run(
-            &server,
+    let r = server
+        .sh_with_timeout(
             &sid,
-            "ps -eo stat --no-headers | grep -c '^Z' || true",
-            10000,
+            "for i in $(seq 1000); do (sleep 0.01 &); done; sleep 1; echo spawned",
+            60000,
         )
         .await;
+    assert_eq!(r["stdout"], "spawned\n");
+    harness::eventually(Duration::from_secs(10), "no zombies", || async {
+        let z = server
+            .sh_with_timeout(
+                &sid,
+                "ps -eo stat --no-headers | grep -c '^Z' || true",
+                10000,
+            )
+            .await;
         z["stdout"] == "0\n"
     })
     .await;

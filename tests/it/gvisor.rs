@@ -6,7 +6,6 @@
 use std::time::Duration;
 
 use crate::harness::{self, ServerOptions, TestServer};
-use bollard::query_parameters::InspectContainerOptions;
 use serde_json::json;
 
 #[tokio::test]
@@ -32,34 +31,15 @@ async fn a_gvisor_runtime_runs_sandboxes_under_gvisor() {
     let sid = server
         .create(json!({"sessionKey": "g", "runtime": "gvisor", "ports": [3000]}))
         .await;
-    let info = server
-        .docker
-        .inspect_container(
-            &server.container_name(&sid),
-            None::<InspectContainerOptions>,
-        )
-        .await
-        .expect("inspect");
+    let info = server.inspect(&sid).await;
     let hc = info.host_config.expect("host config");
     assert_eq!(hc.runtime.as_deref(), Some("runsc"));
     assert_eq!(hc.readonly_rootfs, Some(true), "hardening still applies");
     assert_eq!(hc.cap_drop, Some(vec!["ALL".to_string()]));
 
-    let run = |script: &'static str| {
-        let server = &server;
-        let sid = sid.clone();
-        async move {
-            let (s, v) = server
-                .post(
-                    &format!("/v1/sandboxes/{sid}/commands:run"),
-                    json!({"command": script, "timeoutMs": 30000}),
-                )
-                .await;
-            assert_eq!(s, 200, "{v}");
-            v
-        }
-    };
-    let r = run("dmesg | head -1; id -u").await;
+    let r = server
+        .sh_with_timeout(&sid, "dmesg | head -1; id -u", 30000)
+        .await;
     let out = r["stdout"].as_str().unwrap_or("");
     assert!(out.contains("gVisor"), "the kernel is gVisor's: {r}");
     assert!(out.ends_with("1000\n"), "{r}");
@@ -76,11 +56,17 @@ async fn a_gvisor_runtime_runs_sandboxes_under_gvisor() {
         ),
         ("engine socket", "test -e /var/run/docker.sock"),
     ] {
-        let r = run(script).await;
+        let r = server.sh_with_timeout(&sid, script, 30000).await;
         assert_ne!(r["exitCode"], 0, "{what} must fail under gVisor: {r}");
         assert_ne!(r["exitCode"], 127, "{what} must be tried, not missing: {r}");
     }
-    let caps = run("grep -E '^Cap(Eff|Prm|Bnd):' /proc/self/status").await;
+    let caps = server
+        .sh_with_timeout(
+            &sid,
+            "grep -E '^Cap(Eff|Prm|Bnd):' /proc/self/status",
+            30000,
+        )
+        .await;
     assert_eq!(
         caps["stdout"],
         "CapPrm:\t0000000000000000\nCapEff:\t0000000000000000\nCapBnd:\t0000000000000000\n",
@@ -88,15 +74,13 @@ async fn a_gvisor_runtime_runs_sandboxes_under_gvisor() {
     );
     // Files.
     let (s, _) = server
-        .post(
-            &format!("/v1/sandboxes/{sid}/files:write"),
-            json!({"files": [{"path": "g.txt", "contentBase64": "Z3Zpc29y"}]}),
+        .write_files(
+            &sid,
+            json!([{"path": "g.txt", "contentBase64": "Z3Zpc29y"}]),
         )
         .await;
     assert_eq!(s, 200);
-    let (s, v) = server
-        .get(&format!("/v1/sandboxes/{sid}/files:read?path=g.txt"))
-        .await;
+    let (s, v) = server.read_file(&sid, "g.txt").await;
     assert_eq!((s, v["contentBase64"].clone()), (200, json!("Z3Zpc29y")));
     // Commands: a timeout ends the tree.
     let r = server
@@ -107,7 +91,7 @@ async fn a_gvisor_runtime_runs_sandboxes_under_gvisor() {
         .await
         .1;
     assert_eq!(r["exitCode"], 124);
-    let ps = run("ps -eo args").await;
+    let ps = server.sh_with_timeout(&sid, "ps -eo args", 30000).await;
     assert!(
         !ps["stdout"]
             .as_str()

@@ -8,17 +8,6 @@ use bollard::models::ContainerInspectResponse;
 use bollard::query_parameters::InspectContainerOptions;
 use serde_json::{Value, json};
 
-async fn sh(server: &TestServer, sid: &str, script: &str) -> Value {
-    let (s, v) = server
-        .post(
-            &format!("/v1/sandboxes/{sid}/commands:run"),
-            json!({"command": script, "timeoutMs": 20000}),
-        )
-        .await;
-    assert_eq!(s, 200, "{v}");
-    v
-}
-
 #[tokio::test]
 async fn every_route_needs_the_token() {
     let token = "all-routes-token";
@@ -141,12 +130,14 @@ async fn escape_attempts_from_inside_fail() {
         // seccomp profile (which runsc does not apply to execs); the
         // namespace is the sentry's own, so prove that instead.
         attempts.retain(|(what, _, _)| *what != "unshare -r");
-        let r = sh(&server, &sid, "unshare -r sh -c 'id -u; dmesg | head -1'").await;
+        let r = server
+            .sh_with_timeout(&sid, "unshare -r sh -c 'id -u; dmesg | head -1'", 20000)
+            .await;
         let out = r["stdout"].as_str().unwrap_or("");
         assert!(out.starts_with("0\n") && out.contains("gVisor"), "{r}");
     }
     for (what, script, reason) in attempts {
-        let r = sh(&server, &sid, script).await;
+        let r = server.sh_with_timeout(&sid, script, 20000).await;
         assert_ne!(r["exitCode"], 0, "{what} must fail: {r}");
         assert_ne!(r["exitCode"], 127, "{what} must be tried, not missing: {r}");
         assert!(
@@ -154,12 +145,13 @@ async fn escape_attempts_from_inside_fail() {
             "{what} fails because {reason}: {r}"
         );
     }
-    let r = sh(
-        &server,
-        &sid,
-        "grep -E '^(CapEff|CapPrm|CapBnd|NoNewPrivs|Seccomp):' /proc/self/status; id -u",
-    )
-    .await;
+    let r = server
+        .sh_with_timeout(
+            &sid,
+            "grep -E '^(CapEff|CapPrm|CapBnd|NoNewPrivs|Seccomp):' /proc/self/status; id -u",
+            20000,
+        )
+        .await;
     let out = r["stdout"].as_str().unwrap_or("");
     let mut expected = vec![
         "CapEff:\t0000000000000000",
@@ -176,23 +168,21 @@ async fn escape_attempts_from_inside_fail() {
     }
     assert!(out.ends_with("1000\n"), "{out}");
     // No engine socket, and no engine API on the gateway.
-    let r = sh(
-        &server,
-        &sid,
-        "ls /var/run/docker.sock /run/docker.sock 2>/dev/null | wc -l",
-    )
-    .await;
+    let r = server
+        .sh_with_timeout(
+            &sid,
+            "ls /var/run/docker.sock /run/docker.sock 2>/dev/null | wc -l",
+            20000,
+        )
+        .await;
     assert_eq!(r["stdout"], "0\n");
-    let r = sh(
-        &server,
-        &sid,
-        "gw=$(awk '$2==\"00000000\"{print $3; exit}' /proc/net/route); ip=$(printf '%d.%d.%d.%d' 0x${gw:6:2} 0x${gw:4:2} 0x${gw:2:2} 0x${gw:0:2}); for p in 2375 2376; do (exec 3<>/dev/tcp/$ip/$p) 2>/dev/null && echo open-$p; done; echo checked $ip",
-    )
+    let r = server.sh_with_timeout(&sid,
+        "gw=$(awk '$2==\"00000000\"{print $3; exit}' /proc/net/route); ip=$(printf '%d.%d.%d.%d' 0x${gw:6:2} 0x${gw:4:2} 0x${gw:2:2} 0x${gw:0:2}); for p in 2375 2376; do (exec 3<>/dev/tcp/$ip/$p) 2>/dev/null && echo open-$p; done; echo checked $ip", 20000)
     .await;
     let out = r["stdout"].as_str().unwrap_or("");
     assert!(out.starts_with("checked "), "no engine port answers: {out}");
     // Masked /proc paths stay masked.
-    let r = sh(&server, &sid, "for p in /proc/kcore /proc/keys /proc/timer_list; do printf '%s ' \"$(wc -c < $p 2>/dev/null || echo 0)\"; done").await;
+    let r = server.sh_with_timeout(&sid, "for p in /proc/kcore /proc/keys /proc/timer_list; do printf '%s ' \"$(wc -c < $p 2>/dev/null || echo 0)\"; done", 20000).await;
     assert_eq!(r["stdout"], "0 0 0 ", "{r}");
 }
 
@@ -202,16 +192,17 @@ async fn network_none_has_only_loopback() {
     let sid = server
         .create(json!({"sessionKey": "offline", "network": {"mode": "none"}}))
         .await;
-    let r = sh(
-        &server,
-        &sid,
-        "tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '",
-    )
-    .await;
+    let r = server
+        .sh_with_timeout(
+            &sid,
+            "tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '",
+            20000,
+        )
+        .await;
     assert_eq!(r["stdout"], "lo\n", "{r}");
     // Nothing can leave: name lookups and connects fail at once (the
     // address is from the documentation range; no packet is sent anyway).
-    let r = sh(&server, &sid, "getent hosts debian.org >/dev/null && echo resolved; (exec 3<>/dev/tcp/192.0.2.1/80) 2>/dev/null && echo connected; echo done").await;
+    let r = server.sh_with_timeout(&sid, "getent hosts debian.org >/dev/null && echo resolved; (exec 3<>/dev/tcp/192.0.2.1/80) 2>/dev/null && echo connected; echo done", 20000).await;
     assert_eq!(r["stdout"], "done\n", "{r}");
 }
 

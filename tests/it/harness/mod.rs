@@ -10,9 +10,13 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
+use base64::Engine as _;
 use bollard::Docker;
-use bollard::query_parameters::{ListContainersOptions, ListVolumesOptions};
-use serde_json::Value;
+use bollard::models::ContainerInspectResponse;
+use bollard::query_parameters::{
+    InspectContainerOptions, ListContainersOptions, ListVolumesOptions,
+};
+use serde_json::{Value, json};
 
 pub(crate) const INSTANCE_LABEL: &str = "sandboxd.instance";
 
@@ -41,7 +45,7 @@ fn no_engine(why: &str) -> String {
 
 /// Runs `f` on a fresh runtime in its own thread: for cleanup from `Drop`,
 /// which may run inside another runtime.
-fn block_on_side<F: std::future::Future<Output = ()> + Send + 'static>(f: F) {
+pub(crate) fn block_on_side<F: std::future::Future<Output = ()> + Send + 'static>(f: F) {
     let _ = std::thread::spawn(move || {
         if let Ok(rt) = tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -316,6 +320,101 @@ impl TestServer {
         v["sandboxId"].as_str().expect("sandboxId").to_string()
     }
 
+    /// Creates an offline sandbox (network mode none) under a session key
+    /// of its own; returns its id.
+    pub(crate) async fn offline_sandbox(&self) -> String {
+        self.create(json!({"sessionKey": unique_instance(), "network": {"mode": "none"}}))
+            .await
+    }
+
+    /// `docker inspect` of a sandbox's container.
+    pub(crate) async fn inspect(&self, sid: &str) -> ContainerInspectResponse {
+        self.docker
+            .inspect_container(&self.container_name(sid), None::<InspectContainerOptions>)
+            .await
+            .expect("inspect")
+    }
+
+    /// Runs a command to its end (`commands:run`), asserting 200; returns
+    /// the answer.
+    pub(crate) async fn run(&self, sid: &str, body: Value) -> Value {
+        let (status, v) = self
+            .post(&format!("/v1/sandboxes/{sid}/commands:run"), body)
+            .await;
+        assert_eq!(status, 200, "{v}");
+        v
+    }
+
+    /// Runs `script` in the sandbox's login shell to its end.
+    pub(crate) async fn sh(&self, sid: &str, script: &str) -> Value {
+        self.run(sid, json!({"command": script})).await
+    }
+
+    /// Runs `script` in the sandbox's login shell to its end or timeout.
+    pub(crate) async fn sh_with_timeout(&self, sid: &str, script: &str, timeout_ms: u64) -> Value {
+        self.run(sid, json!({"command": script, "timeoutMs": timeout_ms}))
+            .await
+    }
+
+    /// Starts a command, asserting 200; returns its id.
+    pub(crate) async fn start_command(&self, sid: &str, body: Value) -> String {
+        let (status, v) = self
+            .post(&format!("/v1/sandboxes/{sid}/commands"), body)
+            .await;
+        assert_eq!(status, 200, "{v}");
+        v["commandId"].as_str().expect("commandId").to_string()
+    }
+
+    /// Waits for a command to end, asserting 200; returns the answer.
+    pub(crate) async fn wait_command(&self, sid: &str, cid: &str) -> Value {
+        let (status, v) = self
+            .get(&format!("/v1/sandboxes/{sid}/commands/{cid}/wait"))
+            .await;
+        assert_eq!(status, 200, "{v}");
+        v
+    }
+
+    /// A command's whole NDJSON log stream, parsed; `query` is appended to
+    /// the path (e.g. `?after=3`).
+    pub(crate) async fn log_records(&self, sid: &str, cid: &str, query: &str) -> Vec<Value> {
+        let resp = self
+            .auth(self.client.get(format!(
+                "{}/v1/sandboxes/{sid}/commands/{cid}/logs{query}",
+                self.base
+            )))
+            .send()
+            .await
+            .expect("logs");
+        assert_eq!(resp.status(), 200);
+        assert_eq!(
+            resp.headers()
+                .get("content-type")
+                .and_then(|v| v.to_str().ok()),
+            Some("application/x-ndjson")
+        );
+        let text = resp.text().await.expect("body");
+        text.lines()
+            .map(|l| serde_json::from_str(l).expect("NDJSON line"))
+            .collect()
+    }
+
+    /// `files:write` of `files` (a JSON array of `{path, contentBase64,
+    /// mode?}`).
+    pub(crate) async fn write_files(&self, sid: &str, files: Value) -> (u16, Value) {
+        self.post(
+            &format!("/v1/sandboxes/{sid}/files:write"),
+            json!({ "files": files }),
+        )
+        .await
+    }
+
+    /// `files:read` of `path`, URL-encoded as is (no normalising).
+    pub(crate) async fn read_file(&self, sid: &str, path: &str) -> (u16, Value) {
+        let q = url_encode(path);
+        self.get(&format!("/v1/sandboxes/{sid}/files:read?path={q}"))
+            .await
+    }
+
     /// Containers of this instance carrying `label=value` (all states).
     pub(crate) async fn containers_with(
         &self,
@@ -403,6 +502,23 @@ pub(crate) async fn exec_in(docker: &Docker, container: &str, script: &str) -> (
         .exit_code
         .unwrap_or(-1);
     (code, out)
+}
+
+/// Standard base64 of `bytes`, as the files API wants it.
+pub(crate) fn b64(bytes: impl AsRef<[u8]>) -> String {
+    base64::engine::general_purpose::STANDARD.encode(bytes)
+}
+
+/// Percent-encodes every byte but unreserved characters and `/`.
+fn url_encode(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' | b'/' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
 }
 
 async fn into_parts(resp: reqwest::Response) -> (u16, Value) {
