@@ -1,8 +1,9 @@
-//! The abuse suite (issue 9, part 2) against the real binary and engine:
-//! memory past the limit, a full /tmp, a crowd of commands, a swarm of
-//! orphans, and an output flood to a reader that barely reads. Each time
-//! sandboxd and the other sandboxes must carry on. (The fork bomb is in
-//! tests/commands.rs.)
+//! Abuse of a sandbox's limits: memory past the limit, a full /tmp, a
+//! runaway file at the file size limit, a workspace size the engine cannot
+//! enforce, a crowd of commands past the running-command limit, a thousand
+//! orphans, and output floods to a reader that barely reads and to readers
+//! that vanish. Each time sandboxd and the other sandboxes carry on. (The
+//! fork bomb is in `commands`.)
 
 use std::time::{Duration, Instant};
 

@@ -1,7 +1,7 @@
-//! The admin token: with one set, every route but health needs it in one of
-//! the three headers; no token, a wrong one, an empty bearer or the token
-//! in the query string get 401 and change nothing, and the token is never
-//! logged.
+//! The admin token: with one set, every route but health needs it
+//! (`/metrics` included) in one of the three headers; no token, a wrong
+//! one, an empty bearer or the token in the query string get 401 and
+//! change nothing, and the token is never logged.
 
 use crate::harness::{ServerOptions, TestServer};
 use serde_json::json;
@@ -79,4 +79,75 @@ async fn token_guards_every_route_but_health() {
         !server.log_text().contains(token),
         "the token must never be logged"
     );
+}
+
+#[tokio::test]
+async fn every_route_needs_the_token() {
+    let token = "all-routes-token";
+    let server = TestServer::start_with(ServerOptions::default().token(token)).await;
+    let sid = server
+        .create(json!({"sessionKey": "t", "network": {"mode": "none"}, "ports": [3000]}))
+        .await;
+    let (_, v) = server
+        .post(
+            &format!("/v1/sandboxes/{sid}/commands"),
+            json!({"command": "sleep 30"}),
+        )
+        .await;
+    let cid = v["commandId"].as_str().expect("cid").to_string();
+    let routes: Vec<(&str, String)> = vec![
+        ("GET", "/metrics".into()),
+        ("GET", "/v1/sandboxes".into()),
+        ("POST", "/v1/sandboxes".into()),
+        ("GET", format!("/v1/sandboxes/{sid}")),
+        ("POST", format!("/v1/sandboxes/{sid}:restart")),
+        ("POST", format!("/v1/sandboxes/{sid}:stop")),
+        ("GET", format!("/v1/sandboxes/{sid}/commands")),
+        ("POST", format!("/v1/sandboxes/{sid}/commands")),
+        ("POST", format!("/v1/sandboxes/{sid}/commands:run")),
+        ("GET", format!("/v1/sandboxes/{sid}/commands/{cid}/wait")),
+        ("GET", format!("/v1/sandboxes/{sid}/commands/{cid}/logs")),
+        ("POST", format!("/v1/sandboxes/{sid}/commands/{cid}:kill")),
+        ("GET", format!("/v1/sandboxes/{sid}/files:read?path=a")),
+        ("POST", format!("/v1/sandboxes/{sid}/files:write")),
+        ("GET", format!("/v1/sandboxes/{sid}/files:list")),
+        ("POST", format!("/v1/sandboxes/{sid}/files:delete")),
+        ("GET", format!("/v1/sandboxes/{sid}/ports/3000")),
+    ];
+    let body = json!({"sessionKey": "x", "command": "touch /workspace/pwned", "files": [{"path": "pwned", "contentBase64": ""}], "paths": ["a"]});
+    for (method, path) in &routes {
+        let url = format!("{}{path}", server.base);
+        let sep = if path.contains('?') { '&' } else { '?' };
+        for rb in [
+            server.client.request(method.parse().expect("method"), &url),
+            server
+                .client
+                .request(method.parse().expect("method"), &url)
+                .header("x-sandboxd-admin-token", "nope"),
+            server
+                .client
+                .request(method.parse().expect("method"), &url)
+                .header("authorization", "Bearer "),
+            server.client.request(
+                method.parse().expect("method"),
+                format!("{url}{sep}token={token}"),
+            ),
+        ] {
+            let resp = rb.json(&body).send().await.expect("send");
+            assert_eq!(resp.status(), 401, "{method} {path}");
+        }
+    }
+    // Nothing happened: the sandbox and its command run, nothing was written.
+    let (s, view) = server.get(&format!("/v1/sandboxes/{sid}")).await;
+    assert_eq!(s, 200);
+    assert_eq!(view["runningCommands"], 1);
+    assert_eq!(
+        server
+            .containers_with("sandboxd.role", "sandbox")
+            .await
+            .len(),
+        1
+    );
+    let (code, out) = server.docker_exec(&sid, "ls -A /workspace").await;
+    assert_eq!((code, out.as_str()), (0, ""));
 }

@@ -1,7 +1,8 @@
-//! Issue 4 against the real binary and engine: exit codes, tree kills and
-//! timeouts, the NDJSON log stream (replay, follow, resume, drops, UTF-8,
-//! heartbeats), bounded memory, stdin/cwd/env/argv/login PATH, limits,
-//! busy sandboxes, retention and commands lost to a restart.
+//! Commands: exact exit codes, tree kills and timeouts (a fork bomb
+//! included), the NDJSON log stream (replay, follow, resume, exact drops,
+//! UTF-8, heartbeats), bounded memory, stdin/cwd/env/argv/login PATH,
+//! limits, busy sandboxes, retention and commands lost to a restart of
+//! sandboxd.
 
 use std::time::{Duration, Instant};
 

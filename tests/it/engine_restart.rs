@@ -1,7 +1,8 @@
-//! The engine restarted mid-command (issue 9, part 3). This test restarts
-//! the Docker daemon, so scripts/test.sh runs it alone, after every other
-//! test (a second nextest pass); a guard brings the engine back even when
-//! the test fails.
+//! The engine restarted mid-command: the log stream ends with an `error`
+//! record, then `exit`, and the sandbox works again. This test restarts the
+//! Docker daemon, so scripts/test.sh runs it alone, after every other test
+//! (a second nextest pass); a guard brings the engine back even when the
+//! test fails.
 
 use std::process::Command;
 use std::time::{Duration, Instant};

@@ -1,10 +1,12 @@
 //! The JSON error contract against the real binary: every error is JSON
-//! with the right status and a stable `code`, and bodies over the limit are
-//! refused before they are buffered.
+//! with the right status and a stable `code`; bodies over the limit are
+//! refused before they are buffered; a long stream of bad input gets 4xx
+//! answers only and leaves sandboxd's memory flat.
 
 use std::time::Duration;
 
-use crate::harness::{ServerOptions, TestServer};
+use crate::harness::{self, ServerOptions, TestServer};
+use serde_json::{Value, json};
 
 #[tokio::test]
 async fn errors_are_json_with_the_right_status() {
@@ -69,6 +71,114 @@ async fn errors_are_json_with_the_right_status() {
     assert!(reply.contains("body_too_large"), "{reply}");
     assert!(
         server.containers().await.is_empty(),
+        "bad input created nothing"
+    );
+}
+
+#[tokio::test]
+async fn a_stream_of_bad_input_is_4xx_and_leaves_memory_flat() {
+    let server =
+        TestServer::start_with(ServerOptions::default().env("SANDBOXD_MAX_BODY_BYTES", "65536"))
+            .await;
+    let sid = server
+        .create(json!({"sessionKey": "target", "network": {"mode": "none"}}))
+        .await;
+    let pid = server.pid().expect("pid");
+    let nested = format!("{}{}", "[".repeat(5000), "]".repeat(5000));
+    let long_key = "k".repeat(300);
+    let bodies: Vec<(String, String)> = vec![
+        ("/v1/sandboxes".into(), "{\"sessionKey\": ".into()),
+        ("/v1/sandboxes".into(), "{\"sessionKey\": 1}".into()),
+        (
+            "/v1/sandboxes".into(),
+            "{\"sessionKey\": \"k\"} garbage".into(),
+        ),
+        ("/v1/sandboxes".into(), nested.clone()),
+        (
+            "/v1/sandboxes".into(),
+            format!("{{\"sessionKey\": \"{long_key}\"}}"),
+        ),
+        (
+            "/v1/sandboxes".into(),
+            "{\"sessionKey\": \"k\", \"idleTtlMs\": 1e30}".into(),
+        ),
+        (
+            "/v1/sandboxes".into(),
+            "{\"sessionKey\": \"k\", \"ports\": [-1]}".into(),
+        ),
+        (
+            format!("/v1/sandboxes/{sid}/commands"),
+            "{\"command\": \"x\", \"timeoutMs\": 99999999999999}".into(),
+        ),
+        (
+            format!("/v1/sandboxes/{sid}/commands"),
+            "{\"cmd\": \"x\", \"args\": [1, 2]}".into(),
+        ),
+        (
+            format!("/v1/sandboxes/{sid}/files:write"),
+            "{\"files\": [{\"path\": \"../x\", \"contentBase64\": \"\"}]}".into(),
+        ),
+        (
+            format!("/v1/sandboxes/{sid}/files:write"),
+            format!(
+                "{{\"files\": [{{\"path\": \"a\", \"contentBase64\": \"{}\"}}]}}",
+                "*".repeat(60000)
+            ),
+        ),
+        ("/v1/sandboxes/../../etc/commands".into(), "{}".into()),
+        (
+            format!("/v1/sandboxes/{sid}/commands/%00/wait"),
+            String::new(),
+        ),
+        (
+            format!("/v1/sandboxes/{sid}/ports/99999999999"),
+            String::new(),
+        ),
+    ];
+    let round = |n: usize| {
+        let server = &server;
+        let bodies = &bodies;
+        async move {
+            for (path, body) in bodies.iter().cycle().skip(n).take(bodies.len()) {
+                let url = format!("{}{path}", server.base);
+                let req = if body.is_empty() {
+                    server.client.get(&url)
+                } else {
+                    server
+                        .client
+                        .post(&url)
+                        .header("content-type", "application/json")
+                        .body(body.clone())
+                };
+                let resp = req.send().await.expect("send");
+                let status = resp.status().as_u16();
+                let text = resp.text().await.expect("body");
+                assert!(
+                    (400..500).contains(&status),
+                    "{path} {}: {status} {text}",
+                    &body[..body.len().min(60)]
+                );
+                let v: Value = serde_json::from_str(&text)
+                    .unwrap_or_else(|_| panic!("JSON error for {path}: {text}"));
+                assert!(v["code"].is_string() && v["error"].is_string(), "{v}");
+            }
+        }
+    };
+    // Warm up, then measure across many more rounds.
+    futures_util::future::join_all((0..4).map(round)).await;
+    let before = harness::rss_kb(pid);
+    for _ in 0..50 {
+        futures_util::future::join_all((0..4).map(round)).await;
+    }
+    let after = harness::rss_kb(pid);
+    let growth_mb = after.saturating_sub(before) / 1024;
+    assert!(
+        growth_mb < 8,
+        "RSS grew {growth_mb} MB over {} bad requests",
+        50 * 4 * bodies.len()
+    );
+    assert!(
+        server.containers().await.len() == 1,
         "bad input created nothing"
     );
 }

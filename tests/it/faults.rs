@@ -1,8 +1,9 @@
-//! The fault suite (issue 9, part 3), the parts that do not restart the
-//! engine itself: sandboxd killed mid-command, and many clients creating,
-//! stopping and running in one session at once. (Containers removed or
-//! stopped out of band, a missing image and an engine that appears late
-//! are in tests/sandboxes.rs and tests/foundation.rs.)
+//! Faults short of an engine restart: sandboxd killed mid-command, many
+//! clients creating, stopping and running in one session at once, a
+//! container and its volume removed behind sandboxd's back, and an open
+//! request that outlasts the idle TTL. (Stopped containers and a missing
+//! image are in `sandboxes`, an engine that appears late in `engine`, an
+//! engine restart in `engine_restart`.)
 
 use std::time::{Duration, Instant};
 

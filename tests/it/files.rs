@@ -1,7 +1,7 @@
-//! Issue 5 against the real binary and engine: binary-exact round trips,
-//! ownership and modes, every refused path form, every symlink escape (and
-//! proof that nothing outside the workspace changed), the swap race,
-//! all-or-nothing writes, list, delete and limits.
+//! The files API: binary-exact round trips, ownership and modes, every
+//! refused path form, every symlink escape (and proof that nothing outside
+//! the workspace changed), the symlink-swap race, all-or-nothing writes,
+//! list, delete, limits and special files.
 
 use std::time::{Duration, Instant};
 

@@ -1,7 +1,7 @@
-//! gVisor (issue 9, part 5): a runtime configured with the OCI runtime
-//! `runsc` runs its sandboxes under gVisor, and commands, files and ports
-//! work there. scripts/ensure-docker.sh registers runsc on our machines;
-//! an engine without it fails this test and says so.
+//! A runtime configured with the OCI runtime `runsc` runs its sandboxes
+//! under gVisor, hardened as under the default runtime, and commands, files
+//! and ports work there. scripts/ensure-docker.sh registers runsc on our
+//! machines; an engine without it fails this test and says so.
 
 use std::time::Duration;
 

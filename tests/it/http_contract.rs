@@ -1,6 +1,6 @@
-//! The HTTP contract without an engine, through `tower::ServiceExt::oneshot`:
-//! whatever arrives (method, path, headers, body), the answer is JSON and
-//! never a 500 or a panic.
+//! The HTTP contract in process, without an engine, through
+//! `tower::ServiceExt::oneshot`: whatever arrives (method, path, headers,
+//! body), the answer is JSON and never a 500 or a panic.
 
 use axum::body::Body;
 use axum::http::{Request, StatusCode};

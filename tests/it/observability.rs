@@ -1,5 +1,5 @@
-//! Observability against the real binary: Prometheus metrics (behind the
-//! token), request ids in answers and logs, JSON logs.
+//! Observability: Prometheus metrics (behind the token) and their counts,
+//! request ids in answers and in the log, JSON log lines.
 
 use crate::harness::{self, ServerOptions, TestServer};
 use serde_json::json;

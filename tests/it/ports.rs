@@ -1,7 +1,7 @@
-//! Issue 6 against the real binary and engine: a server in a sandbox becomes
-//! a URL that works from the host; allowlist, network none, races, restarts
-//! of sandboxd and of the sandbox, waitMs, cleanup, proxy hardening, and
-//! isolation between sandboxes.
+//! Ports: a server in a sandbox becomes a URL that works from the host;
+//! the allowlist, network none, concurrent lookups, `waitMs`, restarts of
+//! sandboxd and of the sandbox, cleanup, proxy hardening, and isolation
+//! between sandboxes.
 
 use std::time::Duration;
 

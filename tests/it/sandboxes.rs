@@ -1,6 +1,6 @@
-//! Issue 3 against the real binary and engine: create and reconnect, the
-//! hardening as `docker inspect` shows it and as it looks from inside,
-//! concurrency, failure cleanup, image autobuild, networks, stop, restart,
+//! The sandbox lifecycle: create and reconnect, the hardening as
+//! `docker inspect` shows it and as it looks from inside, concurrent
+//! creates, failure cleanup, image autobuild, networks, stop, restart,
 //! expiry, eviction, rehydration and out-of-band changes.
 
 use std::collections::HashMap;

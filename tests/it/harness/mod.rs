@@ -2,7 +2,9 @@
 //! engine, on its own port and with its own instance name, so tests run in
 //! parallel without seeing each other's containers. Dropping it stops the
 //! process and removes every engine object labelled with its instance, even
-//! when the test panicked.
+//! when the test panicked. Its methods are the requests the modules make
+//! again and again: an offline sandbox, a command run or started, waited
+//! for or read back, files written and read.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -116,7 +118,7 @@ pub(crate) struct TestServer {
 }
 
 /// The OCI runtime every test sandbox runs under, when not the engine's
-/// default: scripts/test.sh runs every suite that makes sandboxes a second
+/// default: scripts/test.sh runs every module that makes sandboxes a second
 /// time with SANDBOXD_TEST_OCI_RUNTIME=runsc (gVisor).
 pub(crate) fn oci_runtime() -> Option<String> {
     std::env::var("SANDBOXD_TEST_OCI_RUNTIME")
