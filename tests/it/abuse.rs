@@ -7,9 +7,10 @@
 
 use std::time::{Duration, Instant};
 
-use crate::harness::{self, ServerOptions, TestServer, b64};
 use futures_util::StreamExt;
 use serde_json::{Value, json};
+
+use crate::harness::{self, ServerOptions, TestServer, b64};
 
 #[tokio::test]
 async fn memory_past_the_limit_is_killed_and_nothing_else_notices() {

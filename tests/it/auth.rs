@@ -3,8 +3,9 @@
 //! one, an empty bearer or the token in the query string get 401 and
 //! change nothing, and the token is never logged.
 
-use crate::harness::{ServerOptions, TestServer};
 use serde_json::json;
+
+use crate::harness::{ServerOptions, TestServer};
 
 #[tokio::test]
 async fn token_guards_every_route_but_health() {

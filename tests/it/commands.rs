@@ -6,9 +6,10 @@
 
 use std::time::{Duration, Instant};
 
-use crate::harness::{self, ServerOptions, TestServer, eventually};
 use futures_util::StreamExt;
 use serde_json::{Value, json};
+
+use crate::harness::{self, ServerOptions, TestServer, eventually};
 
 fn text_of(lines: &[Value], stream: &str) -> String {
     lines

@@ -4,8 +4,9 @@
 
 use std::time::{Duration, Instant};
 
-use crate::harness::{self, ServerOptions, TestServer, eventually};
 use serde_json::json;
+
+use crate::harness::{self, ServerOptions, TestServer, eventually};
 
 /// Forwards a unix socket to the real engine's: an engine that "appears".
 async fn forward_socket(listen: std::path::PathBuf, target: std::path::PathBuf) {

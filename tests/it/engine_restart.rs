@@ -7,9 +7,10 @@
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use crate::harness::{self, TestServer};
 use futures_util::StreamExt;
 use serde_json::{Value, json};
+
+use crate::harness::{self, TestServer};
 
 fn ensure_engine() {
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/ensure-docker.sh");

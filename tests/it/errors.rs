@@ -5,8 +5,9 @@
 
 use std::time::Duration;
 
-use crate::harness::{self, ServerOptions, TestServer};
 use serde_json::{Value, json};
+
+use crate::harness::{self, ServerOptions, TestServer};
 
 #[tokio::test]
 async fn errors_are_json_with_the_right_status() {

@@ -7,8 +7,9 @@
 
 use std::time::{Duration, Instant};
 
-use crate::harness::{self, TestServer};
 use serde_json::json;
+
+use crate::harness::{self, TestServer};
 
 #[tokio::test]
 async fn sandboxd_killed_mid_command_comes_back_with_the_command_lost() {

@@ -5,9 +5,10 @@
 
 use std::time::{Duration, Instant};
 
-use crate::harness::{ServerOptions, TestServer, b64};
 use base64::Engine as _;
 use serde_json::{Value, json};
+
+use crate::harness::{ServerOptions, TestServer, b64};
 
 fn random_bytes(n: usize) -> Vec<u8> {
     let mut v = vec![0u8; n];

@@ -5,8 +5,9 @@
 
 use std::time::Duration;
 
-use crate::harness::{self, ServerOptions, TestServer};
 use serde_json::json;
+
+use crate::harness::{self, ServerOptions, TestServer};
 
 #[tokio::test]
 async fn a_gvisor_runtime_runs_sandboxes_under_gvisor() {

@@ -1,8 +1,9 @@
 //! Observability: Prometheus metrics (behind the token) and their counts,
 //! request ids in answers and in the log, JSON log lines.
 
-use crate::harness::{self, ServerOptions, TestServer};
 use serde_json::json;
+
+use crate::harness::{self, ServerOptions, TestServer};
 
 #[tokio::test]
 async fn metrics_count_requests_sandboxes_and_commands() {

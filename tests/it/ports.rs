@@ -5,9 +5,10 @@
 
 use std::time::Duration;
 
-use crate::harness::{TestServer, eventually};
 use bollard::query_parameters::InspectContainerOptions;
 use serde_json::{Value, json};
+
+use crate::harness::{TestServer, eventually};
 
 /// Starts `script`, a server meant to outlive the test, as a command.
 async fn start_server(server: &TestServer, sid: &str, script: &str) -> String {

@@ -6,9 +6,10 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use crate::harness::{self, ServerOptions, TestServer, eventually};
 use bollard::query_parameters::{KillContainerOptions, RemoveContainerOptions};
 use serde_json::json;
+
+use crate::harness::{self, ServerOptions, TestServer, eventually};
 
 #[tokio::test]
 async fn create_hardens_the_container_and_reconnect_reuses_it() {

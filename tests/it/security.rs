@@ -3,10 +3,11 @@
 //! container sandboxd creates passes the container checks of CIS Docker
 //! Benchmark section 5 that apply, as one table.
 
-use crate::harness::{self, TestServer, eventually};
 use bollard::models::ContainerInspectResponse;
 use bollard::query_parameters::InspectContainerOptions;
 use serde_json::json;
+
+use crate::harness::{self, TestServer, eventually};
 
 #[tokio::test]
 async fn escape_attempts_from_inside_fail() {
