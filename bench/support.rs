@@ -120,6 +120,6 @@ pub fn pct(samples: &[f64], p: f64) -> f64 {
     s[idx]
 }
 
-#[path = "../tests/common/cleanup.rs"]
+#[path = "../tests/it/harness/cleanup.rs"]
 mod cleanup;
 pub use cleanup::remove_instance_objects as cleanup;

@@ -15,9 +15,10 @@ leftovers=$(docker ps -aq --filter 'name=^sbt-' || true)
 for v in $(docker volume ls -q | grep '^sbt-' || true); do docker volume rm -f "$v" >/dev/null || true; done
 for n in $(docker network ls --format '{{.Name}}' | grep '^sbt-' || true); do docker network rm "$n" >/dev/null || true; done
 
-# tests/engine_restart.rs restarts the engine: it runs alone, after the rest.
-# Then every suite that makes sandboxes runs again with all of them under
-# gVisor (SANDBOXD_TEST_OCI_RUNTIME=runsc; see tests/common/mod.rs).
+# The integration tests are one binary, tests/it, one module per capability.
+# Its engine_restart module restarts the engine: it runs alone, after the
+# rest. Then every module that makes sandboxes runs again with all of them
+# under gVisor (SANDBOXD_TEST_OCI_RUNTIME=runsc; see tests/it/harness/mod.rs).
 under_gvisor=(env SANDBOXD_TEST_OCI_RUNTIME=runsc)
 if ! docker info --format '{{range $k, $v := .Runtimes}}{{$k}} {{end}}' | grep -qw runsc; then
   echo "test.sh: the engine has no runsc runtime, which the gVisor pass needs;" \
@@ -25,19 +26,14 @@ if ! docker info --format '{{range $k, $v := .Runtimes}}{{$k}} {{end}}' | grep -
   exit 1
 fi
 if cargo nextest --version >/dev/null 2>&1; then
-  cargo nextest run --no-fail-fast -E 'not binary(engine_restart)' "$@"
-  cargo nextest run --no-fail-fast -E 'binary(engine_restart)' "$@"
+  cargo nextest run --no-fail-fast -E 'not (binary(it) and test(/^engine_restart::/))' "$@"
+  cargo nextest run --no-fail-fast -E 'binary(it) and test(/^engine_restart::/)' "$@"
   "${under_gvisor[@]}" cargo nextest run --no-fail-fast \
-    -E 'kind(test) and not binary(engine_restart) and not binary(gvisor) and not binary(http_contract)' "$@"
+    -E 'binary(it) and not test(/^(engine_restart|gvisor|http_contract)::/)' "$@"
 else
-  args=()
-  gvisor_args=()
-  for t in tests/*.rs; do
-    name=$(basename "$t" .rs)
-    [ "$name" = engine_restart ] || args+=(--test "$name")
-    case "$name" in engine_restart | gvisor | http_contract) ;; *) gvisor_args+=(--test "$name") ;; esac
-  done
-  cargo test --no-fail-fast --lib "${args[@]}" "$@"
-  cargo test --no-fail-fast --test engine_restart "$@"
-  "${under_gvisor[@]}" cargo test --no-fail-fast "${gvisor_args[@]}" "$@"
+  # libtest filters match substrings of the test path (module::test).
+  cargo test --no-fail-fast --lib --test it "$@" -- --skip engine_restart::
+  cargo test --no-fail-fast --test it "$@" -- engine_restart::
+  "${under_gvisor[@]}" cargo test --no-fail-fast --test it "$@" -- \
+    --skip engine_restart:: --skip gvisor:: --skip http_contract::
 fi

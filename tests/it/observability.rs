@@ -1,10 +1,9 @@
-//! Observability against the real binary: Prometheus metrics (behind the
-//! token), request ids in answers and logs, JSON logs.
+//! Observability: Prometheus metrics (behind the token) and their counts,
+//! request ids in answers and in the log, JSON log lines.
 
-mod common;
-
-use common::{ServerOptions, TestServer};
 use serde_json::json;
+
+use crate::harness::{self, ServerOptions, TestServer};
 
 #[tokio::test]
 async fn metrics_count_requests_sandboxes_and_commands() {
@@ -92,7 +91,7 @@ async fn every_answer_carries_a_request_id_that_the_log_shows() {
             .and_then(|v| v.to_str().ok()),
         Some("from-the-caller")
     );
-    common::eventually(
+    harness::eventually(
         std::time::Duration::from_secs(5),
         "the id is in the log",
         || async { server.log_text().contains(&id) },

@@ -1,73 +1,15 @@
-//! Issue 4 against the real binary and engine: exit codes, tree kills and
-//! timeouts, the NDJSON log stream (replay, follow, resume, drops, UTF-8,
-//! heartbeats), bounded memory, stdin/cwd/env/argv/login PATH, limits,
-//! busy sandboxes, retention and commands lost to a restart.
-
-mod common;
+//! Commands: exact exit codes, tree kills and timeouts (a fork bomb
+//! included), the NDJSON log stream (replay, follow, resume, exact drops,
+//! UTF-8, heartbeats), bounded memory, stdin/cwd/env/argv/login PATH,
+//! limits, busy sandboxes, retention and commands lost to a restart of
+//! sandboxd.
 
 use std::time::{Duration, Instant};
 
-use common::{ServerOptions, TestServer, eventually};
 use futures_util::StreamExt;
 use serde_json::{Value, json};
 
-async fn sandbox(server: &TestServer) -> String {
-    server
-        .create(json!({"sessionKey": common::unique_instance(), "network": {"mode": "none"}}))
-        .await
-}
-
-async fn start(server: &TestServer, sid: &str, body: Value) -> String {
-    let (status, v) = server
-        .post(&format!("/v1/sandboxes/{sid}/commands"), body)
-        .await;
-    assert_eq!(status, 200, "{v}");
-    v["commandId"].as_str().expect("commandId").to_string()
-}
-
-async fn wait(server: &TestServer, sid: &str, cid: &str) -> Value {
-    let (status, v) = server
-        .get(&format!("/v1/sandboxes/{sid}/commands/{cid}/wait"))
-        .await;
-    assert_eq!(status, 200, "{v}");
-    v
-}
-
-async fn run(server: &TestServer, sid: &str, body: Value) -> Value {
-    let (status, v) = server
-        .post(&format!("/v1/sandboxes/{sid}/commands:run"), body)
-        .await;
-    assert_eq!(status, 200, "{v}");
-    v
-}
-
-async fn sh(server: &TestServer, sid: &str, script: &str) -> Value {
-    run(server, sid, json!({"cmd": "bash", "args": ["-lc", script]})).await
-}
-
-/// The whole log stream, parsed.
-async fn logs(server: &TestServer, sid: &str, cid: &str, query: &str) -> Vec<Value> {
-    let resp = server
-        .client
-        .get(format!(
-            "{}/v1/sandboxes/{sid}/commands/{cid}/logs{query}",
-            server.base
-        ))
-        .send()
-        .await
-        .expect("logs");
-    assert_eq!(resp.status(), 200);
-    assert_eq!(
-        resp.headers()
-            .get("content-type")
-            .and_then(|v| v.to_str().ok()),
-        Some("application/x-ndjson")
-    );
-    let text = resp.text().await.expect("body");
-    text.lines()
-        .map(|l| serde_json::from_str(l).expect("NDJSON line"))
-        .collect()
-}
+use crate::harness::{self, ServerOptions, TestServer, eventually};
 
 fn text_of(lines: &[Value], stream: &str) -> String {
     lines
@@ -80,27 +22,24 @@ fn text_of(lines: &[Value], stream: &str) -> String {
 #[tokio::test]
 async fn exit_codes_are_exact() {
     let server = TestServer::start().await;
-    let sid = sandbox(&server).await;
+    let sid = server.offline_sandbox().await;
     // The compat form: start, then wait.
-    let cid = start(
-        &server,
-        &sid,
-        json!({"cmd": "bash", "args": ["-lc", "exit 3"], "timeoutMs": 30000, "detached": true}),
-    )
-    .await;
-    let w = wait(&server, &sid, &cid).await;
+    let cid = server
+        .start_command(
+            &sid,
+            json!({"cmd": "bash", "args": ["-lc", "exit 3"], "timeoutMs": 30000, "detached": true}),
+        )
+        .await;
+    let w = server.wait_command(&sid, &cid).await;
     assert_eq!(w["exitCode"], 3);
     assert_eq!(w["timedOut"], false);
     assert_eq!(w["killed"], false);
     assert!(w["durationMs"].as_u64().is_some());
 
-    assert_eq!(sh(&server, &sid, "true").await["exitCode"], 0);
-    let missing = run(
-        &server,
-        &sid,
-        json!({"cmd": "no-such-program", "args": ["x"]}),
-    )
-    .await;
+    assert_eq!(server.sh(&sid, "true").await["exitCode"], 0);
+    let missing = server
+        .run(&sid, json!({"cmd": "no-such-program", "args": ["x"]}))
+        .await;
     assert_eq!(missing["exitCode"], 127, "{missing}");
     assert!(
         missing["stderr"]
@@ -109,26 +48,22 @@ async fn exit_codes_are_exact() {
             .contains("no-such-program"),
         "{missing}"
     );
-    let segv = sh(
-        &server,
-        &sid,
-        "python3 -c 'import ctypes; ctypes.string_at(0)'",
-    )
-    .await;
+    let segv = server
+        .sh(&sid, "python3 -c 'import ctypes; ctypes.string_at(0)'")
+        .await;
     assert_eq!(segv["exitCode"], 139, "{segv}");
-    let timed = run(
-        &server,
-        &sid,
-        json!({"command": "sleep 30", "timeoutMs": 1000}),
-    )
-    .await;
+    let timed = server
+        .run(&sid, json!({"command": "sleep 30", "timeoutMs": 1000}))
+        .await;
     assert_eq!(
         (timed["exitCode"].clone(), timed["timedOut"].clone()),
         (json!(124), json!(true))
     );
 
     // kill: SIGTERM suffices -> 143; ignored -> SIGKILL -> 137.
-    let cid = start(&server, &sid, json!({"command": "sleep 300"})).await;
+    let cid = server
+        .start_command(&sid, json!({"command": "sleep 300"}))
+        .await;
     let (s, v) = server
         .post(
             &format!("/v1/sandboxes/{sid}/commands/{cid}:kill"),
@@ -136,17 +71,17 @@ async fn exit_codes_are_exact() {
         )
         .await;
     assert_eq!((s, v), (200, json!({"ok": true})));
-    let w = wait(&server, &sid, &cid).await;
+    let w = server.wait_command(&sid, &cid).await;
     assert_eq!(
         (w["exitCode"].clone(), w["killed"].clone()),
         (json!(143), json!(true))
     );
-    let cid = start(
-        &server,
-        &sid,
-        json!({"command": "trap '' TERM; sleep 3137 & wait; sleep 300"}),
-    )
-    .await;
+    let cid = server
+        .start_command(
+            &sid,
+            json!({"command": "trap '' TERM; sleep 3137 & wait; sleep 300"}),
+        )
+        .await;
     // Kill only once the trap is set (the sleep starts after it).
     eventually(
         Duration::from_secs(5),
@@ -161,7 +96,7 @@ async fn exit_codes_are_exact() {
             json!(null),
         )
         .await;
-    let w = wait(&server, &sid, &cid).await;
+    let w = server.wait_command(&sid, &cid).await;
     assert_eq!(
         (w["exitCode"].clone(), w["killed"].clone()),
         (json!(137), json!(true)),
@@ -179,7 +114,7 @@ async fn exit_codes_are_exact() {
         )
         .await;
     assert_eq!((s, v), (200, json!({"ok": true})));
-    assert_eq!(wait(&server, &sid, &cid).await["exitCode"], 137);
+    assert_eq!(server.wait_command(&sid, &cid).await["exitCode"], 137);
     // Unknown command and sandbox.
     let (s, v) = server
         .get(&format!(
@@ -206,25 +141,31 @@ fn pids_matching(ps: &str, needle: &str) -> Vec<String> {
 }
 
 async fn has_process(server: &TestServer, sid: &str, args: &str) -> bool {
-    let ps = sh(server, sid, "ps -eo args").await;
+    let ps = server.sh(sid, "ps -eo args").await;
     !pids_matching(ps["stdout"].as_str().unwrap_or(""), args).is_empty()
 }
 
 #[tokio::test]
 async fn timeout_and_kill_end_the_whole_tree_but_spare_earlier_servers() {
     let server = TestServer::start().await;
-    let sid = sandbox(&server).await;
+    let sid = server.offline_sandbox().await;
     // A preview server left running by a command that exited normally.
-    let r = sh(&server, &sid, "nohup sleep 4242 >/dev/null 2>&1 & exit 0").await;
+    let r = server
+        .sh(&sid, "nohup sleep 4242 >/dev/null 2>&1 & exit 0")
+        .await;
     assert_eq!(r["exitCode"], 0);
     // Another command's long process, which must not be touched.
-    let neighbour = start(&server, &sid, json!({"command": "sleep 4343"})).await;
+    let neighbour = server
+        .start_command(&sid, json!({"command": "sleep 4343"}))
+        .await;
 
     let tree =
         "sleep 1001 & setsid sleep 1002 & nohup sleep 1003 >/dev/null 2>&1 & (sleep 1004 &) ; wait";
-    let timed = run(&server, &sid, json!({"command": tree, "timeoutMs": 1500})).await;
+    let timed = server
+        .run(&sid, json!({"command": tree, "timeoutMs": 1500}))
+        .await;
     assert_eq!(timed["exitCode"], 124);
-    let ps = sh(&server, &sid, "ps -eo args").await["stdout"]
+    let ps = server.sh(&sid, "ps -eo args").await["stdout"]
         .as_str()
         .expect("ps")
         .to_string();
@@ -234,12 +175,9 @@ async fn timeout_and_kill_end_the_whole_tree_but_spare_earlier_servers() {
             "{n} survived the timeout:\n{ps}"
         );
     }
-    let cid = start(
-        &server,
-        &sid,
-        json!({"command": tree.replace("100", "200")}),
-    )
-    .await;
+    let cid = server
+        .start_command(&sid, json!({"command": tree.replace("100", "200")}))
+        .await;
     eventually(Duration::from_secs(5), "the tree is up", || async {
         has_process(&server, &sid, "sleep 2004").await
     })
@@ -250,7 +188,7 @@ async fn timeout_and_kill_end_the_whole_tree_but_spare_earlier_servers() {
             json!(null),
         )
         .await;
-    let ps = sh(&server, &sid, "ps -eo args").await["stdout"]
+    let ps = server.sh(&sid, "ps -eo args").await["stdout"]
         .as_str()
         .expect("ps")
         .to_string();
@@ -279,19 +217,19 @@ async fn timeout_and_kill_end_the_whole_tree_but_spare_earlier_servers() {
 #[tokio::test]
 async fn a_fork_bomb_dies_at_its_timeout_and_the_sandbox_works_again() {
     let server = TestServer::start().await;
-    let sid = sandbox(&server).await;
-    let bomb = run(
-        &server,
-        &sid,
-        json!({"command": "bomb() { bomb | bomb; }; bomb", "timeoutMs": 3000}),
-    )
-    .await;
+    let sid = server.offline_sandbox().await;
+    let bomb = server
+        .run(
+            &sid,
+            json!({"command": "bomb() { bomb | bomb; }; bomb", "timeoutMs": 3000}),
+        )
+        .await;
     assert_eq!(bomb["exitCode"], 124, "{}", bomb["exitCode"]);
     let started = Instant::now();
-    let ok = sh(&server, &sid, "echo ok").await;
+    let ok = server.sh(&sid, "echo ok").await;
     assert_eq!(ok["stdout"], "ok\n");
     assert!(started.elapsed() < Duration::from_secs(5));
-    let count = sh(&server, &sid, "ps -e --no-headers | wc -l").await;
+    let count = server.sh(&sid, "ps -e --no-headers | wc -l").await;
     let n: u32 = count["stdout"]
         .as_str()
         .unwrap_or("")
@@ -304,48 +242,45 @@ async fn a_fork_bomb_dies_at_its_timeout_and_the_sandbox_works_again() {
 #[tokio::test]
 async fn stdin_cwd_env_argv_and_login_path() {
     let server = TestServer::start().await;
-    let sid = sandbox(&server).await;
-    let r = run(&server, &sid, json!({"command": "cat; pwd; echo \"$GREETING\"", "stdin": "from stdin\n", "cwd": "made/here", "env": {"GREETING": "hi there"}})).await;
+    let sid = server.offline_sandbox().await;
+    let r = server.run(&sid, json!({"command": "cat; pwd; echo \"$GREETING\"", "stdin": "from stdin\n", "cwd": "made/here", "env": {"GREETING": "hi there"}})).await;
     assert_eq!(r["stdout"], "from stdin\n/workspace/made/here\nhi there\n");
-    let r = run(
-        &server,
-        &sid,
-        json!({"command": "pwd", "cwd": "/workspace/made"}),
-    )
-    .await;
+    let r = server
+        .run(&sid, json!({"command": "pwd", "cwd": "/workspace/made"}))
+        .await;
     assert_eq!(r["stdout"], "/workspace/made\n");
     // Without stdin, a reader sees EOF at once.
-    let r = run(
-        &server,
-        &sid,
-        json!({"command": "cat; echo done", "timeoutMs": 5000}),
-    )
-    .await;
+    let r = server
+        .run(
+            &sid,
+            json!({"command": "cat; echo done", "timeoutMs": 5000}),
+        )
+        .await;
     assert_eq!(
         (r["stdout"].clone(), r["exitCode"].clone()),
         (json!("done\n"), json!(0))
     );
     // argv is passed as is: spaces and quotes stay inside one argument.
-    let r = run(
-        &server,
-        &sid,
-        json!({"cmd": "printf", "args": ["<%s>\n", "a b", "it's \"q\"", "$HOME", ""]}),
-    )
-    .await;
+    let r = server
+        .run(
+            &sid,
+            json!({"cmd": "printf", "args": ["<%s>\n", "a b", "it's \"q\"", "$HOME", ""]}),
+        )
+        .await;
     assert_eq!(r["stdout"], "<a b>\n<it's \"q\">\n<$HOME>\n<>\n");
     // A directory added to PATH by ~/.profile (HOME is the workspace) is found.
     let setup = "mkdir -p ~/bin && printf '#!/bin/sh\\necho from-profile-path\\n' > ~/bin/myprog && chmod +x ~/bin/myprog && echo 'export PATH=\"$HOME/bin:$PATH\"' >> ~/.profile";
-    assert_eq!(sh(&server, &sid, setup).await["exitCode"], 0);
-    let r = run(&server, &sid, json!({"cmd": "myprog"})).await;
+    assert_eq!(server.sh(&sid, setup).await["exitCode"], 0);
+    let r = server.run(&sid, json!({"cmd": "myprog"})).await;
     assert_eq!(r["stdout"], "from-profile-path\n", "{r}");
-    let r = run(&server, &sid, json!({"cmd": "myprog", "login": false})).await;
+    let r = server
+        .run(&sid, json!({"cmd": "myprog", "login": false}))
+        .await;
     assert_eq!(r["exitCode"], 127, "no login shell, no profile PATH");
     // Commands see SIGINT like in a terminal (not ignored). Python keeps a
     // signal ignored at its start as SIG_IGN, so it reports what it got
     // (and works under gVisor, whose /proc has no SigIgn line).
-    let r = sh(
-        &server,
-        &sid,
+    let r = server.sh(&sid,
         "python3 -c 'import signal as s; print([s.getsignal(n) == s.SIG_IGN for n in (s.SIGINT, s.SIGQUIT)])'",
     )
     .await;
@@ -354,7 +289,9 @@ async fn stdin_cwd_env_argv_and_login_path() {
         "SIGINT/SIGQUIT not ignored: {r}"
     );
     // The sandbox user runs it, in a login shell.
-    let r = sh(&server, &sid, "id -u; shopt -q login_shell && echo login").await;
+    let r = server
+        .sh(&sid, "id -u; shopt -q login_shell && echo login")
+        .await;
     assert_eq!(r["stdout"], "1000\nlogin\n");
     // Bad input is 400 and runs nothing.
     for body in [
@@ -375,13 +312,13 @@ async fn stdin_cwd_env_argv_and_login_path() {
 #[tokio::test]
 async fn run_keeps_the_tail_of_each_stream() {
     let server = TestServer::start().await;
-    let sid = sandbox(&server).await;
-    let r = run(
-        &server,
-        &sid,
-        json!({"command": "seq 1 1000; seq 1 5 >&2", "maxOutputBytes": 10}),
-    )
-    .await;
+    let sid = server.offline_sandbox().await;
+    let r = server
+        .run(
+            &sid,
+            json!({"command": "seq 1 1000; seq 1 5 >&2", "maxOutputBytes": 10}),
+        )
+        .await;
     assert_eq!(r["stdout"], "\n999\n1000\n");
     assert_eq!(r["stderr"], "1\n2\n3\n4\n5\n");
     let total_out = (1..=1000)
@@ -398,11 +335,14 @@ async fn logs_replay_follow_resume_and_keep_streams_apart() {
     let server =
         TestServer::start_with(ServerOptions::default().env("SANDBOXD_LOG_HEARTBEAT_MS", "300"))
             .await;
-    let sid = sandbox(&server).await;
+    let sid = server.offline_sandbox().await;
     let script = "echo one; echo two >&2; printf '\\xe2\\x82'; sleep 0.3; printf '\\xac\\n'; printf 'bad\\xff\\n'; sleep 1; echo three";
-    let cid = start(&server, &sid, json!({"command": script})).await;
+    let cid = server.start_command(&sid, json!({"command": script})).await;
     // Two readers at once, each gets the whole stream.
-    let (a, b) = tokio::join!(logs(&server, &sid, &cid, ""), logs(&server, &sid, &cid, ""));
+    let (a, b) = tokio::join!(
+        server.log_records(&sid, &cid, ""),
+        server.log_records(&sid, &cid, "")
+    );
     for lines in [&a, &b] {
         assert_eq!(text_of(lines, "stdout"), "one\n€\nbad\u{FFFD}\nthree\n");
         assert_eq!(text_of(lines, "stderr"), "two\n");
@@ -429,7 +369,9 @@ async fn logs_replay_follow_resume_and_keep_streams_apart() {
     let records: Vec<&Value> = a.iter().filter(|l| l["stream"] != "heartbeat").collect();
     for k in [0usize, 1, 2] {
         let after = records[k]["seq"].as_u64().expect("seq");
-        let rest = logs(&server, &sid, &cid, &format!("?after={after}")).await;
+        let rest = server
+            .log_records(&sid, &cid, &format!("?after={after}"))
+            .await;
         let rest: Vec<&Value> = rest.iter().filter(|l| l["stream"] != "heartbeat").collect();
         assert_eq!(rest, records[k + 1..].to_vec(), "after={after}");
     }
@@ -442,13 +384,13 @@ async fn logs_replay_follow_resume_and_keep_streams_apart() {
 #[tokio::test]
 async fn output_reaches_a_reader_promptly() {
     let server = TestServer::start().await;
-    let sid = sandbox(&server).await;
-    let cid = start(
-        &server,
-        &sid,
-        json!({"command": "for i in 1 2 3 4; do date +%s%N; sleep 1; done"}),
-    )
-    .await;
+    let sid = server.offline_sandbox().await;
+    let cid = server
+        .start_command(
+            &sid,
+            json!({"command": "for i in 1 2 3 4; do date +%s%N; sleep 1; done"}),
+        )
+        .await;
     let resp = server.open_logs(&sid, &cid).await;
     let mut body = resp.bytes_stream();
     let mut buf = String::new();
@@ -504,9 +446,9 @@ async fn count_stream(server: &TestServer, sid: &str, cid: &str) -> (u64, u64, V
 #[tokio::test]
 async fn two_hundred_megabytes_are_accounted_for_exactly() {
     let server = TestServer::start().await;
-    let sid = sandbox(&server).await;
+    let sid = server.offline_sandbox().await;
     let total: u64 = 200 * 1024 * 1024;
-    let cid = start(&server, &sid, json!({"command": format!("yes abcdefghijklmnopqrstuvwxyz0123456789 | head -c {total}"), "timeoutMs": 120000})).await;
+    let cid = server.start_command(&sid, json!({"command": format!("yes abcdefghijklmnopqrstuvwxyz0123456789 | head -c {total}"), "timeoutMs": 120000})).await;
     let (data, dropped, exit) = count_stream(&server, &sid, &cid).await;
     assert_eq!(exit["exitCode"], 0);
     assert_eq!(data + dropped, total, "data {data} + dropped {dropped}");
@@ -518,16 +460,16 @@ async fn a_late_reader_is_told_what_it_missed() {
         ServerOptions::default().env("SANDBOXD_OUTPUT_BUFFER_BYTES", "65536"),
     )
     .await;
-    let sid = sandbox(&server).await;
+    let sid = server.offline_sandbox().await;
     let total: u64 = 1024 * 1024;
-    let cid = start(
-        &server,
-        &sid,
-        json!({"command": format!("yes 0123456789 | head -c {total}")}),
-    )
-    .await;
-    wait(&server, &sid, &cid).await;
-    let lines = logs(&server, &sid, &cid, "").await;
+    let cid = server
+        .start_command(
+            &sid,
+            json!({"command": format!("yes 0123456789 | head -c {total}")}),
+        )
+        .await;
+    server.wait_command(&sid, &cid).await;
+    let lines = server.log_records(&sid, &cid, "").await;
     assert_eq!(lines[0]["stream"], "dropped", "{}", lines[0]);
     let dropped = lines[0]["bytes"].as_u64().expect("bytes");
     let kept = text_of(&lines, "stdout").len() as u64;
@@ -539,14 +481,14 @@ async fn a_late_reader_is_told_what_it_missed() {
 #[tokio::test]
 async fn a_gigabyte_nobody_reads_keeps_memory_bounded_and_is_not_blocked() {
     let server = TestServer::start().await;
-    let sid = sandbox(&server).await;
-    sh(&server, &sid, "true").await;
+    let sid = server.offline_sandbox().await;
+    server.sh(&sid, "true").await;
     let pid = server.pid().expect("pid");
-    let before = common::rss_kb(pid);
-    let r = run(&server, &sid, json!({"command": "head -c 1073741824 /dev/zero | tr '\\0' x; echo", "timeoutMs": 300000, "maxOutputBytes": 16})).await;
+    let before = harness::rss_kb(pid);
+    let r = server.run(&sid, json!({"command": "head -c 1073741824 /dev/zero | tr '\\0' x; echo", "timeoutMs": 300000, "maxOutputBytes": 16})).await;
     assert_eq!(r["exitCode"], 0);
     assert_eq!(r["stdoutTruncatedBytes"].as_u64(), Some(1_073_741_825 - 16));
-    let after = common::rss_kb(pid);
+    let after = harness::rss_kb(pid);
     let growth_mb = after.saturating_sub(before) / 1024;
     assert!(
         growth_mb < 8 + 32,
@@ -565,8 +507,12 @@ async fn concurrency_limit_and_busy_sandboxes() {
     let sid = server
         .create(json!({"sessionKey": "busy", "idleTtlMs": 10000, "network": {"mode": "none"}}))
         .await;
-    let a = start(&server, &sid, json!({"command": "sleep 14"})).await;
-    let _b = start(&server, &sid, json!({"command": "sleep 14"})).await;
+    let a = server
+        .start_command(&sid, json!({"command": "sleep 14"}))
+        .await;
+    let _b = server
+        .start_command(&sid, json!({"command": "sleep 14"}))
+        .await;
     let (s, v) = server
         .post(
             &format!("/v1/sandboxes/{sid}/commands"),
@@ -592,7 +538,7 @@ async fn concurrency_limit_and_busy_sandboxes() {
         200,
         "busy sandboxes do not expire"
     );
-    wait(&server, &sid, &a).await;
+    server.wait_command(&sid, &a).await;
     assert!(server.log_text().contains("command_ended"));
 }
 
@@ -602,15 +548,14 @@ async fn commands_are_listed_then_forgotten_after_retention() {
         ServerOptions::default().env("SANDBOXD_COMMAND_RETENTION_MS", "1000"),
     )
     .await;
-    let sid = sandbox(&server).await;
-    let done = start(
-        &server,
-        &sid,
-        json!({"cmd": "bash", "args": ["-lc", "echo listed"]}),
-    )
-    .await;
-    wait(&server, &sid, &done).await;
-    let running = start(&server, &sid, json!({"command": "sleep 30"})).await;
+    let sid = server.offline_sandbox().await;
+    let done = server
+        .start_command(&sid, json!({"cmd": "bash", "args": ["-lc", "echo listed"]}))
+        .await;
+    server.wait_command(&sid, &done).await;
+    let running = server
+        .start_command(&sid, json!({"command": "sleep 30"}))
+        .await;
     let (s, v) = server.get(&format!("/v1/sandboxes/{sid}/commands")).await;
     assert_eq!(s, 200);
     let list = v["commands"].as_array().expect("array");
@@ -651,25 +596,22 @@ async fn commands_are_listed_then_forgotten_after_retention() {
 #[tokio::test]
 async fn a_command_running_across_a_restart_is_reported_lost() {
     let mut server = TestServer::start().await;
-    let sid = sandbox(&server).await;
-    let cid = start(
-        &server,
-        &sid,
-        json!({"command": "sleep 5151", "timeoutMs": 600000}),
-    )
-    .await;
+    let sid = server.offline_sandbox().await;
+    let cid = server
+        .start_command(&sid, json!({"command": "sleep 5151", "timeoutMs": 600000}))
+        .await;
     eventually(Duration::from_secs(5), "it runs", || async {
         has_process(&server, &sid, "sleep 5151").await
     })
     .await;
     // A finished command that left a server behind is not "lost" later.
-    let left = start(
-        &server,
-        &sid,
-        json!({"command": "nohup sleep 5252 >/dev/null 2>&1 & exit 0"}),
-    )
-    .await;
-    wait(&server, &sid, &left).await;
+    let left = server
+        .start_command(
+            &sid,
+            json!({"command": "nohup sleep 5252 >/dev/null 2>&1 & exit 0"}),
+        )
+        .await;
+    server.wait_command(&sid, &left).await;
     server.restart().await;
     let (_, v) = server.get(&format!("/v1/sandboxes/{sid}/commands")).await;
     let entry = v["commands"]

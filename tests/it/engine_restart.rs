@@ -1,16 +1,16 @@
-//! The engine restarted mid-command (issue 9, part 3). This test restarts
-//! the Docker daemon, so scripts/test.sh runs it alone, after every other
-//! test (a second nextest pass); a guard brings the engine back even when
-//! the test fails.
-
-mod common;
+//! The engine restarted mid-command: the log stream ends with an `error`
+//! record, then `exit`, and the sandbox works again. This test restarts the
+//! Docker daemon, so scripts/test.sh runs it alone, after every other test
+//! (a second nextest pass); a guard brings the engine back even when the
+//! test fails.
 
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::TestServer;
 use futures_util::StreamExt;
 use serde_json::{Value, json};
+
+use crate::harness::{self, TestServer};
 
 fn ensure_engine() {
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/ensure-docker.sh");
@@ -97,7 +97,7 @@ async fn streams_end_with_an_error_and_sandboxes_work_again_after_an_engine_rest
             String::from_utf8_lossy(&text).into_owned()
         })
     };
-    common::eventually(Duration::from_secs(10), "output flows", || {
+    harness::eventually(Duration::from_secs(10), "output flows", || {
         let seen = std::sync::Arc::clone(&seen);
         async move { seen.load(std::sync::atomic::Ordering::Relaxed) }
     })
@@ -130,7 +130,7 @@ async fn streams_end_with_an_error_and_sandboxes_work_again_after_an_engine_rest
     assert_eq!((s, w["exitCode"].clone()), (200, json!(137)), "{w}");
 
     // sandboxd sees the engine again, and the sandbox works again.
-    common::eventually(Duration::from_secs(30), "health is ok again", || async {
+    harness::eventually(Duration::from_secs(30), "health is ok again", || async {
         server.get("/v1/health").await.0 == 200
     })
     .await;

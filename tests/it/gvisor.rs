@@ -1,19 +1,17 @@
-//! gVisor (issue 9, part 5): a runtime configured with the OCI runtime
-//! `runsc` runs its sandboxes under gVisor, and commands, files and ports
-//! work there. scripts/ensure-docker.sh registers runsc on our machines;
-//! an engine without it fails this test and says so.
-
-mod common;
+//! A runtime configured with the OCI runtime `runsc` runs its sandboxes
+//! under gVisor, hardened as under the default runtime, and commands, files
+//! and ports work there. scripts/ensure-docker.sh registers runsc on our
+//! machines; an engine without it fails this test and says so.
 
 use std::time::Duration;
 
-use bollard::query_parameters::InspectContainerOptions;
-use common::{ServerOptions, TestServer};
 use serde_json::json;
+
+use crate::harness::{self, ServerOptions, TestServer};
 
 #[tokio::test]
 async fn a_gvisor_runtime_runs_sandboxes_under_gvisor() {
-    let docker = common::docker().await;
+    let docker = harness::docker().await;
     let runtimes = docker
         .info()
         .await
@@ -25,7 +23,7 @@ async fn a_gvisor_runtime_runs_sandboxes_under_gvisor() {
         "the engine has no runsc runtime (runtimes: {:?}); scripts/ensure-docker.sh registers it on Debian",
         runtimes.keys().collect::<Vec<_>>()
     );
-    let config = std::env::temp_dir().join(format!("{}-gvisor.toml", common::unique_instance()));
+    let config = std::env::temp_dir().join(format!("{}-gvisor.toml", harness::unique_instance()));
     std::fs::write(&config, "[runtimes.gvisor]\noci_runtime = \"runsc\"\n").expect("config");
     let server = TestServer::start_with(
         ServerOptions::default().env("SANDBOXD_CONFIG", config.to_str().expect("utf8")),
@@ -34,34 +32,15 @@ async fn a_gvisor_runtime_runs_sandboxes_under_gvisor() {
     let sid = server
         .create(json!({"sessionKey": "g", "runtime": "gvisor", "ports": [3000]}))
         .await;
-    let info = server
-        .docker
-        .inspect_container(
-            &server.container_name(&sid),
-            None::<InspectContainerOptions>,
-        )
-        .await
-        .expect("inspect");
+    let info = server.inspect(&sid).await;
     let hc = info.host_config.expect("host config");
     assert_eq!(hc.runtime.as_deref(), Some("runsc"));
     assert_eq!(hc.readonly_rootfs, Some(true), "hardening still applies");
     assert_eq!(hc.cap_drop, Some(vec!["ALL".to_string()]));
 
-    let run = |script: &'static str| {
-        let server = &server;
-        let sid = sid.clone();
-        async move {
-            let (s, v) = server
-                .post(
-                    &format!("/v1/sandboxes/{sid}/commands:run"),
-                    json!({"command": script, "timeoutMs": 30000}),
-                )
-                .await;
-            assert_eq!(s, 200, "{v}");
-            v
-        }
-    };
-    let r = run("dmesg | head -1; id -u").await;
+    let r = server
+        .sh_with_timeout(&sid, "dmesg | head -1; id -u", 30000)
+        .await;
     let out = r["stdout"].as_str().unwrap_or("");
     assert!(out.contains("gVisor"), "the kernel is gVisor's: {r}");
     assert!(out.ends_with("1000\n"), "{r}");
@@ -78,11 +57,17 @@ async fn a_gvisor_runtime_runs_sandboxes_under_gvisor() {
         ),
         ("engine socket", "test -e /var/run/docker.sock"),
     ] {
-        let r = run(script).await;
+        let r = server.sh_with_timeout(&sid, script, 30000).await;
         assert_ne!(r["exitCode"], 0, "{what} must fail under gVisor: {r}");
         assert_ne!(r["exitCode"], 127, "{what} must be tried, not missing: {r}");
     }
-    let caps = run("grep -E '^Cap(Eff|Prm|Bnd):' /proc/self/status").await;
+    let caps = server
+        .sh_with_timeout(
+            &sid,
+            "grep -E '^Cap(Eff|Prm|Bnd):' /proc/self/status",
+            30000,
+        )
+        .await;
     assert_eq!(
         caps["stdout"],
         "CapPrm:\t0000000000000000\nCapEff:\t0000000000000000\nCapBnd:\t0000000000000000\n",
@@ -90,15 +75,13 @@ async fn a_gvisor_runtime_runs_sandboxes_under_gvisor() {
     );
     // Files.
     let (s, _) = server
-        .post(
-            &format!("/v1/sandboxes/{sid}/files:write"),
-            json!({"files": [{"path": "g.txt", "contentBase64": "Z3Zpc29y"}]}),
+        .write_files(
+            &sid,
+            json!([{"path": "g.txt", "contentBase64": "Z3Zpc29y"}]),
         )
         .await;
     assert_eq!(s, 200);
-    let (s, v) = server
-        .get(&format!("/v1/sandboxes/{sid}/files:read?path=g.txt"))
-        .await;
+    let (s, v) = server.read_file(&sid, "g.txt").await;
     assert_eq!((s, v["contentBase64"].clone()), (200, json!("Z3Zpc29y")));
     // Commands: a timeout ends the tree.
     let r = server
@@ -109,7 +92,7 @@ async fn a_gvisor_runtime_runs_sandboxes_under_gvisor() {
         .await
         .1;
     assert_eq!(r["exitCode"], 124);
-    let ps = run("ps -eo args").await;
+    let ps = server.sh_with_timeout(&sid, "ps -eo args", 30000).await;
     assert!(
         !ps["stdout"]
             .as_str()

@@ -1,28 +1,16 @@
-//! The abuse suite (issue 9, part 2) against the real binary and engine:
-//! memory past the limit, a full /tmp, a crowd of commands, a swarm of
-//! orphans, and an output flood to a reader that barely reads. Each time
-//! sandboxd and the other sandboxes must carry on. (The fork bomb is in
-//! tests/commands.rs.)
-
-mod common;
+//! Abuse of a sandbox's limits: memory past the limit, a full /tmp, a
+//! runaway file at the file size limit, a workspace size the engine cannot
+//! enforce, a crowd of commands past the running-command limit, a thousand
+//! orphans, and output floods to a reader that barely reads and to readers
+//! that vanish. Each time sandboxd and the other sandboxes carry on. (The
+//! fork bomb is in `commands`.)
 
 use std::time::{Duration, Instant};
 
-use base64::Engine as _;
-use common::{ServerOptions, TestServer};
 use futures_util::StreamExt;
 use serde_json::{Value, json};
 
-async fn run(server: &TestServer, sid: &str, script: &str, timeout_ms: u64) -> Value {
-    let (s, v) = server
-        .post(
-            &format!("/v1/sandboxes/{sid}/commands:run"),
-            json!({"command": script, "timeoutMs": timeout_ms}),
-        )
-        .await;
-    assert_eq!(s, 200, "{v}");
-    v
-}
+use crate::harness::{self, ServerOptions, TestServer, b64};
 
 #[tokio::test]
 async fn memory_past_the_limit_is_killed_and_nothing_else_notices() {
@@ -32,7 +20,9 @@ async fn memory_past_the_limit_is_killed_and_nothing_else_notices() {
         .create(json!({"sessionKey": "calm", "network": {"mode": "none"}}))
         .await;
     assert_eq!(
-        run(&server, &hog, "echo kept > before.txt && echo ok", 10000).await["stdout"],
+        server
+            .sh_with_timeout(&hog, "echo kept > before.txt && echo ok", 10000)
+            .await["stdout"],
         "ok\n"
     );
     let (s, started) = server
@@ -55,7 +45,7 @@ async fn memory_past_the_limit_is_killed_and_nothing_else_notices() {
         "the OOM killer ends it: {text}"
     );
     let errors: Vec<&Value> = records.iter().filter(|r| r["stream"] == "error").collect();
-    if common::under_gvisor() {
+    if harness::under_gvisor() {
         // gVisor's kernel goes with its memory, and the log says so.
         assert_eq!(errors.len(), 1, "{text}");
         assert!(
@@ -69,11 +59,11 @@ async fn memory_past_the_limit_is_killed_and_nothing_else_notices() {
         assert!(errors.is_empty(), "only the process died: {text}");
     }
     assert_eq!(
-        run(&server, &calm, "echo fine", 10000).await["stdout"],
+        server.sh_with_timeout(&calm, "echo fine", 10000).await["stdout"],
         "fine\n"
     );
     assert_eq!(
-        run(&server, &hog, "cat before.txt", 10000).await["stdout"],
+        server.sh_with_timeout(&hog, "cat before.txt", 10000).await["stdout"],
         "kept\n",
         "the sandbox answers, its workspace intact"
     );
@@ -87,13 +77,13 @@ async fn a_full_tmp_says_enospc_at_its_size() {
     let sid = server
         .create(json!({"sessionKey": "tmp", "network": {"mode": "none"}}))
         .await;
-    let r = run(
-        &server,
-        &sid,
-        "head -c 32M /dev/zero > /tmp/fill; echo rc=$?; du -m /tmp/fill | cut -f1",
-        30000,
-    )
-    .await;
+    let r = server
+        .sh_with_timeout(
+            &sid,
+            "head -c 32M /dev/zero > /tmp/fill; echo rc=$?; du -m /tmp/fill | cut -f1",
+            30000,
+        )
+        .await;
     let out = r["stdout"].as_str().unwrap_or("");
     assert!(
         r["stderr"]
@@ -110,7 +100,9 @@ async fn a_full_tmp_says_enospc_at_its_size() {
         .expect("size");
     assert!((15..=16).contains(&mb), "stopped at the 16 MB size: {mb}");
     assert_eq!(
-        run(&server, &sid, "rm /tmp/fill && echo ok", 10000).await["stdout"],
+        server
+            .sh_with_timeout(&sid, "rm /tmp/fill && echo ok", 10000)
+            .await["stdout"],
         "ok\n"
     );
 }
@@ -126,11 +118,7 @@ async fn a_runaway_file_stops_at_the_file_size_limit() {
     let other = server
         .create(json!({"sessionKey": "other", "network": {"mode": "none"}}))
         .await;
-    let inspect = server
-        .docker
-        .inspect_container(&server.container_name(&filler), None)
-        .await
-        .expect("inspect");
+    let inspect = server.inspect(&filler).await;
     let ulimits = inspect
         .host_config
         .and_then(|h| h.ulimits)
@@ -143,9 +131,7 @@ async fn a_runaway_file_stops_at_the_file_size_limit() {
     );
 
     // The classic accident: an endless writer into the workspace.
-    let r = run(
-        &server,
-        &filler,
+    let r = server.sh_with_timeout(&filler,
         "yes > out.txt; echo rc=$?; stat -c %s out.txt; ulimit -f unlimited 2>/dev/null && echo raised",
         60000,
     )
@@ -164,7 +150,7 @@ async fn a_runaway_file_stops_at_the_file_size_limit() {
     );
 
     // files:write past the limit: a clear 413, and no partial file.
-    let big = base64::engine::general_purpose::STANDARD.encode(vec![b'x'; 17 << 20]);
+    let big = b64(vec![b'x'; 17 << 20]);
     let (s, v) = server
         .post(
             &format!("/v1/sandboxes/{filler}/files:write"),
@@ -178,14 +164,16 @@ async fn a_runaway_file_stops_at_the_file_size_limit() {
         "{v}"
     );
     assert_eq!(
-        run(&server, &filler, "ls -A; rm out.txt", 10000).await["stdout"],
+        server
+            .sh_with_timeout(&filler, "ls -A; rm out.txt", 10000)
+            .await["stdout"],
         "out.txt\n",
         "nothing half-written is left"
     );
     let (s, v) = server
         .post(
             &format!("/v1/sandboxes/{other}/files:write"),
-            json!({"files": [{"path": "fine.bin", "contentBase64": base64::engine::general_purpose::STANDARD.encode(vec![b'y'; 1 << 20])}]}),
+            json!({"files": [{"path": "fine.bin", "contentBase64": b64(vec![b'y'; 1 << 20])}]}),
         )
         .await;
     assert_eq!(s, 200, "the other sandbox writes as before: {v}");
@@ -234,13 +222,13 @@ async fn filling_the_workspace_stops_at_its_quota_or_is_refused_up_front() {
     let other = server
         .create(json!({"sessionKey": "neighbour", "network": {"mode": "none"}}))
         .await;
-    let r = run(
-        &server,
-        &full,
-        "for i in 1 2 3 4 5 6 7 8; do head -c 16M /dev/zero > f$i || break; done; echo done",
-        60000,
-    )
-    .await;
+    let r = server
+        .sh_with_timeout(
+            &full,
+            "for i in 1 2 3 4 5 6 7 8; do head -c 16M /dev/zero > f$i || break; done; echo done",
+            60000,
+        )
+        .await;
     let err = r["stderr"].as_str().unwrap_or("");
     assert!(
         err.contains("No space left on device") || err.contains("Disk quota exceeded"),
@@ -249,34 +237,30 @@ async fn filling_the_workspace_stops_at_its_quota_or_is_refused_up_front() {
     let (s, v) = server
         .post(
             &format!("/v1/sandboxes/{full}/files:write"),
-            json!({"files": [{"path": "more.bin", "contentBase64": base64::engine::general_purpose::STANDARD.encode(vec![b'x'; 1 << 20])}]}),
+            json!({"files": [{"path": "more.bin", "contentBase64": b64(vec![b'x'; 1 << 20])}]}),
         )
         .await;
     assert_eq!(s, 507, "{v}");
     assert_eq!(v["code"], "insufficient_storage", "{v}");
     assert_eq!(
-        run(&server, &full, "echo answers", 10000).await["stdout"],
+        server.sh_with_timeout(&full, "echo answers", 10000).await["stdout"],
         "answers\n"
     );
     assert_eq!(
-        run(
-            &server,
-            &other,
-            "head -c 32M /dev/zero > f && echo wrote",
-            30000
-        )
-        .await["stdout"],
+        server
+            .sh_with_timeout(&other, "head -c 32M /dev/zero > f && echo wrote", 30000)
+            .await["stdout"],
         "wrote\n",
         "the neighbour has its own quota"
     );
     assert_eq!(
-        run(
-            &server,
-            &full,
-            "rm f* && head -c 1M /dev/zero > g && echo again",
-            10000
-        )
-        .await["stdout"],
+        server
+            .sh_with_timeout(
+                &full,
+                "rm f* && head -c 1M /dev/zero > g && echo again",
+                10000
+            )
+            .await["stdout"],
         "again\n",
         "freeing space frees the sandbox"
     );
@@ -314,13 +298,13 @@ async fn a_crowd_of_commands_gets_429_past_the_limit_and_leaves_nothing() {
     }
     let (_, view) = server.get(&format!("/v1/sandboxes/{sid}")).await;
     assert_eq!(view["runningCommands"], 0);
-    let ps = run(
-        &server,
-        &sid,
-        "ps -eo args --no-headers | grep -c '^sleep 3$' || true",
-        10000,
-    )
-    .await;
+    let ps = server
+        .sh_with_timeout(
+            &sid,
+            "ps -eo args --no-headers | grep -c '^sleep 3$' || true",
+            10000,
+        )
+        .await;
     assert_eq!(ps["stdout"], "0\n", "nothing left behind");
 }
 
@@ -330,22 +314,22 @@ async fn a_thousand_orphans_leave_no_zombies() {
     let sid = server
         .create(json!({"sessionKey": "orphans", "network": {"mode": "none"}}))
         .await;
-    let r = run(
-        &server,
-        &sid,
-        "for i in $(seq 1000); do (sleep 0.01 &); done; sleep 1; echo spawned",
-        60000,
-    )
-    .await;
-    assert_eq!(r["stdout"], "spawned\n");
-    common::eventually(Duration::from_secs(10), "no zombies", || async {
-        let z = run(
-            &server,
+    let r = server
+        .sh_with_timeout(
             &sid,
-            "ps -eo stat --no-headers | grep -c '^Z' || true",
-            10000,
+            "for i in $(seq 1000); do (sleep 0.01 &); done; sleep 1; echo spawned",
+            60000,
         )
         .await;
+    assert_eq!(r["stdout"], "spawned\n");
+    harness::eventually(Duration::from_secs(10), "no zombies", || async {
+        let z = server
+            .sh_with_timeout(
+                &sid,
+                "ps -eo stat --no-headers | grep -c '^Z' || true",
+                10000,
+            )
+            .await;
         z["stdout"] == "0\n"
     })
     .await;
@@ -361,7 +345,7 @@ async fn a_flood_to_a_reader_that_barely_reads_stays_bounded_and_times_out() {
         .create(json!({"sessionKey": "flood", "network": {"mode": "none"}}))
         .await;
     let pid = server.pid().expect("pid");
-    let before = common::rss_kb(pid);
+    let before = harness::rss_kb(pid);
     let (_, v) = server
         .post(
             &format!("/v1/sandboxes/{sid}/commands"),
@@ -377,7 +361,7 @@ async fn a_flood_to_a_reader_that_barely_reads_stays_bounded_and_times_out() {
         let _ = body.next().await;
         for _ in 0..10 {
             tokio::time::sleep(Duration::from_millis(200)).await;
-            peak = peak.max(common::rss_kb(pid));
+            peak = peak.max(harness::rss_kb(pid));
         }
     }
     // The timeout fired regardless of the slow reader.

@@ -1,26 +1,15 @@
-//! Issue 3 against the real binary and engine: create and reconnect, the
-//! hardening as `docker inspect` shows it and as it looks from inside,
-//! concurrency, failure cleanup, image autobuild, networks, stop, restart,
+//! The sandbox lifecycle: create and reconnect, the hardening as
+//! `docker inspect` shows it and as it looks from inside, concurrent
+//! creates, failure cleanup, image autobuild, networks, stop, restart,
 //! expiry, eviction, rehydration and out-of-band changes.
-
-mod common;
 
 use std::collections::HashMap;
 use std::time::Duration;
 
-use bollard::query_parameters::{
-    InspectContainerOptions, KillContainerOptions, RemoveContainerOptions,
-};
-use common::{ServerOptions, TestServer, eventually};
+use bollard::query_parameters::{KillContainerOptions, RemoveContainerOptions};
 use serde_json::json;
 
-async fn inspect(server: &TestServer, id: &str) -> bollard::models::ContainerInspectResponse {
-    server
-        .docker
-        .inspect_container(&server.container_name(id), None::<InspectContainerOptions>)
-        .await
-        .expect("inspect")
-}
+use crate::harness::{self, ServerOptions, TestServer, eventually};
 
 #[tokio::test]
 async fn create_hardens_the_container_and_reconnect_reuses_it() {
@@ -37,7 +26,7 @@ async fn create_hardens_the_container_and_reconnect_reuses_it() {
     let id = body["sandboxId"].as_str().expect("id").to_string();
     assert!(id.chars().all(|c| c.is_ascii_alphanumeric()), "URL-safe id");
 
-    let info = inspect(&server, &id).await;
+    let info = server.inspect(&id).await;
     let hc = info.host_config.clone().expect("host config");
     let cfg = info.config.clone().expect("config");
     assert_eq!(hc.readonly_rootfs, Some(true), "ReadonlyRootfs");
@@ -50,7 +39,7 @@ async fn create_hardens_the_container_and_reconnect_reuses_it() {
     );
     assert_eq!(hc.privileged, Some(false), "Privileged");
     // Under gVisor the limit also holds the sentry's own host tasks.
-    let pids = if common::under_gvisor() {
+    let pids = if harness::under_gvisor() {
         256 + 512 * 8
     } else {
         512
@@ -152,7 +141,7 @@ async fn create_hardens_the_container_and_reconnect_reuses_it() {
     let (_, status) = server.docker_exec(&id, "cat /proc/self/status").await;
     assert!(status.contains("CapEff:\t0000000000000000"), "{status}");
     // gVisor's /proc reports neither (the inspect checks above hold).
-    if !common::under_gvisor() {
+    if !harness::under_gvisor() {
         assert!(status.contains("NoNewPrivs:\t1"), "{status}");
         assert!(status.contains("Seccomp:\t2"), "{status}");
     }
@@ -326,29 +315,21 @@ struct ImageGuard(bollard::Docker, String);
 impl Drop for ImageGuard {
     fn drop(&mut self) {
         let (docker, image) = (self.0.clone(), self.1.clone());
-        let _ = std::thread::spawn(move || {
-            if let Ok(rt) = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-            {
-                rt.block_on(async {
-                    let _ = docker
-                        .remove_image(
-                            &image,
-                            None::<bollard::query_parameters::RemoveImageOptions>,
-                            None,
-                        )
-                        .await;
-                });
-            }
-        })
-        .join();
+        harness::block_on_side(async move {
+            let _ = docker
+                .remove_image(
+                    &image,
+                    None::<bollard::query_parameters::RemoveImageOptions>,
+                    None,
+                )
+                .await;
+        });
     }
 }
 
 #[tokio::test]
 async fn a_missing_runtime_image_is_built_once_from_the_embedded_dockerfile() {
-    let docker = common::docker().await;
+    let docker = harness::docker().await;
     // Whichever base this machine has: the registry's, or build.sh's offline one.
     let base = if docker.inspect_image("debian:bookworm-slim").await.is_ok() {
         "debian:bookworm-slim"
@@ -403,7 +384,7 @@ async fn networks_default_and_none() {
     let none = server
         .create(json!({"sessionKey": "offline", "network": {"mode": "none"}}))
         .await;
-    let info = inspect(&server, &none).await;
+    let info = server.inspect(&none).await;
     assert_eq!(
         info.host_config.and_then(|h| h.network_mode).as_deref(),
         Some("none")
@@ -419,7 +400,7 @@ async fn networks_default_and_none() {
 
     let online = server.create(json!({"sessionKey": "online"})).await;
     let net_name = format!("{}-net", server.instance);
-    let info = inspect(&server, &online).await;
+    let info = server.inspect(&online).await;
     assert_eq!(
         info.host_config.and_then(|h| h.network_mode).as_deref(),
         Some(net_name.as_str())
@@ -533,18 +514,10 @@ async fn restart_ends_every_process_and_keeps_the_workspace() {
     assert_eq!(code, 0);
     let (_, ps) = server.docker_exec(&id, "ps -eo args").await;
     assert!(ps.contains("sleep 4242"), "{ps}");
-    let (status, started) = server
-        .post(
-            &format!("/v1/sandboxes/{id}/commands"),
-            json!({"command": "sleep 300", "timeoutMs": 600000}),
-        )
+    let cid = server
+        .start_command(&id, json!({"command": "sleep 300", "timeoutMs": 600000}))
         .await;
-    assert_eq!(status, 200, "{started}");
-    let cid = started["commandId"]
-        .as_str()
-        .expect("commandId")
-        .to_string();
-    common::eventually(Duration::from_secs(10), "the command runs", || async {
+    harness::eventually(Duration::from_secs(10), "the command runs", || async {
         server
             .docker_exec(&id, "ps -eo args")
             .await
@@ -559,10 +532,7 @@ async fn restart_ends_every_process_and_keeps_the_workspace() {
     assert_eq!((status, body), (200, json!({"ok": true})));
     // The command ended with the restart: killed, and the log says why,
     // not that the sandbox stopped on its own.
-    let (status, waited) = server
-        .get(&format!("/v1/sandboxes/{id}/commands/{cid}/wait"))
-        .await;
-    assert_eq!(status, 200, "{waited}");
+    let waited = server.wait_command(&id, &cid).await;
     assert_eq!(waited["exitCode"], 137, "{waited}");
     let log = server.open_logs(&id, &cid).await.text().await.expect("log");
     assert!(
@@ -735,7 +705,7 @@ async fn a_restart_of_sandboxd_loses_no_session() {
     let (_, view) = server.get(&format!("/v1/sandboxes/{id}")).await;
     assert_eq!(view["ports"]["allowed"], json!([3000]));
     assert_eq!(view["idleTtlMs"], 120000);
-    let info = inspect(&server, &stopped).await;
+    let info = server.inspect(&stopped).await;
     assert_eq!(
         info.state.and_then(|s| s.running),
         Some(true),
@@ -832,10 +802,7 @@ async fn out_of_band_removal_is_404_and_a_stopped_container_comes_back() {
     assert_eq!(status, 200, "{view}");
     assert_eq!(view["state"], "running");
     assert_eq!(
-        inspect(&server, &stopped)
-            .await
-            .state
-            .and_then(|s| s.running),
+        server.inspect(&stopped).await.state.and_then(|s| s.running),
         Some(true)
     );
     // A reconnect also restarts a stopped container rather than replacing it.

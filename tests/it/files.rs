@@ -1,19 +1,14 @@
-//! Issue 5 against the real binary and engine: binary-exact round trips,
-//! ownership and modes, every refused path form, every symlink escape (and
-//! proof that nothing outside the workspace changed), the swap race,
-//! all-or-nothing writes, list, delete and limits.
-
-mod common;
+//! The files API: binary-exact round trips, ownership and modes, every
+//! refused path form, every symlink escape (and proof that nothing outside
+//! the workspace changed), the symlink-swap race, all-or-nothing writes,
+//! list, delete, limits and special files.
 
 use std::time::{Duration, Instant};
 
 use base64::Engine as _;
-use common::{ServerOptions, TestServer};
 use serde_json::{Value, json};
 
-fn b64(bytes: &[u8]) -> String {
-    base64::engine::general_purpose::STANDARD.encode(bytes)
-}
+use crate::harness::{ServerOptions, TestServer, b64};
 
 fn random_bytes(n: usize) -> Vec<u8> {
     let mut v = vec![0u8; n];
@@ -21,68 +16,24 @@ fn random_bytes(n: usize) -> Vec<u8> {
     v
 }
 
-async fn sandbox(server: &TestServer) -> String {
-    server
-        .create(json!({"sessionKey": common::unique_instance(), "network": {"mode": "none"}}))
-        .await
-}
-
-async fn write(server: &TestServer, sid: &str, files: Value) -> (u16, Value) {
-    server
-        .post(
-            &format!("/v1/sandboxes/{sid}/files:write"),
-            json!({ "files": files }),
-        )
-        .await
-}
-
-async fn read(server: &TestServer, sid: &str, path: &str) -> (u16, Value) {
-    let q: String = url_encode(path);
-    server
-        .get(&format!("/v1/sandboxes/{sid}/files:read?path={q}"))
-        .await
-}
-
-fn url_encode(s: &str) -> String {
-    s.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' | b'/' => {
-                (b as char).to_string()
-            }
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
-}
-
-async fn sh(server: &TestServer, sid: &str, script: &str) -> Value {
-    let (s, v) = server
-        .post(
-            &format!("/v1/sandboxes/{sid}/commands:run"),
-            json!({"command": script}),
-        )
-        .await;
-    assert_eq!(s, 200, "{v}");
-    v
-}
-
 #[tokio::test]
 async fn binary_round_trips_are_exact() {
     let server = TestServer::start().await;
-    let sid = sandbox(&server).await;
+    let sid = server.offline_sandbox().await;
     for (name, size) in [
         ("empty.bin", 0usize),
         ("one.bin", 1),
         ("big.bin", 4 * 1024 * 1024),
     ] {
         let data = random_bytes(size);
-        let (s, v) = write(
-            &server,
-            &sid,
-            json!([{"path": format!("/workspace/dir/{name}"), "contentBase64": b64(&data)}]),
-        )
-        .await;
+        let (s, v) = server
+            .write_files(
+                &sid,
+                json!([{"path": format!("/workspace/dir/{name}"), "contentBase64": b64(&data)}]),
+            )
+            .await;
         assert_eq!((s, v), (200, json!({"ok": true})), "{name}");
-        let (s, v) = read(&server, &sid, &format!("dir/{name}")).await;
+        let (s, v) = server.read_file(&sid, &format!("dir/{name}")).await;
         assert_eq!(s, 200);
         assert_eq!(v["found"], true);
         let back = base64::engine::general_purpose::STANDARD
@@ -94,53 +45,50 @@ async fn binary_round_trips_are_exact() {
             back.len()
         );
     }
-    let (s, v) = read(&server, &sid, "dir/missing.bin").await;
+    let (s, v) = server.read_file(&sid, "dir/missing.bin").await;
     assert_eq!((s, v), (200, json!({"found": false})));
     // Ownership and modes as the sandbox sees them.
-    let (s, _) = write(&server, &sid, json!([{"path": "modes/default", "contentBase64": ""}, {"path": "modes/exec", "contentBase64": "", "mode": 0o755}, {"path": "modes/private", "contentBase64": "", "mode": 0o600}])).await;
+    let (s, _) = server.write_files(&sid, json!([{"path": "modes/default", "contentBase64": ""}, {"path": "modes/exec", "contentBase64": "", "mode": 0o755}, {"path": "modes/private", "contentBase64": "", "mode": 0o600}])).await;
     assert_eq!(s, 200);
-    let st = sh(
-        &server,
-        &sid,
-        "stat -c '%n %U %a' modes/* modes dir/big.bin",
-    )
-    .await;
+    let st = server
+        .sh(&sid, "stat -c '%n %U %a' modes/* modes dir/big.bin")
+        .await;
     assert_eq!(
         st["stdout"],
         "modes/default sandbox 644\nmodes/exec sandbox 755\nmodes/private sandbox 600\nmodes sandbox 755\ndir/big.bin sandbox 644\n"
     );
     // Overwriting replaces the content.
-    write(
-        &server,
-        &sid,
-        json!([{"path": "dir/one.bin", "contentBase64": b64(b"new")}]),
-    )
-    .await;
+    server
+        .write_files(
+            &sid,
+            json!([{"path": "dir/one.bin", "contentBase64": b64(b"new")}]),
+        )
+        .await;
     assert_eq!(
-        read(&server, &sid, "dir/one.bin").await.1["contentBase64"],
+        server.read_file(&sid, "dir/one.bin").await.1["contentBase64"],
         b64(b"new")
     );
     // Names with dots are names; repeated slashes and "." normalise.
     for name in ["a..b.txt", ".env", "...", "x/./y//z.txt"] {
-        let (s, v) = write(
-            &server,
-            &sid,
-            json!([{"path": name, "contentBase64": b64(name.as_bytes())}]),
-        )
-        .await;
+        let (s, v) = server
+            .write_files(
+                &sid,
+                json!([{"path": name, "contentBase64": b64(name.as_bytes())}]),
+            )
+            .await;
         assert_eq!(s, 200, "{name}: {v}");
     }
     assert_eq!(
-        read(&server, &sid, "/workspace//x/y/z.txt").await.1["found"],
+        server.read_file(&sid, "/workspace//x/y/z.txt").await.1["found"],
         true
     );
-    assert_eq!(sh(&server, &sid, "cat ...").await["stdout"], "...");
+    assert_eq!(server.sh(&sid, "cat ...").await["stdout"], "...");
 }
 
 #[tokio::test]
 async fn refused_path_forms_are_400() {
     let server = TestServer::start().await;
-    let sid = sandbox(&server).await;
+    let sid = server.offline_sandbox().await;
     let long = "a/".repeat(2100);
     let long_component = "n".repeat(256);
     for bad in [
@@ -155,22 +103,19 @@ async fn refused_path_forms_are_400() {
         long_component.as_str(),
         "/workspace/../etc",
     ] {
-        let (s, v) = write(
-            &server,
-            &sid,
-            json!([{"path": bad, "contentBase64": "aGk="}]),
-        )
-        .await;
+        let (s, v) = server
+            .write_files(&sid, json!([{"path": bad, "contentBase64": "aGk="}]))
+            .await;
         assert_eq!(s, 400, "write {bad:?}: {v}");
         assert!(v["error"].as_str().is_some_and(|e| !e.is_empty()));
-        let (s, v) = read(&server, &sid, bad).await;
+        let (s, v) = server.read_file(&sid, bad).await;
         assert_eq!(s, 400, "read {bad:?}: {v}");
     }
     let (s, v) = server.get(&format!("/v1/sandboxes/{sid}/files:read")).await;
     assert_eq!(s, 400, "path is required: {v}");
     // Nothing was written anywhere.
     assert_eq!(
-        sh(&server, &sid, "ls -A /workspace | wc -l").await["stdout"],
+        server.sh(&sid, "ls -A /workspace | wc -l").await["stdout"],
         "0\n"
     );
 }
@@ -200,8 +145,8 @@ async fn changes_outside_workspace(server: &TestServer, sid: &str) -> Vec<String
 #[tokio::test]
 async fn no_symlink_leads_out_of_the_workspace() {
     let server = TestServer::start().await;
-    let sid = sandbox(&server).await;
-    let r = sh(&server, &sid, "ln -s /etc l && ln -s ../.. up && ln -s / root && ln -s /etc/passwd p && ln -s /tmp t && mkdir -p real/sub && echo in > real/sub/f && ln -s real inside && ln -s /workspace/real abs_inside && ln -s real/sub/f file_link && echo secret > /tmp/outside").await;
+    let sid = server.offline_sandbox().await;
+    let r = server.sh(&sid, "ln -s /etc l && ln -s ../.. up && ln -s / root && ln -s /etc/passwd p && ln -s /tmp t && mkdir -p real/sub && echo in > real/sub/f && ln -s real inside && ln -s /workspace/real abs_inside && ln -s real/sub/f file_link && echo secret > /tmp/outside").await;
     assert_eq!(r["exitCode"], 0, "{r}");
 
     let refused = |what: &str, s: u16, v: &Value| {
@@ -215,16 +160,13 @@ async fn no_symlink_leads_out_of_the_workspace() {
         "up/etc/hostname",
         "t/outside",
     ] {
-        let (s, v) = read(&server, &sid, p).await;
+        let (s, v) = server.read_file(&sid, p).await;
         refused(&format!("read {p}"), s, &v);
     }
     for p in ["l/evil", "p", "t/evil", "up/evil", "root/tmp/evil"] {
-        let (s, v) = write(
-            &server,
-            &sid,
-            json!([{"path": p, "contentBase64": b64(b"pwned")}]),
-        )
-        .await;
+        let (s, v) = server
+            .write_files(&sid, json!([{"path": p, "contentBase64": b64(b"pwned")}]))
+            .await;
         refused(&format!("write {p}"), s, &v);
     }
     for p in ["root", "l", "t", "up"] {
@@ -244,12 +186,12 @@ async fn no_symlink_leads_out_of_the_workspace() {
     }
     // Nothing outside changed: /tmp/outside intact, no /etc/evil, no diff.
     assert_eq!(
-        sh(
-            &server,
-            &sid,
-            "cat /tmp/outside; ls /etc/evil /tmp/evil 2>&1 | wc -l"
-        )
-        .await["stdout"],
+        server
+            .sh(
+                &sid,
+                "cat /tmp/outside; ls /etc/evil /tmp/evil 2>&1 | wc -l"
+            )
+            .await["stdout"],
         "secret\n2\n"
     );
     assert_eq!(
@@ -259,26 +201,26 @@ async fn no_symlink_leads_out_of_the_workspace() {
 
     // Symlinks that stay inside work normally; deleting a link removes the link.
     assert_eq!(
-        read(&server, &sid, "inside/sub/f").await.1["contentBase64"],
+        server.read_file(&sid, "inside/sub/f").await.1["contentBase64"],
         b64(b"in\n")
     );
     assert_eq!(
-        read(&server, &sid, "abs_inside/sub/f").await.1["contentBase64"],
+        server.read_file(&sid, "abs_inside/sub/f").await.1["contentBase64"],
         b64(b"in\n")
     );
     assert_eq!(
-        read(&server, &sid, "file_link").await.1["contentBase64"],
+        server.read_file(&sid, "file_link").await.1["contentBase64"],
         b64(b"in\n")
     );
-    let (s, _) = write(
-        &server,
-        &sid,
-        json!([{"path": "inside/sub/g", "contentBase64": b64(b"via link")}]),
-    )
-    .await;
+    let (s, _) = server
+        .write_files(
+            &sid,
+            json!([{"path": "inside/sub/g", "contentBase64": b64(b"via link")}]),
+        )
+        .await;
     assert_eq!(s, 200);
     assert_eq!(
-        sh(&server, &sid, "cat real/sub/g").await["stdout"],
+        server.sh(&sid, "cat real/sub/g").await["stdout"],
         "via link"
     );
     let (s, v) = server
@@ -303,12 +245,9 @@ async fn no_symlink_leads_out_of_the_workspace() {
         .await;
     assert_eq!(s, 200);
     assert_eq!(
-        sh(
-            &server,
-            &sid,
-            "test -e /etc/passwd && test ! -L l && echo ok"
-        )
-        .await["stdout"],
+        server
+            .sh(&sid, "test -e /etc/passwd && test ! -L l && echo ok")
+            .await["stdout"],
         "ok\n"
     );
 }
@@ -316,7 +255,7 @@ async fn no_symlink_leads_out_of_the_workspace() {
 #[tokio::test]
 async fn swapping_a_directory_for_a_symlink_mid_write_never_escapes() {
     let server = TestServer::start().await;
-    let sid = sandbox(&server).await;
+    let sid = server.offline_sandbox().await;
     // Inside the sandbox, flip d between a real directory and a link to /tmp.
     let (s, v) = server
         .post(
@@ -329,19 +268,19 @@ async fn swapping_a_directory_for_a_symlink_mid_write_never_escapes() {
     let mut ok = 0;
     let mut refused = 0;
     while Instant::now() < deadline {
-        let (s, v) = write(
-            &server,
-            &sid,
-            json!([{"path": "d/x.txt", "contentBase64": b64(b"race")}]),
-        )
-        .await;
+        let (s, v) = server
+            .write_files(
+                &sid,
+                json!([{"path": "d/x.txt", "contentBase64": b64(b"race")}]),
+            )
+            .await;
         match s {
             200 => ok += 1,
             400..=499 => refused += 1,
             _ => panic!("unexpected {s}: {v}"),
         }
     }
-    let leaked = sh(&server, &sid, "ls -A /tmp/target | wc -l").await;
+    let leaked = server.sh(&sid, "ls -A /tmp/target | wc -l").await;
     assert_eq!(
         leaked["stdout"], "0\n",
         "a write escaped into /tmp/target ({ok} ok, {refused} refused)"
@@ -355,7 +294,7 @@ async fn swapping_a_directory_for_a_symlink_mid_write_never_escapes() {
 #[tokio::test]
 async fn writes_are_all_or_nothing() {
     let server = TestServer::start().await;
-    let sid = sandbox(&server).await;
+    let sid = server.offline_sandbox().await;
     for files in [
         json!([{"path": "new/a.txt", "contentBase64": "aGk="}, {"path": "new/b.txt", "contentBase64": "not base64!"}]),
         json!([{"path": "new/a.txt", "contentBase64": "aGk="}, {"path": "../b.txt", "contentBase64": "aGk="}]),
@@ -364,16 +303,16 @@ async fn writes_are_all_or_nothing() {
         json!([{"path": "new/a.txt", "contentBase64": "aGk\n="}]),
         json!([]),
     ] {
-        let (s, v) = write(&server, &sid, files.clone()).await;
+        let (s, v) = server.write_files(&sid, files.clone()).await;
         assert_eq!(s, 400, "{files}: {v}");
     }
     // A failure inside the sandbox (the second target is a directory) also
     // leaves nothing: not the first file, not the directories made for it.
-    sh(&server, &sid, "mkdir -p isdir").await;
-    let (s, v) = write(&server, &sid, json!([{"path": "fresh/deep/a.txt", "contentBase64": "aGk="}, {"path": "isdir", "contentBase64": "aGk="}])).await;
+    server.sh(&sid, "mkdir -p isdir").await;
+    let (s, v) = server.write_files(&sid, json!([{"path": "fresh/deep/a.txt", "contentBase64": "aGk="}, {"path": "isdir", "contentBase64": "aGk="}])).await;
     assert_eq!(s, 400, "{v}");
     assert_eq!(
-        sh(&server, &sid, "ls -A").await["stdout"],
+        server.sh(&sid, "ls -A").await["stdout"],
         "isdir\n",
         "nothing half-written"
     );
@@ -382,8 +321,8 @@ async fn writes_are_all_or_nothing() {
 #[tokio::test]
 async fn list_and_delete() {
     let server = TestServer::start().await;
-    let sid = sandbox(&server).await;
-    write(&server, &sid, json!([{"path": "t/b.txt", "contentBase64": b64(b"bb")}, {"path": "t/a.txt", "contentBase64": b64(b"a")}, {"path": "t/sub/c", "contentBase64": ""}])).await;
+    let sid = server.offline_sandbox().await;
+    server.write_files(&sid, json!([{"path": "t/b.txt", "contentBase64": b64(b"bb")}, {"path": "t/a.txt", "contentBase64": b64(b"a")}, {"path": "t/sub/c", "contentBase64": ""}])).await;
     let (s, v) = server
         .get(&format!("/v1/sandboxes/{sid}/files:list?path=t"))
         .await;
@@ -444,7 +383,7 @@ async fn list_and_delete() {
     assert_eq!((s, v), (200, json!({"ok": true})));
     let (s, _) = del(json!({"paths": ["t"], "recursive": true})).await;
     assert_eq!(s, 200);
-    assert_eq!(sh(&server, &sid, "ls -A").await["stdout"], "");
+    assert_eq!(server.sh(&sid, "ls -A").await["stdout"], "");
 }
 
 #[tokio::test]
@@ -455,9 +394,11 @@ async fn limits_and_special_files() {
             .env("SANDBOXD_MAX_BODY_BYTES", "100000"),
     )
     .await;
-    let sid = sandbox(&server).await;
-    sh(&server, &sid, "head -c 1001 /dev/zero > big; mkfifo fifo").await;
-    let (s, v) = read(&server, &sid, "big").await;
+    let sid = server.offline_sandbox().await;
+    server
+        .sh(&sid, "head -c 1001 /dev/zero > big; mkfifo fifo")
+        .await;
+    let (s, v) = server.read_file(&sid, "big").await;
     assert_eq!(
         (s, v["code"].clone()),
         (413, json!("file_too_large")),
@@ -468,7 +409,7 @@ async fn limits_and_special_files() {
         "names the size: {v}"
     );
     let started = Instant::now();
-    let (s, v) = read(&server, &sid, "fifo").await;
+    let (s, v) = server.read_file(&sid, "fifo").await;
     assert_eq!(
         (s, v["code"].clone()),
         (400, json!("not_a_regular_file")),
@@ -478,29 +419,29 @@ async fn limits_and_special_files() {
         started.elapsed() < Duration::from_secs(5),
         "no hang on a FIFO"
     );
-    let (s, v) = read(&server, &sid, "/workspace").await;
+    let (s, v) = server.read_file(&sid, "/workspace").await;
     assert_eq!(s, 400, "{v}");
-    let (s, v) = write(
-        &server,
-        &sid,
-        json!([{"path": "huge", "contentBase64": b64(&vec![0u8; 90_000])}]),
-    )
-    .await;
+    let (s, v) = server
+        .write_files(
+            &sid,
+            json!([{"path": "huge", "contentBase64": b64(vec![0u8; 90_000])}]),
+        )
+        .await;
     assert_eq!(
         (s, v["code"].clone()),
         (413, json!("body_too_large")),
         "{v}"
     );
-    let (s, _) = read(&server, &sid, "/dev/null").await;
+    let (s, _) = server.read_file(&sid, "/dev/null").await;
     assert_eq!(s, 400);
     // A Unix socket is a special file too.
-    sh(
-        &server,
-        &sid,
-        "python3 -c \"import socket; socket.socket(socket.AF_UNIX).bind('sock')\"",
-    )
-    .await;
-    let (s, v) = read(&server, &sid, "sock").await;
+    server
+        .sh(
+            &sid,
+            "python3 -c \"import socket; socket.socket(socket.AF_UNIX).bind('sock')\"",
+        )
+        .await;
+    let (s, v) = server.read_file(&sid, "sock").await;
     assert_eq!(
         (s, v["code"].clone()),
         (400, json!("not_a_regular_file")),
@@ -511,21 +452,23 @@ async fn limits_and_special_files() {
 #[tokio::test]
 async fn odd_names_and_a_helper_that_died() {
     let server = TestServer::start().await;
-    let sid = sandbox(&server).await;
+    let sid = server.offline_sandbox().await;
     // A name that is not UTF-8 is listed (lossily), not a 502.
-    sh(&server, &sid, "touch \"$(printf 'bad\\377name')\"").await;
+    server.sh(&sid, "touch \"$(printf 'bad\\377name')\"").await;
     let (s, v) = server.get(&format!("/v1/sandboxes/{sid}/files:list")).await;
     assert_eq!(s, 200, "{v}");
     assert_eq!(v["entries"][0]["name"], "bad\u{FFFD}name");
     // The helper is killed from inside the sandbox: the next call starts a new one.
-    write(
-        &server,
-        &sid,
-        json!([{"path": "a.txt", "contentBase64": b64(b"one")}]),
-    )
-    .await;
-    let killed = sh(&server, &sid, "pkill -f 'exec[(]os.environ' && echo killed").await;
+    server
+        .write_files(
+            &sid,
+            json!([{"path": "a.txt", "contentBase64": b64(b"one")}]),
+        )
+        .await;
+    let killed = server
+        .sh(&sid, "pkill -f 'exec[(]os.environ' && echo killed")
+        .await;
     assert_eq!(killed["stdout"], "killed\n", "{killed}");
-    let (s, v) = read(&server, &sid, "a.txt").await;
+    let (s, v) = server.read_file(&sid, "a.txt").await;
     assert_eq!((s, v["contentBase64"].clone()), (200, json!(b64(b"one"))));
 }

@@ -2,8 +2,9 @@
 //! engine, on its own port and with its own instance name, so tests run in
 //! parallel without seeing each other's containers. Dropping it stops the
 //! process and removes every engine object labelled with its instance, even
-//! when the test panicked.
-#![allow(dead_code, unreachable_pub)]
+//! when the test panicked. Its methods are the requests the modules make
+//! again and again: an offline sandbox, a command run or started, waited
+//! for or read back, files written and read.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -11,17 +12,23 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
+use base64::Engine as _;
 use bollard::Docker;
-use bollard::query_parameters::{ListContainersOptions, ListVolumesOptions};
-use serde_json::Value;
+use bollard::models::ContainerInspectResponse;
+use bollard::query_parameters::{
+    InspectContainerOptions, ListContainersOptions, ListVolumesOptions,
+};
+use serde_json::{Value, json};
 
-pub const INSTANCE_LABEL: &str = "sandboxd.instance";
+pub(crate) const INSTANCE_LABEL: &str = "sandboxd.instance";
 
+// `pub` inside for bench/support.rs, which includes the same file.
+#[allow(unreachable_pub)]
 mod cleanup;
-pub use cleanup::remove_instance_objects;
+use cleanup::remove_instance_objects;
 
 /// A connected engine, or a panic that says how to get one. Never a skip.
-pub async fn docker() -> Docker {
+pub(crate) async fn docker() -> Docker {
     let docker = Docker::connect_with_local_defaults()
         .unwrap_or_else(|e| panic!("{}", no_engine(&e.to_string())));
     match tokio::time::timeout(Duration::from_secs(5), docker.negotiate_version()).await {
@@ -40,7 +47,7 @@ fn no_engine(why: &str) -> String {
 
 /// Runs `f` on a fresh runtime in its own thread: for cleanup from `Drop`,
 /// which may run inside another runtime.
-fn block_on_side<F: std::future::Future<Output = ()> + Send + 'static>(f: F) {
+pub(crate) fn block_on_side<F: std::future::Future<Output = ()> + Send + 'static>(f: F) {
     let _ = std::thread::spawn(move || {
         if let Ok(rt) = tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -53,7 +60,7 @@ fn block_on_side<F: std::future::Future<Output = ()> + Send + 'static>(f: F) {
 }
 
 /// A unique instance name per test server.
-pub fn unique_instance() -> String {
+pub(crate) fn unique_instance() -> String {
     static N: AtomicU32 = AtomicU32::new(0);
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -68,73 +75,73 @@ pub fn unique_instance() -> String {
 }
 
 /// Free loopback port at the time of asking.
-pub fn free_port() -> u16 {
+pub(crate) fn free_port() -> u16 {
     let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");
     l.local_addr().expect("local addr").port()
 }
 
 /// How to start a server.
 #[derive(Debug, Clone, Default)]
-pub struct ServerOptions {
-    pub env: Vec<(String, String)>,
-    pub token: Option<String>,
+pub(crate) struct ServerOptions {
+    pub(crate) env: Vec<(String, String)>,
+    pub(crate) token: Option<String>,
     /// Do not wait for the engine at start (tests of a missing engine).
-    pub no_engine: bool,
+    pub(crate) no_engine: bool,
 }
 
 impl ServerOptions {
-    pub fn env(mut self, k: &str, v: &str) -> Self {
+    pub(crate) fn env(mut self, k: &str, v: &str) -> Self {
         self.env.push((k.to_string(), v.to_string()));
         self
     }
 
-    pub fn no_engine(mut self) -> Self {
+    pub(crate) fn no_engine(mut self) -> Self {
         self.no_engine = true;
         self
     }
 
-    pub fn token(mut self, t: &str) -> Self {
+    pub(crate) fn token(mut self, t: &str) -> Self {
         self.token = Some(t.to_string());
         self
     }
 }
 
 /// A running sandboxd.
-pub struct TestServer {
-    pub base: String,
-    pub instance: String,
-    pub log: PathBuf,
-    pub docker: Docker,
-    pub client: reqwest::Client,
+pub(crate) struct TestServer {
+    pub(crate) base: String,
+    pub(crate) instance: String,
+    pub(crate) log: PathBuf,
+    pub(crate) docker: Docker,
+    pub(crate) client: reqwest::Client,
     options: ServerOptions,
     child: Option<Child>,
 }
 
 /// The OCI runtime every test sandbox runs under, when not the engine's
-/// default: scripts/test.sh runs every suite that makes sandboxes a second
+/// default: scripts/test.sh runs every module that makes sandboxes a second
 /// time with SANDBOXD_TEST_OCI_RUNTIME=runsc (gVisor).
-pub fn oci_runtime() -> Option<String> {
+pub(crate) fn oci_runtime() -> Option<String> {
     std::env::var("SANDBOXD_TEST_OCI_RUNTIME")
         .ok()
         .filter(|v| !v.is_empty())
 }
 
 /// Whether the sandboxes of this run are under gVisor.
-pub fn under_gvisor() -> bool {
+pub(crate) fn under_gvisor() -> bool {
     oci_runtime().as_deref() == Some("runsc")
 }
 
 /// Path of the binary under test.
-pub fn binary() -> &'static str {
+pub(crate) fn binary() -> &'static str {
     env!("CARGO_BIN_EXE_sandboxd")
 }
 
 impl TestServer {
-    pub async fn start() -> TestServer {
+    pub(crate) async fn start() -> TestServer {
         TestServer::start_with(ServerOptions::default()).await
     }
 
-    pub async fn start_with(options: ServerOptions) -> TestServer {
+    pub(crate) async fn start_with(options: ServerOptions) -> TestServer {
         let docker = docker().await;
         let instance = unique_instance();
         let log = std::env::temp_dir().join(format!("{instance}.log"));
@@ -212,12 +219,12 @@ impl TestServer {
     }
 
     /// The sandboxd process id, while it runs.
-    pub fn pid(&self) -> Option<u32> {
+    pub(crate) fn pid(&self) -> Option<u32> {
         self.child.as_ref().map(Child::id)
     }
 
     /// SIGTERM, then wait for exit (bounded); returns the exit code.
-    pub fn stop_process(&mut self) -> Option<i32> {
+    pub(crate) fn stop_process(&mut self) -> Option<i32> {
         let mut child = self.child.take()?;
         let _ = Command::new("kill")
             .arg("-TERM")
@@ -237,7 +244,7 @@ impl TestServer {
 
     /// SIGKILL, no chance to clean up, then start again with the same
     /// instance and options: a crash.
-    pub async fn crash_and_restart(&mut self) {
+    pub(crate) async fn crash_and_restart(&mut self) {
         if let Some(mut child) = self.child.take() {
             let _ = child.kill();
             let _ = child.wait();
@@ -247,14 +254,14 @@ impl TestServer {
     }
 
     /// Stops and starts the process again with the same instance and options.
-    pub async fn restart(&mut self) {
+    pub(crate) async fn restart(&mut self) {
         self.stop_process();
         self.spawn().await;
         self.wait_ready().await;
     }
 
     /// Waits until the engine is connected and the registry rebuilt.
-    pub async fn wait_ready(&self) {
+    pub(crate) async fn wait_ready(&self) {
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
             let (status, _) = self.get("/v1/sandboxes").await;
@@ -267,7 +274,7 @@ impl TestServer {
         }
     }
 
-    pub fn log_text(&self) -> String {
+    pub(crate) fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
@@ -278,7 +285,7 @@ impl TestServer {
         }
     }
 
-    pub async fn get(&self, path: &str) -> (u16, Value) {
+    pub(crate) async fn get(&self, path: &str) -> (u16, Value) {
         let resp = self
             .auth(self.client.get(format!("{}{path}", self.base)))
             .send()
@@ -287,7 +294,7 @@ impl TestServer {
         into_parts(resp).await
     }
 
-    pub async fn post(&self, path: &str, body: Value) -> (u16, Value) {
+    pub(crate) async fn post(&self, path: &str, body: Value) -> (u16, Value) {
         let resp = self
             .auth(self.client.post(format!("{}{path}", self.base)))
             .json(&body)
@@ -298,7 +305,7 @@ impl TestServer {
     }
 
     /// Opens a command's NDJSON log stream (the answer, not yet read).
-    pub async fn open_logs(&self, sid: &str, cid: &str) -> reqwest::Response {
+    pub(crate) async fn open_logs(&self, sid: &str, cid: &str) -> reqwest::Response {
         self.auth(self.client.get(format!(
             "{}/v1/sandboxes/{sid}/commands/{cid}/logs",
             self.base
@@ -309,14 +316,109 @@ impl TestServer {
     }
 
     /// Creates a sandbox, asserting success; returns its id.
-    pub async fn create(&self, body: Value) -> String {
+    pub(crate) async fn create(&self, body: Value) -> String {
         let (status, v) = self.post("/v1/sandboxes", body).await;
         assert_eq!(status, 200, "create failed: {v}");
         v["sandboxId"].as_str().expect("sandboxId").to_string()
     }
 
+    /// Creates an offline sandbox (network mode none) under a session key
+    /// of its own; returns its id.
+    pub(crate) async fn offline_sandbox(&self) -> String {
+        self.create(json!({"sessionKey": unique_instance(), "network": {"mode": "none"}}))
+            .await
+    }
+
+    /// `docker inspect` of a sandbox's container.
+    pub(crate) async fn inspect(&self, sid: &str) -> ContainerInspectResponse {
+        self.docker
+            .inspect_container(&self.container_name(sid), None::<InspectContainerOptions>)
+            .await
+            .expect("inspect")
+    }
+
+    /// Runs a command to its end (`commands:run`), asserting 200; returns
+    /// the answer.
+    pub(crate) async fn run(&self, sid: &str, body: Value) -> Value {
+        let (status, v) = self
+            .post(&format!("/v1/sandboxes/{sid}/commands:run"), body)
+            .await;
+        assert_eq!(status, 200, "{v}");
+        v
+    }
+
+    /// Runs `script` in the sandbox's login shell to its end.
+    pub(crate) async fn sh(&self, sid: &str, script: &str) -> Value {
+        self.run(sid, json!({"command": script})).await
+    }
+
+    /// Runs `script` in the sandbox's login shell to its end or timeout.
+    pub(crate) async fn sh_with_timeout(&self, sid: &str, script: &str, timeout_ms: u64) -> Value {
+        self.run(sid, json!({"command": script, "timeoutMs": timeout_ms}))
+            .await
+    }
+
+    /// Starts a command, asserting 200; returns its id.
+    pub(crate) async fn start_command(&self, sid: &str, body: Value) -> String {
+        let (status, v) = self
+            .post(&format!("/v1/sandboxes/{sid}/commands"), body)
+            .await;
+        assert_eq!(status, 200, "{v}");
+        v["commandId"].as_str().expect("commandId").to_string()
+    }
+
+    /// Waits for a command to end, asserting 200; returns the answer.
+    pub(crate) async fn wait_command(&self, sid: &str, cid: &str) -> Value {
+        let (status, v) = self
+            .get(&format!("/v1/sandboxes/{sid}/commands/{cid}/wait"))
+            .await;
+        assert_eq!(status, 200, "{v}");
+        v
+    }
+
+    /// A command's whole NDJSON log stream, parsed; `query` is appended to
+    /// the path (e.g. `?after=3`).
+    pub(crate) async fn log_records(&self, sid: &str, cid: &str, query: &str) -> Vec<Value> {
+        let resp = self
+            .auth(self.client.get(format!(
+                "{}/v1/sandboxes/{sid}/commands/{cid}/logs{query}",
+                self.base
+            )))
+            .send()
+            .await
+            .expect("logs");
+        assert_eq!(resp.status(), 200);
+        assert_eq!(
+            resp.headers()
+                .get("content-type")
+                .and_then(|v| v.to_str().ok()),
+            Some("application/x-ndjson")
+        );
+        let text = resp.text().await.expect("body");
+        text.lines()
+            .map(|l| serde_json::from_str(l).expect("NDJSON line"))
+            .collect()
+    }
+
+    /// `files:write` of `files` (a JSON array of `{path, contentBase64,
+    /// mode?}`).
+    pub(crate) async fn write_files(&self, sid: &str, files: Value) -> (u16, Value) {
+        self.post(
+            &format!("/v1/sandboxes/{sid}/files:write"),
+            json!({ "files": files }),
+        )
+        .await
+    }
+
+    /// `files:read` of `path`, URL-encoded as is (no normalising).
+    pub(crate) async fn read_file(&self, sid: &str, path: &str) -> (u16, Value) {
+        let q = url_encode(path);
+        self.get(&format!("/v1/sandboxes/{sid}/files:read?path={q}"))
+            .await
+    }
+
     /// Containers of this instance carrying `label=value` (all states).
-    pub async fn containers_with(
+    pub(crate) async fn containers_with(
         &self,
         label: &str,
         value: &str,
@@ -339,13 +441,13 @@ impl TestServer {
     }
 
     /// Every container of this instance.
-    pub async fn containers(&self) -> Vec<bollard::models::ContainerSummary> {
+    pub(crate) async fn containers(&self) -> Vec<bollard::models::ContainerSummary> {
         self.containers_with(INSTANCE_LABEL, &self.instance.clone())
             .await
     }
 
     /// Every volume of this instance.
-    pub async fn volumes(&self) -> Vec<bollard::models::Volume> {
+    pub(crate) async fn volumes(&self) -> Vec<bollard::models::Volume> {
         let filter = HashMap::from([(
             "label".to_string(),
             vec![format!("{INSTANCE_LABEL}={}", self.instance)],
@@ -360,19 +462,19 @@ impl TestServer {
             .unwrap_or_default()
     }
 
-    pub fn container_name(&self, id: &str) -> String {
+    pub(crate) fn container_name(&self, id: &str) -> String {
         format!("{}-{id}", self.instance)
     }
 
     /// Runs `script` in the sandbox's container directly through the engine
     /// (as the container's user), returning (exit code, stdout+stderr).
-    pub async fn docker_exec(&self, id: &str, script: &str) -> (i64, String) {
+    pub(crate) async fn docker_exec(&self, id: &str, script: &str) -> (i64, String) {
         exec_in(&self.docker, &self.container_name(id), script).await
     }
 }
 
 /// `sh -c script` in a container, output and exit code.
-pub async fn exec_in(docker: &Docker, container: &str, script: &str) -> (i64, String) {
+pub(crate) async fn exec_in(docker: &Docker, container: &str, script: &str) -> (i64, String) {
     use bollard::exec::{CreateExecOptions, StartExecResults};
     use futures_util::StreamExt;
     let exec = docker
@@ -404,6 +506,23 @@ pub async fn exec_in(docker: &Docker, container: &str, script: &str) -> (i64, St
     (code, out)
 }
 
+/// Standard base64 of `bytes`, as the files API wants it.
+pub(crate) fn b64(bytes: impl AsRef<[u8]>) -> String {
+    base64::engine::general_purpose::STANDARD.encode(bytes)
+}
+
+/// Percent-encodes every byte but unreserved characters and `/`.
+fn url_encode(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' | b'/' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
 async fn into_parts(resp: reqwest::Response) -> (u16, Value) {
     let status = resp.status().as_u16();
     let text = resp.text().await.expect("body");
@@ -412,7 +531,7 @@ async fn into_parts(resp: reqwest::Response) -> (u16, Value) {
 }
 
 /// Resident memory of a process, in KiB (0 if it cannot be read).
-pub fn rss_kb(pid: u32) -> u64 {
+pub(crate) fn rss_kb(pid: u32) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
         .ok()
         .and_then(|s| {
@@ -424,7 +543,7 @@ pub fn rss_kb(pid: u32) -> u64 {
 }
 
 /// Polls `f` until it returns true or `within` passes.
-pub async fn eventually<F, Fut>(within: Duration, what: &str, mut f: F)
+pub(crate) async fn eventually<F, Fut>(within: Duration, what: &str, mut f: F)
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = bool>,

@@ -1,11 +1,12 @@
-//! The HTTP contract without an engine, through `tower::ServiceExt::oneshot`:
-//! whatever arrives (method, path, headers, body), the answer is JSON and
-//! never a 500 or a panic.
+//! The HTTP contract in process, without an engine, through
+//! `tower::ServiceExt::oneshot`: whatever arrives (method, path, headers,
+//! body), the answer is JSON and never a 500 or a panic.
 
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use http_body_util::BodyExt;
 use proptest::prelude::*;
+use proptest::test_runner::FileFailurePersistence;
 use sandboxd::app::App;
 use sandboxd::config::Config;
 use tower::ServiceExt;
@@ -69,7 +70,15 @@ fn method() -> impl Strategy<Value = &'static str> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 300, ..ProptestConfig::default() })]
+    // Failing cases are kept next to this file, in
+    // http_contract.proptest-regressions (proptest's default would be a
+    // proptest-regressions/ directory beside tests/it, the crate root of
+    // this test binary).
+    #![proptest_config(ProptestConfig {
+        cases: 300,
+        failure_persistence: Some(Box::new(FileFailurePersistence::WithSource("proptest-regressions"))),
+        ..ProptestConfig::default()
+    })]
 
     #[test]
     fn any_request_gets_json_and_no_500(

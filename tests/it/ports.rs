@@ -1,25 +1,20 @@
-//! Issue 6 against the real binary and engine: a server in a sandbox becomes
-//! a URL that works from the host; allowlist, network none, races, restarts
-//! of sandboxd and of the sandbox, waitMs, cleanup, proxy hardening, and
-//! isolation between sandboxes.
-
-mod common;
+//! Ports: a server in a sandbox becomes a URL that works from the host;
+//! the allowlist, network none, concurrent lookups, `waitMs`, restarts of
+//! sandboxd and of the sandbox, cleanup, proxy hardening, and isolation
+//! between sandboxes.
 
 use std::time::Duration;
 
 use bollard::query_parameters::InspectContainerOptions;
-use common::{TestServer, eventually};
 use serde_json::{Value, json};
 
-async fn start(server: &TestServer, sid: &str, script: &str) -> String {
-    let (s, v) = server
-        .post(
-            &format!("/v1/sandboxes/{sid}/commands"),
-            json!({"command": script, "timeoutMs": 600000}),
-        )
-        .await;
-    assert_eq!(s, 200, "{v}");
-    v["commandId"].as_str().expect("id").to_string()
+use crate::harness::{TestServer, eventually};
+
+/// Starts `script`, a server meant to outlive the test, as a command.
+async fn start_server(server: &TestServer, sid: &str, script: &str) -> String {
+    server
+        .start_command(sid, json!({"command": script, "timeoutMs": 600000}))
+        .await
 }
 
 /// A python http.server on 127.0.0.1:PORT serving `body` as index.html.
@@ -69,7 +64,7 @@ async fn a_loopback_server_becomes_a_url_that_works_from_the_host() {
     let sid = server
         .create(json!({"sessionKey": "web", "ports": [3000, 4000]}))
         .await;
-    start(
+    start_server(
         &server,
         &sid,
         &server_script(3000, "hello from the sandbox"),
@@ -218,7 +213,7 @@ async fn concurrent_gets_make_one_proxy_and_a_late_server_still_works() {
     // The server starts after the port was published.
     let url = urls[0].as_str().expect("url").to_string();
     assert_eq!(fetch(&url).await, None, "nothing listens yet");
-    start(&server, &sid, &server_script(8000, "late")).await;
+    start_server(&server, &sid, &server_script(8000, "late")).await;
     eventually(
         Duration::from_secs(15),
         "the URL serves once the server listens",
@@ -267,7 +262,7 @@ async fn wait_ms_reports_ready_or_why_not() {
         "it waited"
     );
     assert!(started.elapsed() < Duration::from_secs(8));
-    start(
+    start_server(
         &server,
         &sid,
         &format!("sleep 1; {}", server_script(3000, "up")),
@@ -288,7 +283,7 @@ async fn urls_survive_a_sandboxd_restart_and_relays_come_back_after_a_sandbox_re
     let sid = server
         .create(json!({"sessionKey": "keep", "ports": [3000]}))
         .await;
-    start(&server, &sid, &server_script(3000, "kept")).await;
+    start_server(&server, &sid, &server_script(3000, "kept")).await;
     let (_, v) = port(&server, &sid, 3000, "?waitMs=10000").await;
     let url = v["url"].as_str().expect("url").to_string();
     assert_eq!(fetch(&url).await.as_deref(), Some("kept\n"));
@@ -309,7 +304,7 @@ async fn urls_survive_a_sandboxd_restart_and_relays_come_back_after_a_sandbox_re
         .post(&format!("/v1/sandboxes/{sid}:restart"), json!(null))
         .await;
     assert_eq!(s, 200);
-    start(&server, &sid, &server_script(3000, "again")).await;
+    start_server(&server, &sid, &server_script(3000, "again")).await;
     let (_, v) = port(&server, &sid, 3000, "?waitMs=10000").await;
     assert_eq!(v["ready"], true);
     assert_eq!(v["url"], json!(url));
@@ -341,14 +336,10 @@ async fn sandboxes_cannot_reach_each_other() {
         .await;
     let b = server.create(json!({"sessionKey": "b"})).await;
     // a serves on all interfaces, and is published (link network exists).
-    start(&server, &a, "mkdir -p /tmp/s && cd /tmp/s && echo secret > index.html && exec python3 -m http.server 3000 --bind 0.0.0.0").await;
+    start_server(&server, &a, "mkdir -p /tmp/s && cd /tmp/s && echo secret > index.html && exec python3 -m http.server 3000 --bind 0.0.0.0").await;
     let (_, v) = port(&server, &a, 3000, "?waitMs=10000").await;
     assert_eq!(v["ready"], true);
-    let info = server
-        .docker
-        .inspect_container(&server.container_name(&a), None::<InspectContainerOptions>)
-        .await
-        .expect("inspect");
+    let info = server.inspect(&a).await;
     let ips: Vec<String> = info
         .network_settings
         .and_then(|n| n.networks)

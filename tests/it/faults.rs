@@ -1,15 +1,15 @@
-//! The fault suite (issue 9, part 3), the parts that do not restart the
-//! engine itself: sandboxd killed mid-command, and many clients creating,
-//! stopping and running in one session at once. (Containers removed or
-//! stopped out of band, a missing image and an engine that appears late
-//! are in tests/sandboxes.rs and tests/foundation.rs.)
-
-mod common;
+//! Faults short of an engine restart: sandboxd killed mid-command, many
+//! clients creating, stopping and running in one session at once, a
+//! container and its volume removed behind sandboxd's back, and an open
+//! request that outlasts the idle TTL. (Stopped containers and a missing
+//! image are in `sandboxes`, an engine that appears late in `engine`, an
+//! engine restart in `engine_restart`.)
 
 use std::time::{Duration, Instant};
 
-use common::TestServer;
 use serde_json::json;
+
+use crate::harness::{self, TestServer};
 
 #[tokio::test]
 async fn sandboxd_killed_mid_command_comes_back_with_the_command_lost() {
@@ -24,7 +24,7 @@ async fn sandboxd_killed_mid_command_comes_back_with_the_command_lost() {
         )
         .await;
     let cid = v["commandId"].as_str().expect("cid").to_string();
-    common::eventually(Duration::from_secs(5), "the command runs", || async {
+    harness::eventually(Duration::from_secs(5), "the command runs", || async {
         let (code, out) = server.docker_exec(&sid, "ps -eo args").await;
         code == 0 && out.lines().any(|l| l.trim() == "sleep 6161")
     })

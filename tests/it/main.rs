@@ -1,0 +1,24 @@
+//! The integration tests: one binary, one module per capability. Each
+//! module but `http_contract` runs the real `sandboxd` binary against the
+//! real engine through the harness (`TestServer`), and removes what it made
+//! when it ends. `engine_restart` restarts the engine itself, so
+//! scripts/test.sh runs it alone, after the rest.
+
+mod harness;
+
+mod abuse;
+mod auth;
+mod commands;
+mod config;
+mod engine;
+mod engine_restart;
+mod errors;
+mod faults;
+mod files;
+mod gvisor;
+mod health;
+mod http_contract;
+mod observability;
+mod ports;
+mod sandboxes;
+mod security;
