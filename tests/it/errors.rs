@@ -109,7 +109,7 @@ async fn a_stream_of_bad_input_is_4xx_and_leaves_memory_flat() {
         ),
         (
             format!("/v1/sandboxes/{sid}/commands"),
-            "{\"command\": \"x\", \"timeoutMs\": 99999999999999}".into(),
+            "{\"command\": \"x\", \"timeoutMs\": -1}".into(),
         ),
         (
             format!("/v1/sandboxes/{sid}/commands"),

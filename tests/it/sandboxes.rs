@@ -90,12 +90,26 @@ async fn create_hardens_the_container_and_reconnect_reuses_it() {
     );
     assert!(env.contains(&"GIT_DISCOVERY_ACROSS_FILESYSTEM=1".to_string()));
     let mounts = info.mounts.clone().unwrap_or_default();
-    assert_eq!(mounts.len(), 1, "only the workspace volume: {mounts:?}");
-    assert_eq!(mounts[0].destination.as_deref(), Some("/workspace"));
+    let volume = format!("{}-workspace", server.container_name(&id));
+    let mut workspace: Vec<&str> = mounts
+        .iter()
+        .filter(|m| m.name.as_deref() == Some(volume.as_str()))
+        .filter_map(|m| m.destination.as_deref())
+        .collect();
+    workspace.sort();
     assert_eq!(
-        mounts[0].typ.as_ref().map(|t| t.to_string()),
-        Some("volume".to_string())
+        workspace,
+        ["/vercel/sandbox/workspace", "/workspace"],
+        "the one workspace volume, at both spellings: {mounts:?}"
     );
+    assert_eq!(mounts.len(), 2, "nothing but the workspace: {mounts:?}");
+    for m in &mounts {
+        assert_eq!(
+            m.typ.as_ref().map(|t| t.to_string()),
+            Some("volume".to_string())
+        );
+        assert_eq!(m.rw, Some(true), "{m:?}");
+    }
     assert!(
         !mounts.iter().any(|m| m
             .source

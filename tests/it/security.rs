@@ -7,11 +7,17 @@ use bollard::models::ContainerInspectResponse;
 use bollard::query_parameters::InspectContainerOptions;
 use serde_json::json;
 
-use crate::harness::{self, TestServer, eventually};
+use crate::harness::{self, ServerOptions, TestServer, eventually};
 
 #[tokio::test]
 async fn escape_attempts_from_inside_fail() {
-    let server = TestServer::start().await;
+    // /vercel/sandbox/workspace is a sandbox-owned directory of the runtime
+    // image; by default the workspace is mounted there too, so alias it
+    // elsewhere to try writing the image's own directory.
+    let server = TestServer::start_with(
+        ServerOptions::default().env("SANDBOXD_WORKSPACE_ALIASES", "/srv/workspace"),
+    )
+    .await;
     let sid = server.create(json!({"sessionKey": "inside"})).await;
     // Each must fail, and for the reason that matters (a vacuous "command
     // not found" would pass an exit-code check alone).
