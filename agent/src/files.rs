@@ -1,0 +1,1 @@
+//! File operations confined to the workspace.

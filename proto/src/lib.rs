@@ -1,0 +1,422 @@
+//! The protocol between sandboxd and `sandboxd-agent`, the process manager
+//! inside every sandbox, defined once for both sides.
+//!
+//! One long-lived byte stream per sandbox carries length-prefixed frames
+//! (tokio-util's [`LengthDelimitedCodec`]: a 4-byte big-endian length, then
+//! the body), each body one [`Request`] (sandboxd to agent) or one
+//! [`Response`] (agent to sandboxd) in postcard, a compact serde format.
+//! Requests carry an id; every response names the request it answers, so
+//! any number of requests are in flight at once (a long poll for a
+//! command's end next to a file write). A request gets exactly one
+//! response with `more: false`, after zero or more with `more: true`
+//! (chunks of a file, of a listing, of a tail).
+//!
+//! The agent runs as the sandbox user, so whatever runs in the sandbox can
+//! kill, replace or impersonate it: sandboxd treats every response as
+//! hostile input. Frames from the agent are at most [`MAX_AGENT_FRAME`]
+//! bytes; data travels in pieces of at most [`CHUNK`]; sandboxd validates
+//! every field it uses and lets no answer decide anything outside the
+//! sandbox it came from. Frames from sandboxd may be larger (a file write
+//! is one frame), up to [`MAX_HOST_FRAME`].
+//!
+//! Both sides are built together (sandboxd embeds the agent it was built
+//! with), and [`VERSION`] is checked at [`Op::Hello`].
+
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+use tokio_util::codec::LengthDelimitedCodec;
+
+/// Bumped on any change to the types below.
+pub const VERSION: u32 = 1;
+
+/// Largest piece of bulk data (file content, a tail) in one response.
+pub const CHUNK: usize = 1024 * 1024;
+/// Largest frame sandboxd accepts from an agent: one chunk plus framing.
+pub const MAX_AGENT_FRAME: usize = CHUNK + 64 * 1024;
+/// Largest frame the agent accepts from sandboxd.
+pub const MAX_HOST_FRAME: usize = 1 << 30;
+/// Longest string sandboxd keeps from an agent's description of a command
+/// (its summary) or of a failure.
+pub const MAX_TEXT: usize = 4096;
+/// Most directory entries in one response.
+pub const ENTRIES_PER_CHUNK: usize = 2048;
+
+/// The frame codec for a side that accepts frames up to `max_frame` bytes.
+pub fn codec(max_frame: usize) -> LengthDelimitedCodec {
+    LengthDelimitedCodec::builder()
+        .length_field_length(4)
+        .max_frame_length(max_frame)
+        .new_codec()
+}
+
+/// A frame body that could not be encoded or decoded.
+#[derive(Debug, thiserror::Error)]
+#[error("protocol frame: {0}")]
+pub struct FrameError(String);
+
+/// Encodes a message into one frame body.
+pub fn encode<T: Serialize>(message: &T) -> Result<Bytes, FrameError> {
+    postcard::to_stdvec(message)
+        .map(Bytes::from)
+        .map_err(|e| FrameError(e.to_string()))
+}
+
+/// Decodes one frame body; trailing bytes are an error.
+pub fn decode<'a, T: Deserialize<'a>>(body: &'a [u8]) -> Result<T, FrameError> {
+    match postcard::take_from_bytes(body) {
+        Ok((value, [])) => Ok(value),
+        Ok((_, rest)) => Err(FrameError(format!(
+            "{} bytes after the message",
+            rest.len()
+        ))),
+        Err(e) => Err(FrameError(e.to_string())),
+    }
+}
+
+/// sandboxd to agent.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Request {
+    pub id: u64,
+    pub op: Op,
+}
+
+/// Agent to sandboxd: an answer (or a part of one) to request `id`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Response {
+    pub id: u64,
+    /// More responses to the same request follow.
+    pub more: bool,
+    pub reply: Reply,
+}
+
+/// What sandboxd asks. Paths of file operations are relative to the
+/// workspace, '/'-separated, every component non-empty and neither `.`
+/// nor `..` (sandboxd checked them; the agent checks again).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Op {
+    /// First on every connection. Answered by [`Reply::Hello`].
+    Hello(Hello),
+    /// Start a command. Answered by [`Reply::Spawned`] once it runs, or an
+    /// error; a program that cannot be started still makes a command that
+    /// ends at once with 126 or 127 and says why on stderr.
+    Spawn(Spawn),
+    /// End a command's process tree (a running one, or the processes a
+    /// finished one left): SIGTERM, the grace period, then SIGKILL until
+    /// nothing is left. Answered [`Reply::Ok`] as soon as SIGTERM is sent.
+    Kill { command: String },
+    /// Records of a command's log after `after`. Waits up to `wait_ms` for
+    /// one when there is none yet. Answered by [`Reply::Log`].
+    ReadLog(ReadLog),
+    /// A reader of a command's log went away.
+    Unfollow { command: String, follower: u64 },
+    /// Answered by [`Reply::Ended`] once the command has ended.
+    Wait { command: String },
+    /// The last `tail_bytes` of each stream of a command started with
+    /// them: [`Reply::TailPart`]s, then [`Reply::Ok`].
+    Tail { command: String },
+    /// Drop a finished command and its log.
+    Forget { command: String },
+    /// Every command the agent knows: [`Reply::Commands`].
+    List,
+    /// A file's content: [`Reply::Data`] pieces, then [`Reply::Ok`].
+    ReadFile { path: String, max_bytes: u64 },
+    /// Writes every file or none: [`Reply::Ok`].
+    WriteFiles { files: Vec<NewFile> },
+    /// A directory's entries, sorted by name: [`Reply::Entries`] pieces,
+    /// then [`Reply::Ok`].
+    ListDir { path: String },
+    /// Deletes paths in order: [`Reply::Ok`].
+    Delete { paths: Vec<String>, recursive: bool },
+    /// Forward TCP connections from `listen` (all addresses) to
+    /// 127.0.0.1:`port`, accepting peers in `allow` (an IPv4 CIDR) only.
+    /// Idempotent. [`Reply::Ok`].
+    Relay { port: u16, listen: u16, allow: String },
+    /// Whether something accepts connections on 127.0.0.1:`port`, waiting
+    /// up to `wait_ms`: [`Reply::Probed`].
+    Probe { port: u16, wait_ms: u32 },
+}
+
+/// Settings of this sandboxd, sent on every connection.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Hello {
+    pub version: u32,
+    /// Every path the workspace is mounted at, the canonical one first.
+    pub workspace: Vec<String>,
+    pub kill_grace_ms: u64,
+    /// Output one command keeps (a ring of records).
+    pub output_buffer_bytes: u64,
+    /// Output all commands together keep.
+    pub output_memory_bytes: u64,
+    /// Most finished commands kept.
+    pub max_finished: u32,
+}
+
+/// What sandboxd keeps about a command, held by the agent for it so that
+/// it survives a restart of sandboxd.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CommandMeta {
+    pub summary: String,
+    pub started_at_ms: u64,
+    pub timeout_ms: u64,
+}
+
+/// A command to start.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Spawn {
+    /// sandboxd's id for it.
+    pub command: String,
+    pub argv: Vec<String>,
+    /// Added to the agent's environment.
+    pub env: Vec<(String, String)>,
+    /// Absolute; created if missing. `None`: the workspace.
+    pub cwd: Option<String>,
+    #[serde(with = "serde_bytes")]
+    pub stdin: Vec<u8>,
+    /// Keep the last this many bytes of each stream for [`Op::Tail`].
+    pub tail_bytes: u32,
+    pub meta: CommandMeta,
+}
+
+/// A read of a command's log.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReadLog {
+    pub command: String,
+    /// Who reads: the agent holds a command's output back (rather than
+    /// drop it) while a reader that keeps reading has not read it.
+    pub follower: u64,
+    /// Records with a `seq` above this.
+    pub after: u64,
+    /// Most bytes of record data in the answer (at least one record).
+    pub max_bytes: u32,
+    pub wait_ms: u32,
+    /// Read past the `exit` record: the output of processes the command
+    /// left running. Otherwise the log ends with `exit`.
+    pub past_exit: bool,
+}
+
+/// A file to write.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NewFile {
+    pub path: String,
+    /// Permission bits, at most 0o777.
+    pub mode: u32,
+    #[serde(with = "serde_bytes")]
+    pub content: Vec<u8>,
+}
+
+/// What the agent answers.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Reply {
+    Hello(HelloReply),
+    Spawned { pid: u32 },
+    Ok,
+    Log(LogChunk),
+    Ended(Ended),
+    Commands(Vec<CommandState>),
+    TailPart { stream: Stream, text: String, cut_bytes: u64 },
+    Data(#[serde(with = "serde_bytes")] Vec<u8>),
+    Entries(Vec<DirEntry>),
+    Probed { ready: bool, recent_output: String },
+    Error(Failure),
+}
+
+/// The agent's side of the handshake.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HelloReply {
+    pub version: u32,
+    /// Random per agent start: a different one means the sandbox restarted
+    /// and every process in it is new.
+    pub boot: u64,
+    pub commands: Vec<CommandState>,
+}
+
+/// A command as the agent knows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CommandState {
+    pub command: String,
+    pub meta: CommandMeta,
+    pub ended: Option<Ended>,
+    /// Processes of its tree still alive (after its end: what it left).
+    pub processes: u32,
+}
+
+/// Which output stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Stream {
+    Stdout,
+    Stderr,
+}
+
+/// Part of a command's log.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LogChunk {
+    pub records: Vec<Record>,
+    /// No record will follow these for this reader: the log ended (at
+    /// `exit`, or past it once the leftover processes are gone).
+    pub complete: bool,
+}
+
+/// One numbered record of a command's log.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Record {
+    pub seq: u64,
+    pub body: RecordBody,
+}
+
+/// What a record holds.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum RecordBody {
+    /// Output, decoded as UTF-8 per stream (a character split across
+    /// reads arrives whole; invalid bytes are U+FFFD); `raw` is how many
+    /// bytes the command wrote for it.
+    Output {
+        stream: Stream,
+        text: String,
+        raw: u64,
+    },
+    /// Records that were dropped before this reader read them, and how
+    /// many output bytes they held.
+    Dropped { bytes: u64 },
+    /// Something outside the command went wrong.
+    Error { message: String },
+    /// The command ended.
+    Exit(Ended),
+}
+
+/// How a command ended.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Ended {
+    pub exit_code: i32,
+    pub timed_out: bool,
+    pub killed: bool,
+    pub duration_ms: u64,
+    /// The memory limit's OOM killer ended a process of the sandbox while
+    /// the command ran, and the command died of SIGKILL.
+    pub oom_killed: bool,
+    pub usage: Usage,
+    /// `seq` of its `exit` record.
+    pub seq: u64,
+}
+
+/// Resources a command's process tree used (of the processes reaped by
+/// its end).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Usage {
+    pub user_ms: u64,
+    pub system_ms: u64,
+    /// The largest resident set of any one process.
+    pub max_rss_kb: u64,
+}
+
+/// A directory entry; symlinks are not followed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DirEntry {
+    pub name: String,
+    pub kind: EntryKind,
+    pub size: u64,
+    pub mtime_ms: i64,
+    pub mode: u32,
+}
+
+/// What a directory entry is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum EntryKind {
+    File,
+    Dir,
+    Symlink,
+    /// FIFO, socket, device.
+    Other,
+}
+
+/// Why the agent refused or failed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Failure {
+    pub kind: FailureKind,
+    pub message: String,
+}
+
+/// The kinds of failure sandboxd tells apart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum FailureKind {
+    /// A malformed request (a path component `..`, a mode over 0o777).
+    Invalid,
+    /// The agent speaks another version.
+    Version,
+    NotFound,
+    /// A symlink leads out of the workspace (or too many in a row).
+    SymlinkEscape,
+    IsDirectory,
+    NotDirectory,
+    NeedsRecursive,
+    NotRegular,
+    TooLarge,
+    /// The path changed while it was walked.
+    Changed,
+    NoSpace,
+    PermissionDenied,
+    NoSuchCommand,
+    DuplicateCommand,
+    /// No process could be started: the sandbox is at its pids limit.
+    NoProcesses,
+    /// Something else listens on the relay's port.
+    PortInUse,
+    Other,
+}
+
+impl Failure {
+    pub fn new(kind: FailureKind, message: impl Into<String>) -> Self {
+        Failure {
+            kind,
+            message: message.into(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn messages_round_trip() {
+        let req = Request {
+            id: 7,
+            op: Op::Spawn(Spawn {
+                command: "0123456789abcdef01234567".into(),
+                argv: vec!["bash".into(), "-lc".into(), "echo hi".into()],
+                env: vec![("A".into(), "b c".into())],
+                cwd: Some("/workspace/x".into()),
+                stdin: vec![0, 1, 2, 255],
+                tail_bytes: 1024,
+                meta: CommandMeta {
+                    summary: "echo hi".into(),
+                    started_at_ms: 1,
+                    timeout_ms: 30_000,
+                },
+            }),
+        };
+        let frame = encode(&req).expect("encode");
+        assert_eq!(decode::<Request>(&frame).expect("decode"), req);
+        let resp = Response {
+            id: 7,
+            more: true,
+            reply: Reply::Data(vec![9; 300]),
+        };
+        let frame = encode(&resp).expect("encode");
+        assert!(frame.len() < 310, "bytes travel as bytes: {}", frame.len());
+        assert_eq!(decode::<Response>(&frame).expect("decode"), resp);
+    }
+
+    #[test]
+    fn garbage_and_trailing_bytes_are_refused() {
+        assert!(decode::<Response>(&[0xff; 16]).is_err());
+        let mut frame = encode(&Response {
+            id: 1,
+            more: false,
+            reply: Reply::Ok,
+        })
+        .expect("encode")
+        .to_vec();
+        frame.push(0);
+        assert!(decode::<Response>(&frame).is_err());
+    }
+}
