@@ -5,7 +5,33 @@
 //! sandboxd talks to it over one connection per sandboxd process (see
 //! `sandboxd-proto`); the agent trusts sandboxd, sandboxd does not trust
 //! the agent.
+//!
+//! One static binary, three roles, chosen by the first argument:
+//! - `serve` (the container's command): the agent ([`serve`]);
+//! - `keep`: one command's keeper ([`keeper`]), started by the agent;
+//! - `bridge`: joins an exec's stdio to the agent ([`bridge`]), started by
+//!   sandboxd for each connection.
 
+mod bridge;
+mod cgroup;
+mod commands;
 mod files;
+mod keeper;
+mod log;
+mod relay;
+mod serve;
+mod tree;
 
-fn main() {}
+use std::process::ExitCode;
+
+fn main() -> ExitCode {
+    match std::env::args().nth(1).as_deref() {
+        Some("serve") => serve::run(),
+        Some("keep") => keeper::run(),
+        Some("bridge") => bridge::run(),
+        _ => {
+            eprintln!("usage: sandboxd-agent serve | keep | bridge");
+            ExitCode::from(2)
+        }
+    }
+}

@@ -1,0 +1,788 @@
+//! Commands: each one a keeper process (see `keeper`) running it, a task
+//! here (its runner) that drains its output into its [`Log`], enforces its
+//! timeout, passes kills to the keeper and records its end; and the table
+//! of all of them, with the settings sandboxd sent.
+//!
+//! A command ends when its own process exits, whatever it left running;
+//! what the leftovers print later is still recorded after the `exit`
+//! record, and they stay killable until they are gone. When the sandbox
+//! runs out of processes or memory, the leftovers of finished commands are
+//! ended first, largest first (see [`Commands::relieve`]); running
+//! commands and the agent are never chosen.
+
+use std::cell::{Cell, RefCell};
+use std::collections::{BTreeMap, HashSet};
+use std::os::fd::OwnedFd;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use futures_util::{SinkExt, StreamExt};
+use sandboxd_proto::{
+    CommandMeta, CommandState, Ended, Failure, FailureKind, Spawn, Stream, Usage,
+};
+use tokio::net::unix::pipe;
+use tokio::sync::{Notify, mpsc, oneshot, watch};
+use tokio_util::codec::Framed;
+
+use crate::keeper::{self, FromKeeper, ToKeeper};
+use crate::log::{Log, Tail};
+use crate::{cgroup, tree};
+
+/// How often a runner that waits for a reader looks whether it still must.
+const ROOM_RECHECK: Duration = Duration::from_millis(250);
+/// How much a runner reads from a pipe at once.
+const READ_CHUNK: usize = 64 * 1024;
+/// How long a spawn may take before it counts as failed.
+const SPAWN_WITHIN: Duration = Duration::from_secs(10);
+/// How long a spawn may retry while the sandbox is at its pids limit.
+const SPAWN_RETRY_FOR: Duration = Duration::from_secs(5);
+/// Headroom under the pids limit below which leftovers are ended.
+const PIDS_HEADROOM: u64 = 16;
+/// Share of the memory limit above which leftovers are ended.
+const MEMORY_HIGH: f64 = 0.9;
+
+/// What sandboxd set in its hello; defaults until then.
+#[derive(Debug, Clone)]
+pub(crate) struct Settings {
+    pub(crate) workspace: String,
+    pub(crate) grace: Duration,
+    pub(crate) ring_bytes: usize,
+    pub(crate) memory_bytes: usize,
+    pub(crate) max_finished: usize,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            workspace: "/workspace".into(),
+            grace: Duration::from_secs(2),
+            ring_bytes: 8 << 20,
+            memory_bytes: 64 << 20,
+            max_finished: 100,
+        }
+    }
+}
+
+/// Asks a command's runner to do something.
+#[derive(Debug)]
+enum Control {
+    /// End the tree; answered once SIGTERM is on its way.
+    Kill(oneshot::Sender<()>),
+    /// End a finished command's leftovers now, saying why.
+    Relieve(String),
+}
+
+/// One command.
+#[derive(Debug)]
+pub(crate) struct Cmd {
+    pub(crate) id: String,
+    meta: CommandMeta,
+    started: Instant,
+    pub(crate) log: RefCell<Log>,
+    tails: RefCell<Option<[Tail; 2]>>,
+    ended: RefCell<Option<Ended>>,
+    /// Bumped on every change of the log or the state.
+    changed: watch::Sender<u64>,
+    /// A reader moved on: output held back for it may flow again.
+    room: Notify,
+    control: mpsc::Sender<Control>,
+    /// The keeper's pid while it lives (the tree is alive).
+    keeper: Cell<Option<i32>>,
+    /// Both pipes are closed: no output can come any more.
+    output_closed: Cell<bool>,
+}
+
+impl Cmd {
+    fn touch(&self) {
+        self.changed.send_modify(|v| *v = v.wrapping_add(1));
+    }
+
+    pub(crate) fn ended(&self) -> Option<Ended> {
+        self.ended.borrow().clone()
+    }
+
+    pub(crate) fn subscribe(&self) -> watch::Receiver<u64> {
+        self.changed.subscribe()
+    }
+
+    pub(crate) fn output_closed(&self) -> bool {
+        self.output_closed.get()
+    }
+
+    /// A reader moved: wake a runner that waits for room.
+    pub(crate) fn reader_moved(&self) {
+        self.room.notify_waiters();
+    }
+
+    fn processes(&self) -> u32 {
+        match self.keeper.get() {
+            Some(k) => tree::descendants(k, &tree::snapshot()).len() as u32,
+            None => 0,
+        }
+    }
+
+    pub(crate) fn state(&self) -> CommandState {
+        CommandState {
+            command: self.id.clone(),
+            meta: self.meta.clone(),
+            ended: self.ended(),
+            processes: self.processes(),
+        }
+    }
+
+    /// The last `tail_bytes` of each stream, if it was started with them.
+    pub(crate) fn tails(&self) -> Option<[(String, u64); 2]> {
+        self.tails
+            .borrow()
+            .as_ref()
+            .map(|[o, e]| [o.finish(), e.finish()])
+    }
+
+    /// Ends the tree (running or left over); resolves once SIGTERM is sent.
+    pub(crate) async fn kill(&self) {
+        let (ack, sent) = oneshot::channel();
+        if self.control.send(Control::Kill(ack)).await.is_ok() {
+            let _ = sent.await;
+        }
+    }
+}
+
+/// Every command, and how to start more.
+#[derive(Debug)]
+pub(crate) struct Commands {
+    settings: RefCell<Settings>,
+    table: RefCell<BTreeMap<String, Rc<Cmd>>>,
+    /// Pids of live keepers, recorded the moment each is started (before
+    /// its command is in the table), so none is taken for an orphan.
+    keepers: RefCell<HashSet<i32>>,
+    /// This binary, started again as each command's keeper.
+    exe: PathBuf,
+}
+
+impl Commands {
+    pub(crate) fn new(exe: PathBuf) -> Rc<Commands> {
+        Rc::new(Commands {
+            settings: RefCell::new(Settings::default()),
+            table: RefCell::new(BTreeMap::new()),
+            keepers: RefCell::new(HashSet::new()),
+            exe,
+        })
+    }
+
+    pub(crate) fn configure(&self, settings: Settings) {
+        *self.settings.borrow_mut() = settings;
+    }
+
+    pub(crate) fn settings(&self) -> Settings {
+        self.settings.borrow().clone()
+    }
+
+    pub(crate) fn get(&self, id: &str) -> Result<Rc<Cmd>, Failure> {
+        self.table.borrow().get(id).cloned().ok_or_else(|| {
+            Failure::new(FailureKind::NoSuchCommand, format!("no command {id}"))
+        })
+    }
+
+    pub(crate) fn states(&self) -> Vec<CommandState> {
+        let all: Vec<Rc<Cmd>> = self.table.borrow().values().cloned().collect();
+        all.iter().map(|c| c.state()).collect()
+    }
+
+    /// Whether `pid` is a live keeper (a process the agent started).
+    pub(crate) fn is_keeper(&self, pid: i32) -> bool {
+        self.keepers.borrow().contains(&pid)
+    }
+
+    /// The most recently started command.
+    pub(crate) fn latest(&self) -> Option<Rc<Cmd>> {
+        self.table
+            .borrow()
+            .values()
+            .max_by_key(|c| (c.meta.started_at_ms, c.id.clone()))
+            .cloned()
+    }
+
+    /// Drops a finished command; a running one stays.
+    pub(crate) fn forget(&self, id: &str) -> Result<(), Failure> {
+        let cmd = self.get(id)?;
+        if cmd.ended().is_none() {
+            return Err(Failure::new(
+                FailureKind::Invalid,
+                format!("command {id} is still running"),
+            ));
+        }
+        self.table.borrow_mut().remove(id);
+        Ok(())
+    }
+
+    /// Starts a command; resolves once it runs (or could not start, which
+    /// makes a command that ended at once).
+    pub(crate) async fn spawn(self: &Rc<Self>, spec: Spawn) -> Result<u32, Failure> {
+        let valid_id = spec.command.len() == 24
+            && spec
+                .command
+                .bytes()
+                .all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
+        if !valid_id || spec.argv.is_empty() {
+            return Err(Failure::new(FailureKind::Invalid, "bad command id or argv"));
+        }
+        if self.table.borrow().contains_key(&spec.command) {
+            return Err(Failure::new(
+                FailureKind::DuplicateCommand,
+                format!("command {} exists", spec.command),
+            ));
+        }
+        let settings = self.settings();
+        let timeout = Duration::from_millis(spec.meta.timeout_ms);
+        let started = Instant::now();
+        let oom_before = cgroup::oom_kills();
+        let (mut child, control, out, err) = self.start_keeper().await?;
+        let keeper_pid = child.id() as i32;
+        let mut framed = Framed::new(control, keeper::codec());
+        let start = ToKeeper::Start(keeper::Start {
+            argv: spec.argv,
+            env: spec.env,
+            cwd: spec.cwd.unwrap_or_else(|| settings.workspace.clone()),
+            stdin: spec.stdin,
+        });
+        let first = async {
+            let body = sandboxd_proto::encode(&start).map_err(std::io::Error::other)?;
+            framed.send(body).await?;
+            match framed.next().await {
+                Some(Ok(frame)) => {
+                    sandboxd_proto::decode::<FromKeeper>(&frame).map_err(std::io::Error::other)
+                }
+                Some(Err(e)) => Err(e),
+                None => Err(std::io::Error::other("the keeper exited")),
+            }
+        };
+        let first = match tokio::time::timeout(SPAWN_WITHIN, first).await {
+            Ok(Ok(m)) => m,
+            Ok(Err(e)) => {
+                self.keepers.borrow_mut().remove(&keeper_pid);
+                let _ = child.kill();
+                return Err(Failure::new(
+                    FailureKind::Other,
+                    format!("the command's keeper failed: {e}"),
+                ));
+            }
+            Err(_) => {
+                self.keepers.borrow_mut().remove(&keeper_pid);
+                let _ = child.kill();
+                return Err(Failure::new(
+                    FailureKind::NoProcesses,
+                    "the command did not start in time (is the sandbox at its pids limit?)",
+                ));
+            }
+        };
+        let (tx, rx) = mpsc::channel(8);
+        let cmd = Rc::new(Cmd {
+            id: spec.command.clone(),
+            meta: spec.meta,
+            started,
+            log: RefCell::new(Log::new(settings.ring_bytes)),
+            tails: RefCell::new((spec.tail_bytes > 0).then(|| {
+                [
+                    Tail::new(spec.tail_bytes as usize),
+                    Tail::new(spec.tail_bytes as usize),
+                ]
+            })),
+            ended: RefCell::new(None),
+            changed: watch::channel(0).0,
+            room: Notify::new(),
+            control: tx,
+            keeper: Cell::new(Some(keeper_pid)),
+            output_closed: Cell::new(false),
+        });
+        let pid = match first {
+            FromKeeper::Started { pid } => pid,
+            FromKeeper::Failed { exit_code, message } => {
+                cmd.append(Stream::Stderr, message.as_bytes());
+                cmd.finish(exit_code, false, false, Usage::default(), false);
+                0
+            }
+            other => {
+                self.keepers.borrow_mut().remove(&keeper_pid);
+                let _ = child.kill();
+                return Err(Failure::new(
+                    FailureKind::Other,
+                    format!("the keeper answered {other:?} to a start"),
+                ));
+            }
+        };
+        self.table
+            .borrow_mut()
+            .insert(cmd.id.clone(), Rc::clone(&cmd));
+        self.prune();
+        let runner = Runner {
+            commands: Rc::clone(self),
+            cmd,
+            keeper_pid,
+            keeper: framed,
+            out: Some(out),
+            err: Some(err),
+            deadline: started + timeout,
+            grace: settings.grace,
+            oom_before,
+            stopping: None,
+            main_usage: None,
+        };
+        tokio::task::spawn_local(runner.run(rx));
+        Ok(pid)
+    }
+
+    /// Starts a keeper with a control socket and the output pipes; while
+    /// the sandbox is at its pids limit, ends leftovers and tries again.
+    async fn start_keeper(
+        &self,
+    ) -> Result<
+        (
+            std::process::Child,
+            tokio::net::UnixStream,
+            pipe::Receiver,
+            pipe::Receiver,
+        ),
+        Failure,
+    > {
+        let fail = |what: &str, e: &dyn std::fmt::Display| {
+            Failure::new(FailureKind::Other, format!("{what}: {e}"))
+        };
+        let deadline = Instant::now() + SPAWN_RETRY_FOR;
+        loop {
+            let (ours, theirs) =
+                std::os::unix::net::UnixStream::pair().map_err(|e| fail("socketpair", &e))?;
+            let (out_r, out_w) = pipe_pair().map_err(|e| fail("pipe", &e))?;
+            let (err_r, err_w) = pipe_pair().map_err(|e| fail("pipe", &e))?;
+            let spawned = std::process::Command::new(&self.exe)
+                .arg("keep")
+                .current_dir("/")
+                .stdin(Stdio::from(OwnedFd::from(theirs)))
+                .stdout(Stdio::from(out_w))
+                .stderr(Stdio::from(err_w))
+                .spawn();
+            match spawned {
+                Ok(child) => {
+                    self.keepers.borrow_mut().insert(child.id() as i32);
+                    ours.set_nonblocking(true)
+                        .map_err(|e| fail("socket", &e))?;
+                    let control = tokio::net::UnixStream::from_std(ours)
+                        .map_err(|e| fail("socket", &e))?;
+                    let out = pipe::Receiver::from_owned_fd(out_r).map_err(|e| fail("pipe", &e))?;
+                    let err = pipe::Receiver::from_owned_fd(err_r).map_err(|e| fail("pipe", &e))?;
+                    return Ok((child, control, out, err));
+                }
+                Err(e)
+                    if e.raw_os_error() == Some(rustix::io::Errno::AGAIN.raw_os_error())
+                        && Instant::now() < deadline =>
+                {
+                    self.relieve("the sandbox reached its pids limit");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                Err(e) if e.raw_os_error() == Some(rustix::io::Errno::AGAIN.raw_os_error()) => {
+                    return Err(Failure::new(
+                        FailureKind::NoProcesses,
+                        "no process can be started: the sandbox is at its pids limit and running commands hold it",
+                    ));
+                }
+                Err(e) => return Err(fail("starting the keeper", &e)),
+            }
+        }
+    }
+
+    /// Keeps finished commands within `max_finished` (oldest go first) and
+    /// all logs within the memory budget (finished logs are emptied first,
+    /// oldest first, then running ones are halved).
+    pub(crate) fn prune(&self) {
+        let settings = self.settings();
+        let mut finished: Vec<(u64, String)> = self
+            .table
+            .borrow()
+            .values()
+            .filter(|c| c.ended().is_some() && c.keeper.get().is_none())
+            .map(|c| (c.meta.started_at_ms, c.id.clone()))
+            .collect();
+        if finished.len() > settings.max_finished {
+            finished.sort();
+            let extra = finished.len() - settings.max_finished;
+            let mut table = self.table.borrow_mut();
+            for (_, id) in finished.into_iter().take(extra) {
+                table.remove(&id);
+            }
+        }
+        let mut logs: Vec<Rc<Cmd>> = self.table.borrow().values().cloned().collect();
+        let mut total: usize = logs.iter().map(|c| c.log.borrow().retained()).sum();
+        if total <= settings.memory_bytes {
+            return;
+        }
+        logs.sort_by_key(|c| (c.ended().is_none(), c.meta.started_at_ms));
+        for c in logs {
+            if total <= settings.memory_bytes {
+                return;
+            }
+            let mut log = c.log.borrow_mut();
+            let before = log.retained();
+            let keep = if c.ended().is_some() { 0 } else { before / 2 };
+            log.trim_to(keep);
+            total = total - before + log.retained();
+            drop(log);
+            c.touch();
+        }
+    }
+
+    /// When the sandbox is near its pids or memory limit, ends the largest
+    /// tree of leftovers of a finished command (one per call) and says so
+    /// in that command's log. Running commands are never chosen.
+    pub(crate) fn relieve_if_pressed(&self) {
+        let pids = cgroup::pids().filter(|l| l.used + PIDS_HEADROOM >= l.max);
+        let memory = cgroup::memory().filter(|l| l.used as f64 >= l.max as f64 * MEMORY_HIGH);
+        if let Some(l) = pids {
+            self.relieve(&format!(
+                "the sandbox reached its pids limit ({} of {})",
+                l.used, l.max
+            ));
+        } else if let Some(l) = memory {
+            self.relieve(&format!(
+                "the sandbox neared its memory limit ({} of {} MiB)",
+                l.used >> 20,
+                l.max >> 20
+            ));
+        }
+    }
+
+    /// Ends the largest leftover tree, if there is one; see
+    /// [`Commands::relieve_if_pressed`].
+    pub(crate) fn relieve(&self, why: &str) {
+        let procs = tree::snapshot();
+        let by_memory = why.contains("memory");
+        let victim = self
+            .table
+            .borrow()
+            .values()
+            .filter(|c| c.ended().is_some())
+            .filter_map(|c| {
+                let k = c.keeper.get()?;
+                let tree = tree::descendants(k, &procs);
+                let size = if by_memory {
+                    tree.iter().map(|p| p.rss_kb).sum::<u64>()
+                } else {
+                    tree.len() as u64
+                };
+                (!tree.is_empty()).then(|| (size, Rc::clone(c)))
+            })
+            .max_by_key(|(size, c)| (*size, c.meta.started_at_ms));
+        if let Some((_, c)) = victim {
+            let _ = c.control.try_send(Control::Relieve(why.to_string()));
+        }
+    }
+}
+
+impl Commands {
+    /// Ends processes that became the agent's children without being
+    /// keepers: the tree of a keeper that was killed. Called when one is.
+    pub(crate) fn end_orphans(&self) {
+        let me = rustix::process::getpid().as_raw_nonzero().get();
+        for _ in 0..20 {
+            let procs = tree::snapshot();
+            let orphans: Vec<i32> = procs
+                .iter()
+                .filter(|p| p.ppid == me && !self.is_keeper(p.pid))
+                .map(|p| p.pid)
+                .collect();
+            if orphans.is_empty() {
+                return;
+            }
+            let mut all = orphans.clone();
+            for o in &orphans {
+                all.extend(tree::descendants(*o, &procs).iter().map(|p| p.pid));
+            }
+            tree::signal_all(all.iter().copied(), rustix::process::Signal::STOP);
+            tree::signal_all(all, rustix::process::Signal::KILL);
+            crate::serve::reap();
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+}
+
+fn pipe_pair() -> std::io::Result<(OwnedFd, OwnedFd)> {
+    rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).map_err(std::io::Error::from)
+}
+
+impl Cmd {
+    /// Records output (and keeps the tails).
+    fn append(&self, stream: Stream, bytes: &[u8]) {
+        self.log.borrow_mut().append(stream, bytes);
+        if let Some(t) = self.tails.borrow_mut().as_mut() {
+            t[usize::from(stream == Stream::Stderr)].push(bytes);
+        }
+        self.touch();
+    }
+
+    /// Records the end, once.
+    fn finish(&self, exit_code: i32, timed_out: bool, killed: bool, usage: Usage, oom: bool) {
+        if self.ended.borrow().is_some() {
+            return;
+        }
+        let ended = self.log.borrow_mut().finish(Ended {
+            exit_code,
+            timed_out,
+            killed,
+            duration_ms: u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX),
+            oom_killed: oom,
+            usage,
+            seq: 0,
+        });
+        *self.ended.borrow_mut() = Some(ended);
+        self.touch();
+    }
+}
+
+/// Why the tree is being ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum StopCause {
+    Timeout,
+    Kill,
+    /// A finished command's leftovers (a kill, or to make room).
+    Leftovers,
+}
+
+/// The task that owns one command: see the module docs.
+struct Runner {
+    commands: Rc<Commands>,
+    cmd: Rc<Cmd>,
+    keeper_pid: i32,
+    keeper: Framed<tokio::net::UnixStream, tokio_util::codec::LengthDelimitedCodec>,
+    out: Option<pipe::Receiver>,
+    err: Option<pipe::Receiver>,
+    deadline: Instant,
+    grace: Duration,
+    oom_before: Option<u64>,
+    stopping: Option<StopCause>,
+    /// What the command's own process used, once it ended.
+    main_usage: Option<Usage>,
+}
+
+/// What woke the runner.
+enum Woke {
+    Keeper(Option<std::io::Result<FromKeeper>>),
+    Output(Stream, std::io::Result<usize>, Vec<u8>),
+    Timeout,
+    Control(Option<Control>),
+    Room,
+}
+
+impl Runner {
+    async fn run(mut self, mut control: mpsc::Receiver<Control>) {
+        let mut keeper_open = true;
+        let mut control_open = true;
+        loop {
+            if !keeper_open && self.out.is_none() && self.err.is_none() {
+                break;
+            }
+            let now = Instant::now();
+            let wait_for_room = self.cmd.log.borrow().must_wait(READ_CHUNK, now);
+            let running = self.cmd.ended().is_none() && self.stopping.is_none();
+            let woke = tokio::select! {
+                m = self.keeper.next(), if keeper_open => Woke::Keeper(m.map(|r| r.and_then(|f| {
+                    sandboxd_proto::decode::<FromKeeper>(&f).map_err(std::io::Error::other)
+                }))),
+                r = read_some(self.out.as_ref()), if self.out.is_some() && !wait_for_room => {
+                    Woke::Output(Stream::Stdout, r.0, r.1)
+                }
+                r = read_some(self.err.as_ref()), if self.err.is_some() && !wait_for_room => {
+                    Woke::Output(Stream::Stderr, r.0, r.1)
+                }
+                _ = tokio::time::sleep_until(self.deadline.into()), if running => Woke::Timeout,
+                c = control.recv(), if control_open => Woke::Control(c),
+                _ = self.cmd.room.notified(), if wait_for_room => Woke::Room,
+                // A reader that went idle stops holding output back.
+                _ = tokio::time::sleep(ROOM_RECHECK), if wait_for_room => Woke::Room,
+            };
+            match woke {
+                Woke::Room => {}
+                Woke::Output(stream, Ok(0), _) => self.close(stream),
+                Woke::Output(stream, Ok(n), buf) => self.cmd.append(stream, &buf[..n]),
+                Woke::Output(stream, Err(e), _) => {
+                    if e.kind() != std::io::ErrorKind::WouldBlock {
+                        self.close(stream);
+                    }
+                }
+                Woke::Timeout => self.stop(StopCause::Timeout).await,
+                Woke::Control(None) => control_open = false,
+                Woke::Control(Some(Control::Kill(ack))) => {
+                    let cause = if self.cmd.ended().is_some() {
+                        StopCause::Leftovers
+                    } else {
+                        StopCause::Kill
+                    };
+                    self.stop(cause).await;
+                    let _ = ack.send(());
+                }
+                Woke::Control(Some(Control::Relieve(why))) => {
+                    if self.cmd.ended().is_some() && self.cmd.keeper.get().is_some() {
+                        let n = self.cmd.processes();
+                        self.cmd.log.borrow_mut().error(&format!(
+                            "sandboxd-agent ended the {n} processes this command left running: {why}"
+                        ));
+                        self.cmd.touch();
+                        eprintln!(
+                            "sandboxd-agent: ended the leftovers of command {} ({n} processes): {why}",
+                            self.cmd.id
+                        );
+                        self.stopping = Some(StopCause::Leftovers);
+                        let _ = self.send(&ToKeeper::Kill).await;
+                    }
+                }
+                Woke::Keeper(Some(Ok(ev))) => {
+                    if self.on_keeper(ev).await {
+                        keeper_open = false;
+                    }
+                }
+                Woke::Keeper(Some(Err(_)) | None) => {
+                    keeper_open = false;
+                    self.keeper_gone();
+                }
+            }
+        }
+        self.cmd.log.borrow_mut().flush_carry();
+        self.cmd.output_closed.set(true);
+        self.cmd.touch();
+        self.commands.keepers.borrow_mut().remove(&self.keeper_pid);
+    }
+
+    async fn send(&mut self, msg: &ToKeeper) -> std::io::Result<()> {
+        let body = sandboxd_proto::encode(msg).map_err(std::io::Error::other)?;
+        self.keeper.send(body).await
+    }
+
+    fn close(&mut self, stream: Stream) {
+        match stream {
+            Stream::Stdout => self.out = None,
+            Stream::Stderr => self.err = None,
+        }
+        if self.out.is_none() && self.err.is_none() {
+            self.cmd.output_closed.set(true);
+            self.cmd.touch();
+        }
+    }
+
+    /// Begins ending the tree (once; a kill during a timeout changes
+    /// nothing).
+    async fn stop(&mut self, cause: StopCause) {
+        if self.stopping.is_some() || self.cmd.keeper.get().is_none() {
+            return;
+        }
+        self.stopping = Some(cause);
+        let grace_ms = u64::try_from(self.grace.as_millis()).unwrap_or(u64::MAX);
+        let _ = self.send(&ToKeeper::Stop { grace_ms }).await;
+    }
+
+    /// Handles a keeper event; true when the keeper is done.
+    async fn on_keeper(&mut self, ev: FromKeeper) -> bool {
+        match ev {
+            FromKeeper::Exited {
+                code,
+                signal,
+                usage,
+            } => {
+                self.main_usage = Some(usage);
+                if matches!(self.stopping, None | Some(StopCause::Leftovers)) {
+                    self.drain();
+                    let oom = signal == Some(9)
+                        && matches!(
+                            (self.oom_before, cgroup::oom_kills()),
+                            (Some(before), Some(now)) if now > before
+                        );
+                    let exit_code = code.unwrap_or_else(|| 128 + signal.unwrap_or(9));
+                    self.cmd.finish(exit_code, false, false, usage, oom);
+                }
+                false
+            }
+            FromKeeper::Stopped { within_grace } => {
+                if self.cmd.ended().is_none() {
+                    self.drain();
+                    let usage = self.main_usage.unwrap_or_default();
+                    match self.stopping {
+                        Some(StopCause::Timeout) => self.cmd.finish(124, true, false, usage, false),
+                        _ => {
+                            let code = if within_grace { 143 } else { 137 };
+                            self.cmd.finish(code, false, true, usage, false);
+                        }
+                    }
+                }
+                self.stopping = None;
+                false
+            }
+            FromKeeper::Empty => {
+                self.cmd.keeper.set(None);
+                self.cmd.touch();
+                true
+            }
+            FromKeeper::Started { .. } | FromKeeper::Failed { .. } => false,
+        }
+    }
+
+    /// The keeper died without saying so (something in the sandbox killed
+    /// it): its orphans now belong to the agent, which ends them.
+    fn keeper_gone(&mut self) {
+        let Some(pid) = self.cmd.keeper.take() else {
+            return;
+        };
+        if self.cmd.ended().is_none() {
+            self.drain();
+            self.cmd.log.borrow_mut().error(
+                "the command's keeper process was killed from inside the sandbox; its processes were ended",
+            );
+            let usage = self.main_usage.unwrap_or_default();
+            self.cmd.finish(137, false, false, usage, false);
+        }
+        eprintln!(
+            "sandboxd-agent: the keeper {pid} of command {} died",
+            self.cmd.id
+        );
+        self.commands.end_orphans();
+        self.cmd.touch();
+    }
+
+    /// Reads what the pipes hold now (the command's own process has ended,
+    /// so all it wrote is there), before the exit record goes in. Readers
+    /// are not waited for: this is at most what two pipes hold.
+    fn drain(&mut self) {
+        let mut buf = vec![0u8; READ_CHUNK];
+        for stream in [Stream::Stdout, Stream::Stderr] {
+            loop {
+                let rx = match stream {
+                    Stream::Stdout => self.out.as_ref(),
+                    Stream::Stderr => self.err.as_ref(),
+                };
+                let Some(rx) = rx else { break };
+                match rx.try_read(&mut buf) {
+                    Ok(0) => {
+                        self.close(stream);
+                        break;
+                    }
+                    Ok(n) => self.cmd.append(stream, &buf[..n]),
+                    Err(_) => break,
+                }
+            }
+        }
+    }
+}
+
+/// Waits until `rx` is readable and reads a chunk.
+async fn read_some(rx: Option<&pipe::Receiver>) -> (std::io::Result<usize>, Vec<u8>) {
+    let Some(rx) = rx else {
+        return (Ok(0), Vec::new());
+    };
+    let mut buf = vec![0u8; READ_CHUNK];
+    loop {
+        if let Err(e) = rx.readable().await {
+            return (Err(e), buf);
+        }
+        match rx.try_read(&mut buf) {
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+            r => return (r, buf),
+        }
+    }
+}

@@ -1,0 +1,386 @@
+//! The keeper: one small process per command (`sandboxd-agent keep`), the
+//! command's parent and a child subreaper (`PR_SET_CHILD_SUBREAPER`). Every
+//! orphan of the command's tree is re-parented to it, whatever the orphan
+//! did to leave (`setsid`, a double fork, `nohup`, a cleared environment),
+//! so the tree is always exactly "the keeper's descendants": it can be
+//! counted, reaped and ended, and nothing of another command is in it.
+//!
+//! Its standard input is a control socket to the agent; its standard
+//! output and error are the command's pipes, which it hands to the
+//! command and never writes to itself. It reports the command's start and
+//! end (with the resources the tree used), ends the tree when asked
+//! (SIGTERM, a grace period, then rounds of SIGSTOP and SIGKILL until
+//! nothing is left), and exits once the tree is empty, which closes the
+//! last writer of the pipes.
+//!
+//! It is synchronous and small: it must work when the sandbox is at its
+//! pids limit, so after the command starts it creates no thread or process.
+
+use std::io::{Read, Write};
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::process::{Command, ExitCode, Stdio};
+use std::time::{Duration, Instant};
+
+use rustix::event::{PollFd, PollFlags};
+use rustix::process::{Pid, Signal, WaitOptions};
+use sandboxd_proto::Usage;
+use serde::{Deserialize, Serialize};
+
+use crate::tree;
+
+/// Largest control message either side accepts (a command's argv, env and
+/// stdin travel in the first).
+const MAX_MESSAGE: usize = 256 * 1024 * 1024;
+/// Stdin up to this size is written before the command starts (it fits in
+/// the pipe); larger stdin is fed by a thread.
+const STDIN_INLINE: usize = 60 * 1024;
+/// How long a start may retry while the sandbox is at its pids limit.
+const SPAWN_RETRY_FOR: Duration = Duration::from_secs(5);
+
+/// Agent to keeper.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) enum ToKeeper {
+    /// The first message: what to run.
+    Start(Start),
+    /// End the tree: SIGTERM now, SIGKILL rounds after `grace_ms`.
+    Stop { grace_ms: u64 },
+    /// End the tree now: SIGKILL rounds.
+    Kill,
+}
+
+/// A command to run.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Start {
+    pub(crate) argv: Vec<String>,
+    pub(crate) env: Vec<(String, String)>,
+    pub(crate) cwd: String,
+    #[serde(with = "serde_bytes")]
+    pub(crate) stdin: Vec<u8>,
+}
+
+/// Keeper to agent.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) enum FromKeeper {
+    Started { pid: u32 },
+    /// The command could not start: it ends with this code, saying why.
+    Failed { exit_code: i32, message: String },
+    /// The command's own process ended.
+    Exited {
+        code: Option<i32>,
+        signal: Option<i32>,
+        usage: Usage,
+    },
+    /// A stop finished: every process is gone, within the grace period or
+    /// only after SIGKILL.
+    Stopped { within_grace: bool },
+    /// The tree is empty; the keeper exits.
+    Empty,
+}
+
+/// Writes one message: a 4-byte big-endian length, then postcard.
+pub(crate) fn write_message<T: Serialize>(w: &mut impl Write, msg: &T) -> std::io::Result<()> {
+    let body = sandboxd_proto::encode(msg).map_err(std::io::Error::other)?;
+    let len = u32::try_from(body.len()).map_err(std::io::Error::other)?;
+    let mut frame = Vec::with_capacity(4 + body.len());
+    frame.extend_from_slice(&len.to_be_bytes());
+    frame.extend_from_slice(&body);
+    w.write_all(&frame)?;
+    w.flush()
+}
+
+/// Reads one message written by [`write_message`].
+pub(crate) fn read_message<T: for<'a> Deserialize<'a>>(r: &mut impl Read) -> std::io::Result<T> {
+    let mut len = [0u8; 4];
+    r.read_exact(&mut len)?;
+    let len = u32::from_be_bytes(len) as usize;
+    if len > MAX_MESSAGE {
+        return Err(std::io::Error::other("control message too large"));
+    }
+    let mut body = vec![0u8; len];
+    r.read_exact(&mut body)?;
+    sandboxd_proto::decode(&body).map_err(std::io::Error::other)
+}
+
+/// The frame codec the agent's side of the control socket uses.
+pub(crate) fn codec() -> tokio_util::codec::LengthDelimitedCodec {
+    sandboxd_proto::codec(MAX_MESSAGE)
+}
+
+/// `sandboxd-agent keep`.
+pub(crate) fn run() -> ExitCode {
+    let control = match std::io::stdin().as_fd().try_clone_to_owned() {
+        Ok(fd) => UnixStream::from(fd),
+        Err(_) => return ExitCode::from(2),
+    };
+    match keep(control) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(_) => ExitCode::FAILURE,
+    }
+}
+
+fn keep(mut control: UnixStream) -> std::io::Result<()> {
+    // Processes of the sandbox user may not read or trace the keeper (its
+    // control socket is the agent's); a command it starts is dumpable again.
+    let _ = rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable);
+    rustix::process::set_child_subreaper(Some(rustix::process::getpid()))?;
+    let ToKeeper::Start(start) = read_message(&mut control)? else {
+        return Err(std::io::Error::other("the first message must be Start"));
+    };
+    // Inherited by the command: under memory pressure the kernel's OOM
+    // killer picks commands before the agent (0), and leftovers (raised to
+    // 1000 once the command ends) before commands.
+    set_oom_score_adj("self", 500);
+    let child = match spawn(&start) {
+        Ok(c) => c,
+        Err((exit_code, message)) => {
+            write_message(&mut control, &FromKeeper::Failed { exit_code, message })?;
+            return write_message(&mut control, &FromKeeper::Empty);
+        }
+    };
+    write_message(&mut control, &FromKeeper::Started { pid: child.id() })?;
+    let main = child.id() as i32;
+    watch(control, main)
+}
+
+/// Starts the command with the keeper's stdout and stderr (the pipes).
+fn spawn(start: &Start) -> Result<std::process::Child, (i32, String)> {
+    let program = start.argv.first().ok_or((127, "empty argv".to_string()))?;
+    if let Err(e) = std::fs::create_dir_all(&start.cwd) {
+        return Err((
+            126,
+            format!("sandboxd: cannot create the working directory {}: {e}\n", start.cwd),
+        ));
+    }
+    let stdout = std::io::stdout().as_fd().try_clone_to_owned();
+    let stderr = std::io::stderr().as_fd().try_clone_to_owned();
+    let (Ok(stdout), Ok(stderr)) = (stdout, stderr) else {
+        return Err((126, "sandboxd: the output pipes are gone\n".into()));
+    };
+    let deadline = Instant::now() + SPAWN_RETRY_FOR;
+    loop {
+        let (stdout, stderr) = match (stdout.try_clone(), stderr.try_clone()) {
+            (Ok(o), Ok(e)) => (o, e),
+            _ => return Err((126, "sandboxd: cannot duplicate the output pipes\n".into())),
+        };
+        let mut cmd = Command::new(program);
+        cmd.args(&start.argv[1..])
+            .envs(start.env.iter().map(|(k, v)| (k, v)))
+            .current_dir(&start.cwd)
+            .stdin(if start.stdin.is_empty() {
+                Stdio::null()
+            } else {
+                Stdio::piped()
+            })
+            .stdout(Stdio::from(stdout))
+            .stderr(Stdio::from(stderr));
+        match cmd.spawn() {
+            Ok(mut child) => {
+                if let Some(stdin) = child.stdin.take() {
+                    feed_stdin(stdin, start.stdin.clone());
+                }
+                return Ok(child);
+            }
+            // The sandbox is at its pids limit: the agent is ending
+            // leftovers meanwhile; try again for a while.
+            Err(e) if e.raw_os_error() == Some(rustix::io::Errno::AGAIN.raw_os_error())
+                && Instant::now() < deadline =>
+            {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            Err(e) => {
+                let code = match e.kind() {
+                    std::io::ErrorKind::NotFound => 127,
+                    _ => 126,
+                };
+                let why = match e.kind() {
+                    std::io::ErrorKind::NotFound => "command not found".to_string(),
+                    std::io::ErrorKind::PermissionDenied => "permission denied".to_string(),
+                    _ => e.to_string(),
+                };
+                return Err((code, format!("sandboxd: {program}: {why}\n")));
+            }
+        }
+    }
+}
+
+/// Writes the command's stdin and closes it. Small input fits in the pipe
+/// at once; larger input is written by a thread, so a command that reads
+/// slowly (or not at all) holds up nothing.
+fn feed_stdin(mut stdin: std::process::ChildStdin, data: Vec<u8>) {
+    if data.len() <= STDIN_INLINE {
+        let _ = stdin.write_all(&data);
+        return;
+    }
+    let _ = std::thread::Builder::new()
+        .name("stdin".into())
+        .spawn(move || {
+            let _ = stdin.write_all(&data);
+        });
+}
+
+fn set_oom_score_adj(pid: &str, value: i32) {
+    let _ = std::fs::write(format!("/proc/{pid}/oom_score_adj"), value.to_string());
+}
+
+/// How a stop is going.
+struct Stopping {
+    /// SIGKILL rounds start then.
+    kill_at: Instant,
+}
+
+/// Reaps the tree, reports the command's end, ends the tree when asked,
+/// and returns once the tree is empty.
+fn watch(mut control: UnixStream, main: i32) -> std::io::Result<()> {
+    let pidfd: Option<OwnedFd> = Pid::from_raw(main)
+        .and_then(|p| rustix::process::pidfd_open(p, rustix::process::PidfdFlags::empty()).ok());
+    let mut main_done = false;
+    let mut stopping: Option<Stopping> = None;
+    let mut control_open = true;
+    let me = rustix::process::getpid().as_raw_nonzero().get();
+    loop {
+        // Reap everything that ended; an empty tree ends the keeper.
+        loop {
+            match rustix::process::wait(WaitOptions::NOHANG) {
+                Ok(Some((pid, status))) => {
+                    if pid.as_raw_nonzero().get() == main && !main_done {
+                        main_done = true;
+                        let usage = children_usage();
+                        write_message(
+                            &mut control,
+                            &FromKeeper::Exited {
+                                code: status.exit_status(),
+                                signal: status.terminating_signal(),
+                                usage,
+                            },
+                        )?;
+                        // What the command left behind goes first when
+                        // memory runs out.
+                        for p in tree::descendants(me, &tree::snapshot()) {
+                            set_oom_score_adj(&p.pid.to_string(), 1000);
+                        }
+                    }
+                }
+                Ok(None) => break,
+                Err(rustix::io::Errno::INTR) => {}
+                Err(_) => {
+                    // ECHILD: no process left below the keeper.
+                    if let Some(st) = &stopping {
+                        let within_grace = Instant::now() < st.kill_at;
+                        write_message(&mut control, &FromKeeper::Stopped { within_grace })?;
+                    }
+                    let _ = write_message(&mut control, &FromKeeper::Empty);
+                    return Ok(());
+                }
+            }
+        }
+        if let Some(st) = &stopping {
+            if Instant::now() >= st.kill_at {
+                tree::stop_and_kill_round(me);
+            }
+        }
+        let timeout = if stopping.is_some() {
+            Duration::from_millis(10)
+        } else if pidfd.is_some() && !main_done {
+            Duration::from_secs(1)
+        } else {
+            // Orphans have no pidfd: look for their end now and then.
+            Duration::from_millis(250)
+        };
+        let ts = rustix::event::Timespec {
+            tv_sec: timeout.as_secs() as i64,
+            tv_nsec: i64::from(timeout.subsec_nanos()),
+        };
+        let (control_ready, _) = {
+            let mut fds = Vec::with_capacity(2);
+            fds.push(PollFd::new(
+                &control,
+                if control_open {
+                    PollFlags::IN
+                } else {
+                    PollFlags::empty()
+                },
+            ));
+            if let Some(fd) = pidfd.as_ref().filter(|_| !main_done) {
+                fds.push(PollFd::new(fd, PollFlags::IN));
+            }
+            match rustix::event::poll(&mut fds, Some(&ts)) {
+                Ok(_) => (!fds[0].revents().is_empty(), ()),
+                Err(_) => (false, ()),
+            }
+        };
+        if control_ready && control_open {
+            match read_message::<ToKeeper>(&mut control) {
+                Ok(ToKeeper::Stop { grace_ms }) if stopping.is_none() => {
+                    tree::signal_all(
+                        tree::descendants(me, &tree::snapshot())
+                            .into_iter()
+                            .map(|p| p.pid),
+                        Signal::TERM,
+                    );
+                    stopping = Some(Stopping {
+                        kill_at: Instant::now() + Duration::from_millis(grace_ms),
+                    });
+                }
+                Ok(ToKeeper::Kill) => {
+                    let now = Instant::now();
+                    match &mut stopping {
+                        Some(st) => st.kill_at = st.kill_at.min(now),
+                        None => stopping = Some(Stopping { kill_at: now }),
+                    }
+                }
+                Ok(_) => {}
+                Err(_) => {
+                    // The agent is gone (the sandbox is going down): end
+                    // the tree rather than leave it unwatched.
+                    control_open = false;
+                    stopping.get_or_insert(Stopping {
+                        kill_at: Instant::now(),
+                    });
+                }
+            }
+        }
+    }
+}
+
+/// CPU time and peak RSS of the processes reaped so far.
+fn children_usage() -> Usage {
+    let u = nix::sys::resource::getrusage(nix::sys::resource::UsageWho::RUSAGE_CHILDREN);
+    match u {
+        Ok(u) => {
+            let ms = |tv: nix::sys::time::TimeVal| {
+                (tv.tv_sec().max(0) as u64) * 1000 + (tv.tv_usec().max(0) as u64) / 1000
+            };
+            Usage {
+                user_ms: ms(u.user_time()),
+                system_ms: ms(u.system_time()),
+                max_rss_kb: u.max_rss().max(0) as u64,
+            }
+        }
+        Err(_) => Usage::default(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn messages_survive_the_framing() {
+        let mut buf = Vec::new();
+        let msg = ToKeeper::Start(Start {
+            argv: vec!["sh".into(), "-c".into(), "true".into()],
+            env: vec![("A".into(), "b".into())],
+            cwd: "/tmp".into(),
+            stdin: vec![1, 2, 3],
+        });
+        write_message(&mut buf, &msg).expect("write");
+        write_message(&mut buf, &ToKeeper::Kill).expect("write");
+        let mut r = &buf[..];
+        assert_eq!(read_message::<ToKeeper>(&mut r).expect("read"), msg);
+        assert_eq!(read_message::<ToKeeper>(&mut r).expect("read"), ToKeeper::Kill);
+        assert!(read_message::<ToKeeper>(&mut r).is_err(), "nothing left");
+        let huge = (MAX_MESSAGE as u32 + 1).to_be_bytes();
+        assert!(read_message::<ToKeeper>(&mut &huge[..]).is_err());
+    }
+}

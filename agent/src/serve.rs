@@ -1,0 +1,568 @@
+//! `sandboxd-agent serve`: the agent itself. It listens on an abstract
+//! unix socket in the sandbox's own network namespace (nothing outside
+//! the sandbox can reach it; sandboxd reaches it through `bridge`), reads
+//! requests from each connection, runs each as a task and writes the
+//! answers back in any order.
+//!
+//! Everything runs on one thread (a current-thread runtime and a local
+//! task set), plus one thread started at launch for file I/O, so the agent
+//! keeps working when the sandbox is at its pids limit. It is a child
+//! subreaper, so orphans of a keeper that was killed come to it (and are
+//! ended), and it is not dumpable, so the sandbox user cannot read its
+//! memory or descriptors.
+
+use std::cell::{Cell, RefCell};
+use std::os::linux::net::SocketAddrExt;
+use std::collections::HashSet;
+use std::process::ExitCode;
+use std::rc::Rc;
+use std::sync::mpsc as std_mpsc;
+use std::time::{Duration, Instant};
+
+use futures_util::{SinkExt, StreamExt};
+use sandboxd_proto::{
+    CHUNK, ENTRIES_PER_CHUNK, Failure, FailureKind, HelloReply, LogChunk, MAX_AGENT_FRAME,
+    MAX_HOST_FRAME, Op, Reply, Request, Response, Stream,
+};
+use tokio::net::UnixStream;
+use tokio::sync::{mpsc, oneshot};
+use tokio_util::codec::{FramedRead, FramedWrite};
+
+use crate::commands::{Commands, Settings};
+use crate::files::Workspace;
+use crate::relay::{self, Relays};
+
+/// The abstract socket name (`\0sandboxd-agent`): in the sandbox's own
+/// network namespace, so only processes of this sandbox see it.
+/// `SANDBOXD_AGENT_SOCKET` names another (tests run several agents in one
+/// namespace).
+pub(crate) fn socket_name() -> Vec<u8> {
+    std::env::var("SANDBOXD_AGENT_SOCKET")
+        .unwrap_or_else(|_| "sandboxd-agent".into())
+        .into_bytes()
+}
+/// How often the agent looks at the sandbox's limits.
+const MONITOR_EVERY: Duration = Duration::from_millis(250);
+/// Bytes of recent output a failed probe reports.
+const RECENT_OUTPUT: usize = 4096;
+
+/// `sandboxd-agent serve`.
+pub(crate) fn run() -> ExitCode {
+    let _ = rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable);
+    if let Err(e) = rustix::process::set_child_subreaper(Some(rustix::process::getpid())) {
+        eprintln!("sandboxd-agent: cannot become a subreaper: {e}");
+        return ExitCode::FAILURE;
+    }
+    let exe = match std::env::current_exe() {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("sandboxd-agent: cannot find its own binary: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let addr = match std::os::unix::net::SocketAddr::from_abstract_name(socket_name()) {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("sandboxd-agent: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let listener = match std::os::unix::net::UnixListener::bind_addr(&addr) {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("sandboxd-agent: cannot listen: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let files = match FileWorker::start() {
+        Ok(f) => f,
+        Err(e) => {
+            eprintln!("sandboxd-agent: cannot start the file thread: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("sandboxd-agent: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let local = tokio::task::LocalSet::new();
+    local.block_on(&runtime, async move {
+        let agent = Rc::new(Agent {
+            commands: Commands::new(exe),
+            relays: Rc::new(Relays::default()),
+            files,
+            boot: random_u64(),
+        });
+        serve(listener, agent).await
+    })
+}
+
+/// What every connection shares.
+#[derive(Debug)]
+struct Agent {
+    commands: Rc<Commands>,
+    relays: Rc<Relays>,
+    files: FileWorker,
+    boot: u64,
+}
+
+async fn serve(listener: std::os::unix::net::UnixListener, agent: Rc<Agent>) -> ExitCode {
+    if let Err(e) = listener.set_nonblocking(true) {
+        eprintln!("sandboxd-agent: {e}");
+        return ExitCode::FAILURE;
+    }
+    let listener = match tokio::net::UnixListener::from_std(listener) {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("sandboxd-agent: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    tokio::task::spawn_local(reaper());
+    tokio::task::spawn_local(monitor(Rc::clone(&agent.commands)));
+    loop {
+        match listener.accept().await {
+            Ok((stream, _)) => {
+                tokio::task::spawn_local(connection(stream, Rc::clone(&agent)));
+            }
+            Err(e) => {
+                eprintln!("sandboxd-agent: accept: {e}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+}
+
+/// Reaps whatever ends among the agent's children (keepers, and orphans
+/// of killed keepers) whenever a child ends.
+async fn reaper() {
+    let Ok(mut sigchld) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::child())
+    else {
+        eprintln!("sandboxd-agent: no SIGCHLD handler; reaping every second");
+        loop {
+            reap();
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+    };
+    loop {
+        reap();
+        sigchld.recv().await;
+    }
+}
+
+/// Reaps every child that has ended.
+pub(crate) fn reap() {
+    while let Ok(Some(_)) = rustix::process::wait(rustix::process::WaitOptions::NOHANG) {}
+}
+
+/// Ends leftovers when the sandbox nears its limits; keeps logs within
+/// their budget.
+async fn monitor(commands: Rc<Commands>) {
+    let mut last_prune = Instant::now();
+    loop {
+        tokio::time::sleep(MONITOR_EVERY).await;
+        commands.relieve_if_pressed();
+        if last_prune.elapsed() >= Duration::from_secs(1) {
+            commands.prune();
+            last_prune = Instant::now();
+        }
+    }
+}
+
+/// One connection's state.
+#[derive(Debug, Default)]
+struct Conn {
+    hello: Cell<bool>,
+    /// (command, follower) pairs read through this connection.
+    followers: RefCell<HashSet<(String, u64)>>,
+}
+
+async fn connection(stream: UnixStream, agent: Rc<Agent>) {
+    let (r, w) = stream.into_split();
+    let mut reader = FramedRead::new(r, sandboxd_proto::codec(MAX_HOST_FRAME));
+    let mut writer = FramedWrite::new(w, sandboxd_proto::codec(MAX_AGENT_FRAME));
+    let (tx, mut rx) = mpsc::channel::<Response>(256);
+    let conn = Rc::new(Conn::default());
+    let write = tokio::task::spawn_local(async move {
+        while let Some(resp) = rx.recv().await {
+            let Ok(body) = sandboxd_proto::encode(&resp) else {
+                continue;
+            };
+            if writer.send(body).await.is_err() {
+                break;
+            }
+        }
+    });
+    while let Some(frame) = reader.next().await {
+        let Ok(frame) = frame else { break };
+        let req: Request = match sandboxd_proto::decode(&frame) {
+            Ok(r) => r,
+            Err(e) => {
+                eprintln!("sandboxd-agent: a malformed request: {e}");
+                break;
+            }
+        };
+        let answer = Answer {
+            id: req.id,
+            tx: tx.clone(),
+        };
+        tokio::task::spawn_local(handle(
+            req.op,
+            answer,
+            Rc::clone(&agent),
+            Rc::clone(&conn),
+        ));
+    }
+    drop(tx);
+    for (command, follower) in conn.followers.take() {
+        if let Ok(cmd) = agent.commands.get(&command) {
+            cmd.log.borrow_mut().unfollow(follower);
+            cmd.reader_moved();
+        }
+    }
+    let _ = write.await;
+}
+
+/// Where the answers to one request go.
+struct Answer {
+    id: u64,
+    tx: mpsc::Sender<Response>,
+}
+
+impl Answer {
+    async fn part(&self, reply: Reply) -> bool {
+        self.tx
+            .send(Response {
+                id: self.id,
+                more: true,
+                reply,
+            })
+            .await
+            .is_ok()
+    }
+
+    async fn last(self, reply: Reply) {
+        let _ = self
+            .tx
+            .send(Response {
+                id: self.id,
+                more: false,
+                reply,
+            })
+            .await;
+    }
+
+    async fn result(self, r: Result<Reply, Failure>) {
+        self.last(r.unwrap_or_else(Reply::Error)).await;
+    }
+}
+
+async fn handle(op: Op, answer: Answer, agent: Rc<Agent>, conn: Rc<Conn>) {
+    if !conn.hello.get() && !matches!(op, Op::Hello(_)) {
+        let f = Failure::new(FailureKind::Invalid, "the first request must be Hello");
+        return answer.last(Reply::Error(f)).await;
+    }
+    let commands = &agent.commands;
+    match op {
+        Op::Hello(h) => {
+            if h.version != sandboxd_proto::VERSION {
+                let f = Failure::new(
+                    FailureKind::Version,
+                    format!(
+                        "this agent speaks version {}, not {}",
+                        sandboxd_proto::VERSION,
+                        h.version
+                    ),
+                );
+                return answer.last(Reply::Error(f)).await;
+            }
+            let Some(canonical) = h.workspace.first().cloned() else {
+                let f = Failure::new(FailureKind::Invalid, "no workspace");
+                return answer.last(Reply::Error(f)).await;
+            };
+            commands.configure(Settings {
+                workspace: canonical,
+                grace: Duration::from_millis(h.kill_grace_ms),
+                ring_bytes: usize::try_from(h.output_buffer_bytes).unwrap_or(usize::MAX),
+                memory_bytes: usize::try_from(h.output_memory_bytes).unwrap_or(usize::MAX),
+                max_finished: h.max_finished as usize,
+            });
+            agent.files.set_workspace(h.workspace);
+            conn.hello.set(true);
+            answer
+                .last(Reply::Hello(HelloReply {
+                    version: sandboxd_proto::VERSION,
+                    boot: agent.boot,
+                    commands: commands.states(),
+                }))
+                .await
+        }
+        Op::Spawn(spec) => {
+            let r = commands.spawn(spec).await.map(|pid| Reply::Spawned { pid });
+            answer.result(r).await
+        }
+        Op::Kill { command } => match commands.get(&command) {
+            Ok(cmd) => {
+                cmd.kill().await;
+                answer.last(Reply::Ok).await
+            }
+            Err(f) => answer.last(Reply::Error(f)).await,
+        },
+        Op::ReadLog(r) => {
+            let cmd = match commands.get(&r.command) {
+                Ok(c) => c,
+                Err(f) => return answer.last(Reply::Error(f)).await,
+            };
+            conn.followers
+                .borrow_mut()
+                .insert((r.command.clone(), r.follower));
+            let mut changed = cmd.subscribe();
+            let deadline = Instant::now() + Duration::from_millis(u64::from(r.wait_ms));
+            let chunk = loop {
+                changed.borrow_and_update();
+                let batch = {
+                    let mut log = cmd.log.borrow_mut();
+                    log.follow(r.follower, r.after, Instant::now());
+                    log.read(
+                        r.after,
+                        r.max_bytes as usize,
+                        r.past_exit,
+                        cmd.output_closed(),
+                    )
+                };
+                cmd.reader_moved();
+                if !batch.records.is_empty() || batch.complete || Instant::now() >= deadline {
+                    break LogChunk {
+                        records: batch.records,
+                        complete: batch.complete,
+                    };
+                }
+                let _ = tokio::time::timeout_at(deadline.into(), changed.changed()).await;
+            };
+            answer.last(Reply::Log(chunk)).await
+        }
+        Op::Unfollow { command, follower } => {
+            if let Ok(cmd) = commands.get(&command) {
+                cmd.log.borrow_mut().unfollow(follower);
+                cmd.reader_moved();
+            }
+            conn.followers.borrow_mut().remove(&(command, follower));
+            answer.last(Reply::Ok).await
+        }
+        Op::Wait { command } => {
+            let cmd = match commands.get(&command) {
+                Ok(c) => c,
+                Err(f) => return answer.last(Reply::Error(f)).await,
+            };
+            let mut changed = cmd.subscribe();
+            loop {
+                changed.borrow_and_update();
+                if let Some(ended) = cmd.ended() {
+                    return answer.last(Reply::Ended(ended)).await;
+                }
+                if changed.changed().await.is_err() {
+                    let f = Failure::new(FailureKind::NoSuchCommand, "the command is gone");
+                    return answer.last(Reply::Error(f)).await;
+                }
+            }
+        }
+        Op::Tail { command } => {
+            let tails = match commands.get(&command) {
+                Ok(c) => c.tails(),
+                Err(f) => return answer.last(Reply::Error(f)).await,
+            };
+            for (stream, (text, cut)) in [Stream::Stdout, Stream::Stderr]
+                .into_iter()
+                .zip(tails.into_iter().flatten())
+            {
+                // Every stream gets a part, an empty one too: it carries the cut.
+                let pieces = text_chunks(&text, CHUNK);
+                for piece in pieces.into_iter().chain(text.is_empty().then_some("")) {
+                    let part = Reply::TailPart {
+                        stream,
+                        text: piece.to_string(),
+                        cut_bytes: cut,
+                    };
+                    if !answer.part(part).await {
+                        return;
+                    }
+                }
+            }
+            answer.last(Reply::Ok).await
+        }
+        Op::Forget { command } => {
+            let r = commands.forget(&command).map(|()| Reply::Ok);
+            answer.result(r).await
+        }
+        Op::List => answer.last(Reply::Commands(commands.states())).await,
+        Op::ReadFile { path, max_bytes } => {
+            let r = agent
+                .files
+                .call(move |ws| ws.read_file(&path, max_bytes))
+                .await;
+            match r {
+                Ok(content) => {
+                    for piece in content.chunks(CHUNK) {
+                        if !answer.part(Reply::Data(piece.to_vec())).await {
+                            return;
+                        }
+                    }
+                    answer.last(Reply::Ok).await
+                }
+                Err(f) => answer.last(Reply::Error(f)).await,
+            }
+        }
+        Op::WriteFiles { files } => {
+            let r = agent.files.call(move |ws| ws.write_files(files)).await;
+            answer.result(r.map(|()| Reply::Ok)).await
+        }
+        Op::ListDir { path } => {
+            let r = agent.files.call(move |ws| ws.list_dir(&path)).await;
+            match r {
+                Ok(entries) => {
+                    for piece in entries.chunks(ENTRIES_PER_CHUNK) {
+                        if !answer.part(Reply::Entries(piece.to_vec())).await {
+                            return;
+                        }
+                    }
+                    answer.last(Reply::Ok).await
+                }
+                Err(f) => answer.last(Reply::Error(f)).await,
+            }
+        }
+        Op::Delete { paths, recursive } => {
+            let r = agent
+                .files
+                .call(move |ws| ws.delete(&paths, recursive))
+                .await;
+            answer.result(r.map(|()| Reply::Ok)).await
+        }
+        Op::Relay {
+            port,
+            listen,
+            allow,
+        } => {
+            let r = agent.relays.ensure(port, listen, &allow).map(|()| Reply::Ok);
+            answer.result(r).await
+        }
+        Op::Probe { port, wait_ms } => {
+            let ready = relay::probe(port, Duration::from_millis(u64::from(wait_ms))).await;
+            let recent_output = if ready {
+                String::new()
+            } else {
+                commands
+                    .latest()
+                    .map(|c| c.log.borrow().recent_text(RECENT_OUTPUT))
+                    .unwrap_or_default()
+            };
+            answer
+                .last(Reply::Probed {
+                    ready,
+                    recent_output,
+                })
+                .await
+        }
+    }
+}
+
+/// `text` in pieces of at most `max` bytes, cut at character boundaries.
+fn text_chunks(text: &str, max: usize) -> Vec<&str> {
+    let mut out = Vec::new();
+    let mut rest = text;
+    while !rest.is_empty() {
+        let mut end = rest.len().min(max);
+        while !rest.is_char_boundary(end) {
+            end -= 1;
+        }
+        if end == 0 {
+            // A character longer than `max` goes whole.
+            end = rest.chars().next().map_or(rest.len(), char::len_utf8);
+        }
+        let (piece, tail) = rest.split_at(end);
+        out.push(piece);
+        rest = tail;
+    }
+    out
+}
+
+fn random_u64() -> u64 {
+    let mut b = [0u8; 8];
+    let _ = rustix::rand::getrandom(&mut b, rustix::rand::GetRandomFlags::empty());
+    u64::from_le_bytes(b)
+}
+
+type FileJob = Box<dyn FnOnce(&Workspace) + Send>;
+
+/// The thread that does file I/O, started at launch (a sandbox at its pids
+/// limit cannot start one later), so blocking calls never stall commands.
+#[derive(Debug)]
+struct FileWorker {
+    jobs: std_mpsc::Sender<FileWork>,
+}
+
+enum FileWork {
+    Workspace(Vec<String>),
+    Job(FileJob),
+}
+
+impl std::fmt::Debug for FileWork {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("FileWork")
+    }
+}
+
+impl FileWorker {
+    fn start() -> std::io::Result<FileWorker> {
+        let (tx, rx) = std_mpsc::channel::<FileWork>();
+        std::thread::Builder::new()
+            .name("files".into())
+            .spawn(move || {
+                let mut ws = Workspace::new(vec!["/workspace".into()]);
+                while let Ok(work) = rx.recv() {
+                    match work {
+                        FileWork::Workspace(dirs) => ws = Workspace::new(dirs),
+                        FileWork::Job(job) => job(&ws),
+                    }
+                }
+            })?;
+        Ok(FileWorker { jobs: tx })
+    }
+
+    fn set_workspace(&self, dirs: Vec<String>) {
+        let _ = self.jobs.send(FileWork::Workspace(dirs));
+    }
+
+    /// Runs `f` on the file thread and returns its result.
+    async fn call<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Workspace) -> Result<T, Failure> + Send + 'static,
+    ) -> Result<T, Failure> {
+        let (tx, rx) = oneshot::channel();
+        let job: FileJob = Box::new(move |ws| {
+            let _ = tx.send(f(ws));
+        });
+        if self.jobs.send(FileWork::Job(job)).is_err() {
+            return Err(Failure::new(FailureKind::Other, "the file thread is gone"));
+        }
+        rx.await
+            .unwrap_or_else(|_| Err(Failure::new(FailureKind::Other, "the file thread failed")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn text_is_cut_at_character_boundaries() {
+        assert_eq!(text_chunks("abcdef", 4), ["abcd", "ef"]);
+        assert_eq!(text_chunks("a€b", 2), ["a", "€", "b"]);
+        assert!(text_chunks("", 4).is_empty());
+    }
+}

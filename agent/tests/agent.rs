@@ -1,0 +1,364 @@
+//! The agent on its own, outside any container: the real binary, serving
+//! on an abstract socket of its own, driven through the protocol. What the
+//! sandbox adds (a user, limits, a read-only root) is tested from sandboxd's
+//! integration tests; here it is the process management itself: trees that
+//! cannot escape, ends that come at once, output that is not lost.
+
+use std::collections::HashMap;
+use std::os::linux::net::SocketAddrExt;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use futures_util::{SinkExt, StreamExt};
+use sandboxd_proto::{
+    CommandMeta, Ended, Hello, LogChunk, MAX_AGENT_FRAME, Op, ReadLog, Record, RecordBody, Reply,
+    Request, Response, Spawn,
+};
+use tokio::net::UnixStream;
+use tokio_util::codec::{Framed, LengthDelimitedCodec};
+
+struct Agent {
+    child: Child,
+    name: String,
+}
+
+impl Agent {
+    fn start() -> Agent {
+        let name = format!(
+            "sandboxd-agent-test-{}-{}",
+            std::process::id(),
+            NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        );
+        let child = Command::new(env!("CARGO_BIN_EXE_sandboxd-agent"))
+            .arg("serve")
+            .env("SANDBOXD_AGENT_SOCKET", &name)
+            .stdin(Stdio::null())
+            .spawn()
+            .expect("start the agent");
+        Agent { child, name }
+    }
+
+    async fn client(&self) -> Client {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let addr = std::os::unix::net::SocketAddr::from_abstract_name(self.name.as_bytes())
+                .expect("name");
+            if let Ok(s) = std::os::unix::net::UnixStream::connect_addr(&addr) {
+                s.set_nonblocking(true).expect("nonblocking");
+                let s = UnixStream::from_std(s).expect("tokio");
+                let mut c = Client {
+                    framed: Framed::new(s, sandboxd_proto::codec(MAX_AGENT_FRAME)),
+                    next: 1,
+                    early: HashMap::new(),
+                };
+                let hello = c
+                    .call(Op::Hello(Hello {
+                        version: sandboxd_proto::VERSION,
+                        workspace: vec![std::env::temp_dir().display().to_string()],
+                        kill_grace_ms: 500,
+                        output_buffer_bytes: 256 * 1024,
+                        output_memory_bytes: 64 << 20,
+                        max_finished: 100,
+                    }))
+                    .await;
+                assert!(matches!(hello, Reply::Hello(_)), "{hello:?}");
+                return c;
+            }
+            assert!(Instant::now() < deadline, "the agent never listened");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+struct Client {
+    framed: Framed<UnixStream, LengthDelimitedCodec>,
+    next: u64,
+    early: HashMap<u64, Vec<Response>>,
+}
+
+impl Client {
+    async fn send(&mut self, op: Op) -> u64 {
+        let id = self.next;
+        self.next += 1;
+        let body = sandboxd_proto::encode(&Request { id, op }).expect("encode");
+        self.framed.send(body).await.expect("send");
+        id
+    }
+
+    /// Every response to `id`, the last one last.
+    async fn replies(&mut self, id: u64) -> Vec<Reply> {
+        let mut out = Vec::new();
+        loop {
+            let resp = match self.early.get_mut(&id).and_then(|v| (!v.is_empty()).then(|| v.remove(0))) {
+                Some(r) => r,
+                None => {
+                    let frame = tokio::time::timeout(Duration::from_secs(30), self.framed.next())
+                        .await
+                        .expect("an answer within 30 s")
+                        .expect("open")
+                        .expect("frame");
+                    sandboxd_proto::decode::<Response>(&frame).expect("decode")
+                }
+            };
+            if resp.id != id {
+                self.early.entry(resp.id).or_default().push(resp);
+                continue;
+            }
+            out.push(resp.reply);
+            if !resp.more {
+                return out;
+            }
+        }
+    }
+
+    async fn call(&mut self, op: Op) -> Reply {
+        let id = self.send(op).await;
+        self.replies(id).await.pop().expect("a reply")
+    }
+
+    async fn spawn(&mut self, id: &str, script: &str, timeout_ms: u64) {
+        let reply = self
+            .call(Op::Spawn(Spawn {
+                command: id.into(),
+                argv: vec!["bash".into(), "-c".into(), script.into()],
+                env: vec![],
+                cwd: Some("/tmp".into()),
+                stdin: vec![],
+                tail_bytes: 0,
+                meta: CommandMeta {
+                    summary: script.into(),
+                    started_at_ms: 0,
+                    timeout_ms,
+                },
+            }))
+            .await;
+        assert!(matches!(reply, Reply::Spawned { .. }), "{reply:?}");
+    }
+
+    async fn wait(&mut self, id: &str) -> Ended {
+        match self.call(Op::Wait { command: id.into() }).await {
+            Reply::Ended(e) => e,
+            other => panic!("wait: {other:?}"),
+        }
+    }
+
+    /// The whole log up to `exit`, read in small pieces.
+    async fn log(&mut self, id: &str, follower: u64) -> Vec<Record> {
+        let mut after = 0;
+        let mut all = Vec::new();
+        loop {
+            let reply = self
+                .call(Op::ReadLog(ReadLog {
+                    command: id.into(),
+                    follower,
+                    after,
+                    max_bytes: 64 * 1024,
+                    wait_ms: 1000,
+                    past_exit: false,
+                }))
+                .await;
+            let Reply::Log(LogChunk { records, complete }) = reply else {
+                panic!("read: {reply:?}");
+            };
+            if let Some(r) = records.last() {
+                after = r.seq;
+            }
+            all.extend(records);
+            if complete {
+                return all;
+            }
+        }
+    }
+}
+
+fn cid(n: u32) -> String {
+    format!("{n:024x}")
+}
+
+/// Processes whose command line contains `needle`.
+fn processes_with(needle: &str) -> usize {
+    std::fs::read_dir("/proc")
+        .expect("proc")
+        .filter_map(|e| e.ok())
+        .filter_map(|e| std::fs::read(e.path().join("cmdline")).ok())
+        .filter(|c| String::from_utf8_lossy(c).replace('\0', " ").contains(needle))
+        .count()
+}
+
+async fn eventually(within: Duration, what: &str, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + within;
+    while !f() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn exit_codes_output_and_stdin() {
+    let agent = Agent::start();
+    let mut c = agent.client().await;
+    c.spawn(&cid(1), "echo out; echo err >&2; exit 3", 10_000).await;
+    let e = c.wait(&cid(1)).await;
+    assert_eq!((e.exit_code, e.timed_out, e.killed), (3, false, false));
+    let log = c.log(&cid(1), 1).await;
+    let text: String = log
+        .iter()
+        .filter_map(|r| match &r.body {
+            RecordBody::Output { text, .. } => Some(text.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert!(text.contains("out\n") && text.contains("err\n"), "{log:?}");
+    assert!(matches!(log.last().map(|r| &r.body), Some(RecordBody::Exit(_))));
+
+    c.spawn(&cid(2), "kill -SEGV $$", 10_000).await;
+    assert_eq!(c.wait(&cid(2)).await.exit_code, 139);
+
+    let reply = c
+        .call(Op::Spawn(Spawn {
+            command: cid(3),
+            argv: vec!["/no/such/program".into()],
+            env: vec![("A".into(), "1".into())],
+            cwd: None,
+            stdin: vec![],
+            tail_bytes: 0,
+            meta: CommandMeta {
+                summary: String::new(),
+                started_at_ms: 0,
+                timeout_ms: 10_000,
+            },
+        }))
+        .await;
+    assert!(matches!(reply, Reply::Spawned { .. }), "{reply:?}");
+    assert_eq!(c.wait(&cid(3)).await.exit_code, 127);
+
+    let reply = c
+        .call(Op::Spawn(Spawn {
+            command: cid(4),
+            argv: vec!["bash".into(), "-c".into(), "wc -c; echo $GREETING".into()],
+            env: vec![("GREETING".into(), "hi there".into())],
+            cwd: Some("/tmp".into()),
+            stdin: vec![b'x'; 200_000],
+            tail_bytes: 1024,
+            meta: CommandMeta {
+                summary: String::new(),
+                started_at_ms: 0,
+                timeout_ms: 10_000,
+            },
+        }))
+        .await;
+    assert!(matches!(reply, Reply::Spawned { .. }), "{reply:?}");
+    assert_eq!(c.wait(&cid(4)).await.exit_code, 0);
+    let id = c.send(Op::Tail { command: cid(4) }).await;
+    let parts = c.replies(id).await;
+    assert!(
+        matches!(&parts[0], Reply::TailPart { text, .. } if text == "200000\nhi there\n"),
+        "{parts:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_command_ends_with_its_process_and_its_leftovers_stay_killable() {
+    let agent = Agent::start();
+    let mut c = agent.client().await;
+    let started = Instant::now();
+    c.spawn(&cid(1), "sleep 4711 & echo started", 10_000).await;
+    let e = c.wait(&cid(1)).await;
+    assert_eq!(e.exit_code, 0);
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "a background process does not hold the command: {:?}",
+        started.elapsed()
+    );
+    assert_eq!(processes_with("sleep 4711"), 1);
+    let Reply::Commands(list) = c.call(Op::List).await else {
+        panic!("list");
+    };
+    assert_eq!(list[0].processes, 1, "{list:?}");
+    assert_eq!(c.call(Op::Kill { command: cid(1) }).await, Reply::Ok);
+    eventually(Duration::from_secs(5), "the leftover ends", || {
+        processes_with("sleep 4711") == 0
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn no_way_out_of_a_tree_survives_its_timeout() {
+    let agent = Agent::start();
+    let mut c = agent.client().await;
+    let script = "setsid sleep 4721 & (sleep 4722 &) ; nohup sleep 4723 >/dev/null 2>&1 & \
+                  env -i /bin/sleep 4724 & (setsid bash -c 'sleep 4725 & sleep 4726' &) ; sleep 4727";
+    c.spawn(&cid(1), script, 500).await;
+    let e = c.wait(&cid(1)).await;
+    assert_eq!((e.exit_code, e.timed_out), (124, true));
+    eventually(Duration::from_secs(5), "every escape attempt ends", || {
+        processes_with("sleep 472") == 0
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn kill_answers_at_once_and_the_end_follows_the_grace_period() {
+    let agent = Agent::start();
+    let mut c = agent.client().await;
+    c.spawn(&cid(1), "trap '' TERM; sleep 4731", 60_000).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let t = Instant::now();
+    assert_eq!(c.call(Op::Kill { command: cid(1) }).await, Reply::Ok);
+    assert!(t.elapsed() < Duration::from_millis(100), "{:?}", t.elapsed());
+    let e = c.wait(&cid(1)).await;
+    assert_eq!((e.exit_code, e.killed), (137, true), "SIGTERM was ignored");
+    assert_eq!(processes_with("sleep 4731"), 0);
+    c.spawn(&cid(2), "sleep 4732", 60_000).await;
+    assert_eq!(c.call(Op::Kill { command: cid(2) }).await, Reply::Ok);
+    let e = c.wait(&cid(2)).await;
+    assert_eq!((e.exit_code, e.killed), (143, true), "SIGTERM sufficed");
+}
+
+#[tokio::test]
+async fn a_reader_that_keeps_reading_gets_every_byte() {
+    let agent = Agent::start();
+    let mut c = agent.client().await;
+    // 32 MiB through a 256 KiB ring.
+    c.spawn(&cid(1), "head -c 33554432 /dev/zero | tr '\\0' x", 60_000).await;
+    let log = c.log(&cid(1), 7).await;
+    let mut bytes = 0u64;
+    for r in &log {
+        match &r.body {
+            RecordBody::Output { raw, .. } => bytes += raw,
+            RecordBody::Dropped { bytes } => panic!("dropped {bytes} for a reader that kept reading"),
+            _ => {}
+        }
+    }
+    assert_eq!(bytes, 33_554_432);
+    let seqs: Vec<u64> = log.iter().map(|r| r.seq).collect();
+    assert!(seqs.windows(2).all(|w| w[1] == w[0] + 1), "no gap");
+}
+
+#[tokio::test]
+async fn output_nobody_reads_is_dropped_and_counted() {
+    let agent = Agent::start();
+    let mut c = agent.client().await;
+    c.spawn(&cid(1), "head -c 8388608 /dev/zero | tr '\\0' x", 60_000).await;
+    assert_eq!(c.wait(&cid(1)).await.exit_code, 0);
+    let log = c.log(&cid(1), 1).await;
+    let (mut kept, mut dropped) = (0, 0);
+    for r in &log {
+        match &r.body {
+            RecordBody::Output { raw, .. } => kept += raw,
+            RecordBody::Dropped { bytes } => dropped += bytes,
+            _ => {}
+        }
+    }
+    assert!(dropped > 0, "a 256 KiB ring cannot hold 8 MiB");
+    assert_eq!(kept + dropped, 8_388_608, "every byte accounted for");
+}
