@@ -180,9 +180,11 @@ impl Commands {
     }
 
     pub(crate) fn get(&self, id: &str) -> Result<Rc<Cmd>, Failure> {
-        self.table.borrow().get(id).cloned().ok_or_else(|| {
-            Failure::new(FailureKind::NoSuchCommand, format!("no command {id}"))
-        })
+        self.table
+            .borrow()
+            .get(id)
+            .cloned()
+            .ok_or_else(|| Failure::new(FailureKind::NoSuchCommand, format!("no command {id}")))
     }
 
     pub(crate) fn states(&self) -> Vec<CommandState> {
@@ -365,10 +367,9 @@ impl Commands {
             match spawned {
                 Ok(child) => {
                     self.keepers.borrow_mut().insert(child.id() as i32);
-                    ours.set_nonblocking(true)
-                        .map_err(|e| fail("socket", &e))?;
-                    let control = tokio::net::UnixStream::from_std(ours)
-                        .map_err(|e| fail("socket", &e))?;
+                    ours.set_nonblocking(true).map_err(|e| fail("socket", &e))?;
+                    let control =
+                        tokio::net::UnixStream::from_std(ours).map_err(|e| fail("socket", &e))?;
                     let out = pipe::Receiver::from_owned_fd(out_r).map_err(|e| fail("pipe", &e))?;
                     let err = pipe::Receiver::from_owned_fd(err_r).map_err(|e| fail("pipe", &e))?;
                     return Ok((child, control, out, err));

@@ -149,9 +149,6 @@ struct Level {
     todo: Vec<Name>,
 }
 
-// The agent's request loop calls these; until it is wired in, only the
-// tests do.
-#[cfg_attr(not(test), allow(dead_code))]
 impl Workspace {
     /// `dirs`: absolute, normalised paths, canonical first (e.g.
     /// `["/workspace", "/vercel/sandbox/workspace"]`).

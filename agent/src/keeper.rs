@@ -62,9 +62,14 @@ pub(crate) struct Start {
 /// Keeper to agent.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) enum FromKeeper {
-    Started { pid: u32 },
+    Started {
+        pid: u32,
+    },
     /// The command could not start: it ends with this code, saying why.
-    Failed { exit_code: i32, message: String },
+    Failed {
+        exit_code: i32,
+        message: String,
+    },
     /// The command's own process ended.
     Exited {
         code: Option<i32>,
@@ -73,7 +78,9 @@ pub(crate) enum FromKeeper {
     },
     /// A stop finished: every process is gone, within the grace period or
     /// only after SIGKILL.
-    Stopped { within_grace: bool },
+    Stopped {
+        within_grace: bool,
+    },
     /// The tree is empty; the keeper exits.
     Empty,
 }
@@ -149,7 +156,10 @@ fn spawn(start: &Start) -> Result<std::process::Child, (i32, String)> {
     if let Err(e) = std::fs::create_dir_all(&start.cwd) {
         return Err((
             126,
-            format!("sandboxd: cannot create the working directory {}: {e}\n", start.cwd),
+            format!(
+                "sandboxd: cannot create the working directory {}: {e}\n",
+                start.cwd
+            ),
         ));
     }
     let stdout = std::io::stdout().as_fd().try_clone_to_owned();
@@ -183,8 +193,9 @@ fn spawn(start: &Start) -> Result<std::process::Child, (i32, String)> {
             }
             // The sandbox is at its pids limit: the agent is ending
             // leftovers meanwhile; try again for a while.
-            Err(e) if e.raw_os_error() == Some(rustix::io::Errno::AGAIN.raw_os_error())
-                && Instant::now() < deadline =>
+            Err(e)
+                if e.raw_os_error() == Some(rustix::io::Errno::AGAIN.raw_os_error())
+                    && Instant::now() < deadline =>
             {
                 std::thread::sleep(Duration::from_millis(50));
             }
@@ -378,7 +389,10 @@ mod tests {
         write_message(&mut buf, &ToKeeper::Kill).expect("write");
         let mut r = &buf[..];
         assert_eq!(read_message::<ToKeeper>(&mut r).expect("read"), msg);
-        assert_eq!(read_message::<ToKeeper>(&mut r).expect("read"), ToKeeper::Kill);
+        assert_eq!(
+            read_message::<ToKeeper>(&mut r).expect("read"),
+            ToKeeper::Kill
+        );
         assert!(read_message::<ToKeeper>(&mut r).is_err(), "nothing left");
         let huge = (MAX_MESSAGE as u32 + 1).to_be_bytes();
         assert!(read_message::<ToKeeper>(&mut &huge[..]).is_err());

@@ -275,7 +275,8 @@ impl Log {
     /// A reader asks for records after `after`; it now follows the log.
     pub(crate) fn follow(&mut self, follower: u64, after: u64, now: Instant) {
         self.followers.remove(&FIRST_READER);
-        self.followers.insert(follower, Follower { after, seen: now });
+        self.followers
+            .insert(follower, Follower { after, seen: now });
     }
 
     /// A reader went away.

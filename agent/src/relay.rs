@@ -61,9 +61,17 @@ pub(crate) struct Relays {
 
 impl Relays {
     /// Makes sure `listen` forwards to `port` for peers in `allow`.
-    pub(crate) fn ensure(self: &Rc<Self>, port: u16, listen: u16, allow: &str) -> Result<(), Failure> {
+    pub(crate) fn ensure(
+        self: &Rc<Self>,
+        port: u16,
+        listen: u16,
+        allow: &str,
+    ) -> Result<(), Failure> {
         let cidr = Cidr::parse(allow).ok_or_else(|| {
-            Failure::new(FailureKind::Invalid, format!("{allow:?} is not an IPv4 CIDR"))
+            Failure::new(
+                FailureKind::Invalid,
+                format!("{allow:?} is not an IPv4 CIDR"),
+            )
         })?;
         if let Some((p, c)) = self.running.borrow().get(&listen) {
             if *p == port && *c == cidr {
@@ -146,6 +154,10 @@ mod tests {
         assert!(!c.contains("::1".parse().expect("ip")));
         assert!(Cidr::parse("10.0.0.0/33").is_none());
         assert!(Cidr::parse("nonsense").is_none());
-        assert!(Cidr::parse("0.0.0.0/0").expect("all").contains("1.2.3.4".parse().expect("ip")));
+        assert!(
+            Cidr::parse("0.0.0.0/0")
+                .expect("all")
+                .contains("1.2.3.4".parse().expect("ip"))
+        );
     }
 }

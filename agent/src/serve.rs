@@ -12,8 +12,8 @@
 //! memory or descriptors.
 
 use std::cell::{Cell, RefCell};
-use std::os::linux::net::SocketAddrExt;
 use std::collections::HashSet;
+use std::os::linux::net::SocketAddrExt;
 use std::process::ExitCode;
 use std::rc::Rc;
 use std::sync::mpsc as std_mpsc;
@@ -124,6 +124,18 @@ async fn serve(listener: std::os::unix::net::UnixListener, agent: Rc<Agent>) -> 
             return ExitCode::FAILURE;
         }
     };
+    // A write past RLIMIT_FSIZE must fail with EFBIG (answered TooLarge),
+    // not kill the agent. A handler, not SIG_IGN: commands get the default
+    // again at exec.
+    let _xfsz = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::from_raw(
+        rustix::process::Signal::XFSZ.as_raw(),
+    )) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("sandboxd-agent: no SIGXFSZ handler: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
     tokio::task::spawn_local(reaper());
     tokio::task::spawn_local(monitor(Rc::clone(&agent.commands)));
     loop {
@@ -212,12 +224,7 @@ async fn connection(stream: UnixStream, agent: Rc<Agent>) {
             id: req.id,
             tx: tx.clone(),
         };
-        tokio::task::spawn_local(handle(
-            req.op,
-            answer,
-            Rc::clone(&agent),
-            Rc::clone(&conn),
-        ));
+        tokio::task::spawn_local(handle(req.op, answer, Rc::clone(&agent), Rc::clone(&conn)));
     }
     drop(tx);
     for (command, follower) in conn.followers.take() {
@@ -448,7 +455,10 @@ async fn handle(op: Op, answer: Answer, agent: Rc<Agent>, conn: Rc<Conn>) {
             listen,
             allow,
         } => {
-            let r = agent.relays.ensure(port, listen, &allow).map(|()| Reply::Ok);
+            let r = agent
+                .relays
+                .ensure(port, listen, &allow)
+                .map(|()| Reply::Ok);
             answer.result(r).await
         }
         Op::Probe { port, wait_ms } => {

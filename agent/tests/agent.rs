@@ -98,7 +98,11 @@ impl Client {
     async fn replies(&mut self, id: u64) -> Vec<Reply> {
         let mut out = Vec::new();
         loop {
-            let resp = match self.early.get_mut(&id).and_then(|v| (!v.is_empty()).then(|| v.remove(0))) {
+            let resp = match self
+                .early
+                .get_mut(&id)
+                .and_then(|v| (!v.is_empty()).then(|| v.remove(0)))
+            {
                 Some(r) => r,
                 None => {
                     let frame = tokio::time::timeout(Duration::from_secs(30), self.framed.next())
@@ -190,7 +194,11 @@ fn processes_with(needle: &str) -> usize {
         .expect("proc")
         .filter_map(|e| e.ok())
         .filter_map(|e| std::fs::read(e.path().join("cmdline")).ok())
-        .filter(|c| String::from_utf8_lossy(c).replace('\0', " ").contains(needle))
+        .filter(|c| {
+            String::from_utf8_lossy(c)
+                .replace('\0', " ")
+                .contains(needle)
+        })
         .count()
 }
 
@@ -206,7 +214,8 @@ async fn eventually(within: Duration, what: &str, mut f: impl FnMut() -> bool) {
 async fn exit_codes_output_and_stdin() {
     let agent = Agent::start();
     let mut c = agent.client().await;
-    c.spawn(&cid(1), "echo out; echo err >&2; exit 3", 10_000).await;
+    c.spawn(&cid(1), "echo out; echo err >&2; exit 3", 10_000)
+        .await;
     let e = c.wait(&cid(1)).await;
     assert_eq!((e.exit_code, e.timed_out, e.killed), (3, false, false));
     let log = c.log(&cid(1), 1).await;
@@ -218,7 +227,10 @@ async fn exit_codes_output_and_stdin() {
         })
         .collect();
     assert!(text.contains("out\n") && text.contains("err\n"), "{log:?}");
-    assert!(matches!(log.last().map(|r| &r.body), Some(RecordBody::Exit(_))));
+    assert!(matches!(
+        log.last().map(|r| &r.body),
+        Some(RecordBody::Exit(_))
+    ));
 
     c.spawn(&cid(2), "kill -SEGV $$", 10_000).await;
     assert_eq!(c.wait(&cid(2)).await.exit_code, 139);
@@ -314,7 +326,11 @@ async fn kill_answers_at_once_and_the_end_follows_the_grace_period() {
     tokio::time::sleep(Duration::from_millis(200)).await;
     let t = Instant::now();
     assert_eq!(c.call(Op::Kill { command: cid(1) }).await, Reply::Ok);
-    assert!(t.elapsed() < Duration::from_millis(100), "{:?}", t.elapsed());
+    assert!(
+        t.elapsed() < Duration::from_millis(100),
+        "{:?}",
+        t.elapsed()
+    );
     let e = c.wait(&cid(1)).await;
     assert_eq!((e.exit_code, e.killed), (137, true), "SIGTERM was ignored");
     assert_eq!(processes_with("sleep 4731"), 0);
@@ -329,13 +345,16 @@ async fn a_reader_that_keeps_reading_gets_every_byte() {
     let agent = Agent::start();
     let mut c = agent.client().await;
     // 32 MiB through a 256 KiB ring.
-    c.spawn(&cid(1), "head -c 33554432 /dev/zero | tr '\\0' x", 60_000).await;
+    c.spawn(&cid(1), "head -c 33554432 /dev/zero | tr '\\0' x", 60_000)
+        .await;
     let log = c.log(&cid(1), 7).await;
     let mut bytes = 0u64;
     for r in &log {
         match &r.body {
             RecordBody::Output { raw, .. } => bytes += raw,
-            RecordBody::Dropped { bytes } => panic!("dropped {bytes} for a reader that kept reading"),
+            RecordBody::Dropped { bytes } => {
+                panic!("dropped {bytes} for a reader that kept reading")
+            }
             _ => {}
         }
     }
@@ -348,7 +367,8 @@ async fn a_reader_that_keeps_reading_gets_every_byte() {
 async fn output_nobody_reads_is_dropped_and_counted() {
     let agent = Agent::start();
     let mut c = agent.client().await;
-    c.spawn(&cid(1), "head -c 8388608 /dev/zero | tr '\\0' x", 60_000).await;
+    c.spawn(&cid(1), "head -c 8388608 /dev/zero | tr '\\0' x", 60_000)
+        .await;
     assert_eq!(c.wait(&cid(1)).await.exit_code, 0);
     let log = c.log(&cid(1), 1).await;
     let (mut kept, mut dropped) = (0, 0);

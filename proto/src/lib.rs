@@ -130,7 +130,11 @@ pub enum Op {
     /// Forward TCP connections from `listen` (all addresses) to
     /// 127.0.0.1:`port`, accepting peers in `allow` (an IPv4 CIDR) only.
     /// Idempotent. [`Reply::Ok`].
-    Relay { port: u16, listen: u16, allow: String },
+    Relay {
+        port: u16,
+        listen: u16,
+        allow: String,
+    },
     /// Whether something accepts connections on 127.0.0.1:`port`, waiting
     /// up to `wait_ms`: [`Reply::Probed`].
     Probe { port: u16, wait_ms: u32 },
@@ -208,15 +212,24 @@ pub struct NewFile {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Reply {
     Hello(HelloReply),
-    Spawned { pid: u32 },
+    Spawned {
+        pid: u32,
+    },
     Ok,
     Log(LogChunk),
     Ended(Ended),
     Commands(Vec<CommandState>),
-    TailPart { stream: Stream, text: String, cut_bytes: u64 },
+    TailPart {
+        stream: Stream,
+        text: String,
+        cut_bytes: u64,
+    },
     Data(#[serde(with = "serde_bytes")] Vec<u8>),
     Entries(Vec<DirEntry>),
-    Probed { ready: bool, recent_output: String },
+    Probed {
+        ready: bool,
+        recent_output: String,
+    },
     Error(Failure),
 }
 
