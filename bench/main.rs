@@ -43,6 +43,11 @@ impl Floor {
             user: "1000:1000".into(),
             workspace_dir: "/workspace".into(),
             workspace_aliases: vec!["/vercel/sandbox/workspace".into()],
+            workspace_nocopy: false,
+            // The same mounts as a sandbox; the floor's process is `sleep`.
+            agent_volume: format!("{}-floor-agent", self.instance),
+            agent_dir: "/.sandboxd".into(),
+            command: vec!["sleep".into(), "infinity".into()],
             volume: format!("{name}-workspace"),
             network: Some(self.network.clone()),
             vcpus: 1,

@@ -68,11 +68,25 @@ impl App {
         self.engine.version().await.map_err(|e| e.to_string())
     }
 
-    /// Creates a sandbox (or reconnects to the session's), then publishes
-    /// its allowlisted ports in the background: the answer does not wait,
-    /// and the first `GET …/ports/{port}` finds the work done.
+    /// Creates a sandbox (or reconnects to the session's), then connects to
+    /// its agent and publishes its allowlisted ports in the background: the
+    /// answer does not wait, and the first command and the first
+    /// `GET …/ports/{port}` find the work done.
     pub async fn create_sandbox(&self, req: CreateSandboxRequest) -> SandboxResult<Created> {
         let created = self.sandboxes.create(req).await?;
+        if created.created {
+            // Connect to the new sandbox's agent now: its first command
+            // then finds the connection made.
+            let sandboxes = Arc::clone(&self.sandboxes);
+            let id = created.sandbox_id.clone();
+            let shutdown = self.shutdown.clone();
+            self.tasks.spawn(async move {
+                tokio::select! {
+                    _ = sandboxes.warm_agent(&id) => {}
+                    _ = shutdown.cancelled() => {}
+                }
+            });
+        }
         if created.ports_added {
             let ports = Arc::clone(&self.ports);
             let id = created.sandbox_id.clone();

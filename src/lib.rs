@@ -23,7 +23,9 @@
 //! - [`workspace_path`]: the lexical rules of paths in the workspace.
 //! - [`subnet`]: link-network block arithmetic.
 //! - [`engine`]: the container engine, behind a small interface.
+//! - [`agent`]: the connection to the agent inside each sandbox.
 
+pub mod agent;
 pub mod api;
 pub mod app;
 pub mod clock;
@@ -57,7 +59,7 @@ mod layering {
         (6, &["app"]),
         (5, &["command", "files", "ports"]),
         (4, &["sandbox"]),
-        (3, &["engine"]),
+        (3, &["engine", "agent"]),
         (
             1,
             &[

@@ -37,7 +37,7 @@ pub async fn run(config: Config) -> std::io::Result<()> {
         let token = shutdown.clone();
         tasks.spawn(async move {
             if Arc::clone(&sandboxes).rehydrate_when_connected(token).await {
-                commands.discover_lost().await;
+                commands.discover().await;
                 sandboxes.mark_ready();
             }
         });

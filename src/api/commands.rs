@@ -41,7 +41,7 @@ pub(super) async fn list_commands(
     Path(id): Path<String>,
 ) -> Result<axum::Json<dto::CommandList>, ApiError> {
     let list = app.commands.list(&id).await?;
-    Ok(axum::Json(list.iter().map(|c| &**c).collect()))
+    Ok(axum::Json(list.into()))
 }
 
 /// `GET /v1/sandboxes/{id}/commands/{cid}/wait`

@@ -10,7 +10,8 @@ use std::collections::BTreeMap;
 use base64::Engine as _;
 use serde::Serialize;
 
-use crate::command::{Command, Finished, RunResult};
+use crate::command::log::Usage;
+use crate::command::{Command, Finished, Listed, RunResult};
 use crate::files::{Entry, EntryKind};
 use crate::ports::Published;
 use crate::sandbox::{Created, SandboxInfo};
@@ -168,6 +169,13 @@ pub(super) struct CommandEnded {
     timed_out: bool,
     killed: bool,
     duration_ms: u64,
+    /// The memory limit's OOM killer ended it (absent when the sandbox
+    /// itself went away under the command).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    oom_killed: Option<bool>,
+    /// CPU time and peak memory of its process tree (same condition).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    usage: Option<Usage>,
 }
 
 impl From<Finished> for CommandEnded {
@@ -177,6 +185,8 @@ impl From<Finished> for CommandEnded {
             timed_out: f.exit.timed_out,
             killed: f.exit.killed,
             duration_ms: f.duration_ms,
+            oom_killed: f.oom_killed,
+            usage: f.usage,
         }
     }
 }
@@ -194,6 +204,10 @@ pub(super) struct CommandRun {
     killed: bool,
     duration_ms: u64,
     timeout_ms: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    oom_killed: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    usage: Option<Usage>,
 }
 
 impl From<RunResult> for CommandRun {
@@ -208,6 +222,8 @@ impl From<RunResult> for CommandRun {
             killed: r.finished.exit.killed,
             duration_ms: r.finished.duration_ms,
             timeout_ms: r.timeout_ms,
+            oom_killed: r.finished.oom_killed,
+            usage: r.finished.usage,
         }
     }
 }
@@ -225,22 +241,19 @@ pub(super) struct CommandListed {
     finished_at: Option<u64>,
     duration_ms: Option<u64>,
     summary: String,
-    /// The effective timeout; `null` for a lost command.
-    timeout_ms: Option<u64>,
+    timeout_ms: u64,
+    /// Processes of its tree alive now (after its end: what it left
+    /// running); `null` when the sandbox's agent did not say.
+    processes: Option<u32>,
 }
 
-impl From<&Command> for CommandListed {
-    fn from(c: &Command) -> Self {
+impl From<&Listed> for CommandListed {
+    fn from(l: &Listed) -> Self {
+        let c = &l.command;
         let f = c.finished();
         CommandListed {
             command_id: c.id.clone(),
-            state: if c.is_lost() {
-                "lost"
-            } else if f.is_some() {
-                "exited"
-            } else {
-                "running"
-            },
+            state: if f.is_some() { "exited" } else { "running" },
             exit_code: f.map(|f| f.exit.exit_code),
             timed_out: f.map(|f| f.exit.timed_out),
             killed: f.map(|f| f.exit.killed),
@@ -248,7 +261,8 @@ impl From<&Command> for CommandListed {
             finished_at: f.map(|f| f.finished_at),
             duration_ms: f.map(|f| f.duration_ms),
             summary: c.summary.clone(),
-            timeout_ms: (!c.is_lost()).then_some(c.timeout_ms),
+            timeout_ms: c.timeout_ms,
+            processes: l.processes,
         }
     }
 }
@@ -259,10 +273,10 @@ pub(super) struct CommandList {
     commands: Vec<CommandListed>,
 }
 
-impl<'a> FromIterator<&'a Command> for CommandList {
-    fn from_iter<I: IntoIterator<Item = &'a Command>>(iter: I) -> Self {
+impl From<Vec<Listed>> for CommandList {
+    fn from(list: Vec<Listed>) -> Self {
         CommandList {
-            commands: iter.into_iter().map(CommandListed::from).collect(),
+            commands: list.iter().map(CommandListed::from).collect(),
         }
     }
 }

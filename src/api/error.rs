@@ -52,14 +52,14 @@ error_codes! {
     NeedsRecursive = "needs_recursive", CONFLICT;
     PathChanged = "path_changed", CONFLICT;
     NoNetwork = "no_network", CONFLICT;
-    CommandLost = "command_lost", GONE;
     BodyTooLarge = "body_too_large", PAYLOAD_TOO_LARGE;
     FileTooLarge = "file_too_large", PAYLOAD_TOO_LARGE;
     UnsupportedMediaType = "unsupported_media_type", UNSUPPORTED_MEDIA_TYPE;
     AtCapacity = "at_capacity", TOO_MANY_REQUESTS;
     TooManyCommands = "too_many_commands", TOO_MANY_REQUESTS;
+    TooManyProcesses = "too_many_processes", TOO_MANY_REQUESTS;
     EngineError = "engine_error", BAD_GATEWAY;
-    FileHelperFailed = "file_helper_failed", BAD_GATEWAY;
+    AgentFailed = "agent_failed", BAD_GATEWAY;
     PortPublishFailed = "port_publish_failed", BAD_GATEWAY;
     EngineUnavailable = "engine_unavailable", SERVICE_UNAVAILABLE;
     ImageMissing = "image_missing", SERVICE_UNAVAILABLE;
@@ -120,6 +120,10 @@ impl From<SandboxError> for ApiError {
             SandboxError::ImageMissing { .. } => ErrorCode::ImageMissing,
             SandboxError::WorkspaceQuotaUnsupported(_) => ErrorCode::WorkspaceQuotaUnsupported,
             SandboxError::EngineUnavailable(_) => ErrorCode::EngineUnavailable,
+            SandboxError::Agent(inner) => {
+                tracing::warn!(error = %inner, "the sandbox's agent failed");
+                ErrorCode::AgentFailed
+            }
             SandboxError::Engine(inner) => {
                 tracing::error!(error = %inner, "engine call failed");
                 return ApiError::new(
@@ -139,7 +143,7 @@ impl From<CommandError> for ApiError {
             CommandError::Invalid(_) => ErrorCode::InvalidRequest,
             CommandError::Sandbox(inner) => return inner.into(),
             CommandError::NotFound(_) => ErrorCode::CommandNotFound,
-            CommandError::Lost(_) => ErrorCode::CommandLost,
+            CommandError::NoProcesses(_) => ErrorCode::TooManyProcesses,
             CommandError::TooMany { .. } => ErrorCode::TooManyCommands,
             CommandError::ShuttingDown => ErrorCode::ShuttingDown,
         };
@@ -163,10 +167,6 @@ impl From<FileError> for ApiError {
             FileError::Changed(_) => ErrorCode::PathChanged,
             FileError::NoSpace(_) => ErrorCode::InsufficientStorage,
             FileError::PermissionDenied(_) => ErrorCode::PermissionDenied,
-            FileError::Helper(ref m) => {
-                tracing::error!(error = %m, "file helper failed");
-                ErrorCode::FileHelperFailed
-            }
         };
         ApiError::new(code, message)
     }

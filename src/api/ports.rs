@@ -40,16 +40,9 @@ pub(super) async fn port_url(
         )));
     }
     let host = headers.get(header::HOST).and_then(|h| h.to_str().ok());
-    let commands = Arc::clone(&app.commands);
     let answer = app
         .ports
-        .publish(
-            &id,
-            port,
-            host,
-            q.wait_ms.map(Duration::from_millis),
-            move |sid, n| commands.last_output(sid, n),
-        )
+        .publish(&id, port, host, q.wait_ms.map(Duration::from_millis))
         .await?;
     Ok(axum::Json(answer.into()))
 }

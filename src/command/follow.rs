@@ -1,84 +1,181 @@
-//! Following a command's log: replay what its [`OutputLog`] retains after a
-//! cursor, then the records as they arrive, with a heartbeat line when
-//! nothing happened for a while, until the `exit` record or shutdown. The
-//! stream keeps its sandbox busy (no expiry, no eviction) while it is open.
+//! Following a command's log: its records as the agent gives them (a read
+//! at a time, each waiting up to a heartbeat interval for news), a
+//! heartbeat line when there was none, until the `exit` record or
+//! shutdown. Each read tells the agent where this reader is, so the
+//! command's output waits for a reader that keeps reading instead of being
+//! dropped. When the sandbox died under the command, the reader gets the
+//! `error` record sandboxd wrote, then the `exit` record. The stream keeps
+//! its sandbox busy while it is open.
 
-use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use futures_util::Stream;
+use sandboxd_proto::{FailureKind, Op, ReadLog, Reply};
 use tokio_util::sync::CancellationToken;
 
 use super::Command;
-use super::log::{Cursor, heartbeat_line};
+use super::log::{check_order, error_line, exit_line, heartbeat_line, render};
+use crate::agent::AgentError;
 use crate::sandbox::registry::OpenRequest;
+use crate::sandbox::{Sandbox, Sandboxes};
 
-struct Follow {
-    cmd: Arc<Command>,
-    cursor: Cursor,
-    rx: tokio::sync::watch::Receiver<u64>,
-    pending: VecDeque<Bytes>,
-    done: bool,
-    heartbeat: Duration,
-    shutdown: CancellationToken,
-    _busy: OpenRequest,
-}
+/// Most bytes of records one read asks for.
+const READ_BYTES: u32 = 256 * 1024;
+/// Pause before reading again after the agent could not be reached.
+const RETRY_EVERY: Duration = Duration::from_millis(200);
 
-/// NDJSON chunks of `cmd`'s log after record `after`.
-pub(super) fn follow(
+/// One reader of one command's log.
+pub(super) struct Follow {
+    sandboxes: Arc<Sandboxes>,
+    sandbox: Arc<Sandbox>,
     cmd: Arc<Command>,
+    /// The last record this reader got.
     after: u64,
     heartbeat: Duration,
     shutdown: CancellationToken,
-    busy: OpenRequest,
-) -> impl Stream<Item = Bytes> + Send + 'static {
-    let state = Follow {
-        rx: cmd.log.subscribe(),
-        cursor: Cursor::after(after),
-        cmd,
-        pending: VecDeque::new(),
-        done: false,
-        heartbeat,
-        shutdown,
-        _busy: busy,
-    };
-    futures_util::stream::unfold(state, |mut st| async move {
+    /// This reader's id at the agent.
+    follower: u64,
+    done: bool,
+}
+
+impl Follow {
+    pub(super) fn new(
+        sandboxes: Arc<Sandboxes>,
+        sandbox: Arc<Sandbox>,
+        cmd: Arc<Command>,
+        after: u64,
+        heartbeat: Duration,
+        shutdown: CancellationToken,
+    ) -> Follow {
+        let mut id = [0u8; 8];
+        let _ = getrandom::fill(&mut id);
+        Follow {
+            sandboxes,
+            sandbox,
+            cmd,
+            after,
+            heartbeat,
+            shutdown,
+            follower: u64::from_le_bytes(id),
+            done: false,
+        }
+    }
+
+    /// The next chunk of NDJSON lines; `None` at the end.
+    async fn next(&mut self) -> Option<Bytes> {
         loop {
-            if let Some(chunk) = st.pending.pop_front() {
-                return Some((chunk, st));
-            }
-            if st.done {
+            if self.done || self.shutdown.is_cancelled() {
                 return None;
             }
-            // Mark as seen before reading, so an append after the read
-            // still wakes us.
-            st.rx.borrow_and_update();
-            let batch = st.cmd.log.read(&mut st.cursor);
-            st.done = batch.done;
-            if !batch.lines.is_empty() {
-                let mut buf = BytesMut::with_capacity(batch.lines.iter().map(Bytes::len).sum());
-                for line in batch.lines {
-                    buf.extend_from_slice(&line);
-                }
-                st.pending.push_back(buf.freeze());
-                continue;
+            if self.cmd.ended_by_sandboxd().is_some() {
+                return Some(self.ended_by_sandboxd().await);
             }
-            if st.done {
-                return None;
-            }
-            tokio::select! {
-                changed = st.rx.changed() => {
-                    if changed.is_err() {
-                        return None;
+            let conn = tokio::select! {
+                c = self.sandboxes.agent(&self.sandbox) => c,
+                _ = self.shutdown.cancelled() => return None,
+            };
+            let conn = match conn {
+                Ok(c) if c.boot() == self.cmd.boot => c,
+                // Another agent (the sandbox restarted), or none: the
+                // command's drive decides how it ended; wait for that.
+                _ => {
+                    tokio::select! {
+                        _ = self.cmd.ended() => {}
+                        _ = tokio::time::sleep(self.heartbeat) => return Some(heartbeat_line(self.after)),
+                        _ = self.shutdown.cancelled() => return None,
                     }
+                    continue;
                 }
-                _ = tokio::time::sleep(st.heartbeat) => {
-                    st.pending.push_back(heartbeat_line(st.cursor.after));
+            };
+            let read = conn.call(Op::ReadLog(ReadLog {
+                command: self.cmd.id.clone(),
+                follower: self.follower,
+                after: self.after,
+                max_bytes: READ_BYTES,
+                wait_ms: u32::try_from(self.heartbeat.as_millis()).unwrap_or(u32::MAX),
+                past_exit: false,
+            }));
+            let reply = tokio::select! {
+                r = read => r,
+                _ = self.shutdown.cancelled() => return None,
+            };
+            match reply {
+                Ok(Reply::Log(chunk)) => {
+                    let last = match check_order(self.after, &chunk.records) {
+                        Ok(last) => last,
+                        Err(why) => {
+                            tracing::warn!(command_id = %self.cmd.id, why, "the agent sent a log out of order");
+                            self.done = true;
+                            return Some(error_line(
+                                "the sandbox's agent sent this log out of order; it ends here",
+                                self.after + 1,
+                            ));
+                        }
+                    };
+                    self.done = chunk.complete;
+                    if chunk.records.is_empty() {
+                        if self.done {
+                            return None;
+                        }
+                        return Some(heartbeat_line(self.after));
+                    }
+                    let mut buf = BytesMut::new();
+                    for r in &chunk.records {
+                        buf.extend_from_slice(&render(r));
+                    }
+                    self.after = last;
+                    return Some(buf.freeze());
                 }
-                _ = st.shutdown.cancelled() => return None,
+                Ok(_) => tokio::time::sleep(RETRY_EVERY).await,
+                // The agent forgot it (pruned): its end is all that is left.
+                Err(AgentError::Refused(f)) if f.kind == FailureKind::NoSuchCommand => {
+                    self.done = true;
+                    let f = self.cmd.ended().await;
+                    return Some(exit_line(f.exit, f.oom_killed, f.usage, self.after + 1));
+                }
+                Err(_) => tokio::time::sleep(RETRY_EVERY).await,
             }
         }
+    }
+
+    /// The records sandboxd writes for a command whose sandbox ended under
+    /// it: why, then how.
+    async fn ended_by_sandboxd(&mut self) -> Bytes {
+        self.done = true;
+        let f = self.cmd.ended().await;
+        let why = self.cmd.ended_by_sandboxd().unwrap_or_default();
+        let mut buf = BytesMut::new();
+        buf.extend_from_slice(&error_line(&why, self.after + 1));
+        buf.extend_from_slice(&exit_line(f.exit, f.oom_killed, f.usage, self.after + 2));
+        buf.freeze()
+    }
+}
+
+impl Drop for Follow {
+    /// Tells the agent this reader is gone, so it holds nothing back for it.
+    fn drop(&mut self) {
+        let Some(conn) = self.sandbox.live_agent() else {
+            return;
+        };
+        if conn.boot() != self.cmd.boot {
+            return;
+        }
+        let (command, follower) = (self.cmd.id.clone(), self.follower);
+        tokio::spawn(async move {
+            let _ = conn.call(Op::Unfollow { command, follower }).await;
+        });
+    }
+}
+
+/// The reader as a stream of chunks; `busy` keeps the sandbox busy.
+pub(super) fn follow(
+    reader: Follow,
+    busy: OpenRequest,
+) -> impl Stream<Item = Bytes> + Send + 'static {
+    futures_util::stream::unfold((reader, busy), |(mut reader, busy)| async move {
+        let chunk = reader.next().await?;
+        Some((chunk, (reader, busy)))
     })
 }

@@ -1,11 +1,15 @@
-//! Commands: processes run in a sandbox on request. Each runs under a small
-//! supervisor (`supervisor.sh`, bash) that marks its whole process tree with
-//! `SANDBOXD_CMD=<id>` and, asked through its stdin, ends that tree: SIGTERM,
-//! a grace period, then SIGSTOP+SIGKILL until nothing is left. Timeouts and
-//! kills go through it; no signal ever reaches another command's processes.
+//! Commands: processes run in a sandbox on request. The agent inside the
+//! sandbox runs each under a keeper that owns its whole process tree,
+//! keeps its output and enforces its timeout; sandboxd keeps the list of
+//! commands, what the API shows of them, and a task per running command
+//! (its [`Drive`]) that waits for the agent to report the end, and ends
+//! the command itself, with an `error` record saying why, when the
+//! sandbox stops, restarts or dies under it.
 //!
-//! Output is always drained into an [`log::OutputLog`] whether or not anyone
-//! reads it: the engine blocks a process whose exec output nobody drains.
+//! Commands survive a restart of sandboxd: they live in the agent, and
+//! [`Commands::discover`] lists them again. What the agent reports is
+//! checked and only ever describes that sandbox's own commands; how long
+//! a command keeps its sandbox busy is bounded by sandboxd's own clock.
 
 mod follow;
 pub mod log;
@@ -15,59 +19,29 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use dashmap::DashMap;
-use futures_util::StreamExt;
-use tokio::io::AsyncWriteExt;
-use tokio::sync::{mpsc, oneshot, watch};
+use sandboxd_proto::{CommandMeta, CommandState, Ended, FailureKind, Op, Reply, Spawn, Stream};
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
+use crate::agent::{AgentError, reply_name};
 use crate::clock::now_ms;
 use crate::config::Config;
-use crate::engine::{EngineError, ExecRequest, ExecSession, OutputStream};
 use crate::field_error::FieldError;
 use crate::sandbox::registry::{RunningCommand, Stops};
 use crate::sandbox::{Sandbox, SandboxError, Sandboxes};
-use log::{ExitInfo, OutputLog, Tail};
-use spec::{CommandRequest, CommandSpec, MARKER_VAR};
+use log::{ExitInfo, Usage, exit_of};
+use spec::{CommandRequest, CommandSpec};
 
-/// The supervisor script. It travels in an environment variable and runs
-/// through `eval`, so `ps` in the sandbox shows one short line, not the
-/// script; it unsets the variable before starting the command.
-const SUPERVISOR: &str = include_str!("supervisor.sh");
-const SUPERVISOR_VAR: &str = "SANDBOXD_SUPERVISOR";
-
-/// `bash -c 'eval "$SANDBOXD_SUPERVISOR"' NAME MODE ARGS...` plus its env.
-fn supervisor_exec(
-    name: &str,
-    args: impl IntoIterator<Item = String>,
-    mut env: Vec<String>,
-) -> ExecRequest {
-    let mut argv = vec![
-        "bash".to_string(),
-        "-c".to_string(),
-        format!("eval \"${SUPERVISOR_VAR}\""),
-        name.to_string(),
-    ];
-    argv.extend(args);
-    env.push(format!("{SUPERVISOR_VAR}={SUPERVISOR}"));
-    ExecRequest {
-        argv,
-        env,
-        working_dir: "/".into(),
-    }
-}
-/// After a kill request, how long past the grace period the supervisor gets
-/// before a separate sweep is started.
-const SUPERVISOR_SLACK: Duration = Duration::from_secs(3);
-/// Longest a kill request waits for its signal to be sent.
-const KILL_ACK_WITHIN: Duration = Duration::from_secs(5);
-/// After the fallback sweep, how long before we stop waiting for the stream.
-const ABANDON_AFTER: Duration = Duration::from_secs(10);
-/// How often a running command checks that its sandbox is still alive.
-const LIVENESS_EVERY: Duration = Duration::from_secs(2);
-/// How long that check may take before it counts as alive.
-const LIVENESS_TIMEOUT: Duration = Duration::from_secs(1);
 /// How often finished commands are pruned.
 const PRUNE_EVERY: Duration = Duration::from_secs(5);
+/// How long past its timeout and grace a command may go unreported
+/// before sandboxd asks the agent to kill it, and as long again before it
+/// gives up on the agent and ends it itself.
+const REPORT_SLACK: Duration = Duration::from_secs(15);
+/// Pause between attempts to reach a sandbox's agent again.
+const RETRY_EVERY: Duration = Duration::from_millis(200);
+/// Longest summary kept from an agent's listing.
+const SUMMARY_CHARS: usize = 120;
 
 /// What can go wrong with a command operation.
 #[derive(Debug, thiserror::Error)]
@@ -78,18 +52,17 @@ pub enum CommandError {
     Sandbox(#[from] SandboxError),
     #[error("no command with id {0:?} in this sandbox")]
     NotFound(String),
-    #[error(
-        "command {0:?} was running when sandboxd restarted; its output and exit status are lost (its processes were left running; kill ends them)"
-    )]
-    Lost(String),
     #[error("this sandbox already runs {max} commands; wait for one to finish")]
     TooMany { max: usize },
+    /// The sandbox is at its pids limit and running commands hold it.
+    #[error("{0}")]
+    NoProcesses(String),
     #[error("sandboxd is shutting down")]
     ShuttingDown,
 }
 
-impl From<EngineError> for CommandError {
-    fn from(e: EngineError) -> Self {
+impl From<AgentError> for CommandError {
+    fn from(e: AgentError) -> Self {
         CommandError::Sandbox(e.into())
     }
 }
@@ -103,6 +76,21 @@ pub struct Finished {
     pub exit: ExitInfo,
     pub duration_ms: u64,
     pub finished_at: u64,
+    /// From the agent; `None` when sandboxd ended it (the sandbox died).
+    pub oom_killed: Option<bool>,
+    pub usage: Option<Usage>,
+}
+
+impl Finished {
+    fn from_agent(e: &Ended) -> Finished {
+        Finished {
+            exit: exit_of(e),
+            duration_ms: e.duration_ms,
+            finished_at: now_ms(),
+            oom_killed: Some(e.oom_killed),
+            usage: Some(Usage::from(e.usage)),
+        }
+    }
 }
 
 /// One command.
@@ -112,18 +100,14 @@ pub struct Command {
     pub sandbox_id: String,
     pub summary: String,
     pub started_at: u64,
-    pub log: OutputLog,
-    /// Per-stream tails, kept only for `commands:run`.
-    tails: Option<Mutex<[Tail; 2]>>,
-    /// Kill requests; each is answered once the signal is on its way.
-    kill: mpsc::Sender<oneshot::Sender<()>>,
     /// The effective timeout (capped to `max_timeout`).
     pub timeout_ms: u64,
     finished: watch::Sender<Option<Finished>>,
-    /// Found running after a restart of sandboxd: no output, no status.
-    lost: bool,
-    /// When a lost command was found (ms); 0 for others.
-    found_at: u64,
+    /// Why sandboxd ended it (the sandbox stopped or died under it): the
+    /// `error` record readers get after whatever the agent still gave.
+    ended_by_sandboxd: Mutex<Option<String>>,
+    /// The agent that runs it (its boot id).
+    boot: u64,
 }
 
 impl Command {
@@ -141,21 +125,43 @@ impl Command {
             }
             if rx.changed().await.is_err() {
                 // The sender lives in self; this cannot happen while we run.
-                return Finished {
-                    exit: ExitInfo {
-                        exit_code: 137,
-                        timed_out: false,
-                        killed: true,
-                    },
-                    duration_ms: 0,
-                    finished_at: now_ms(),
-                };
+                return self.end_locally(ExitInfo {
+                    exit_code: 137,
+                    timed_out: false,
+                    killed: false,
+                });
             }
         }
     }
 
-    pub fn is_lost(&self) -> bool {
-        self.lost
+    fn end_locally(&self, exit: ExitInfo) -> Finished {
+        Finished {
+            exit,
+            duration_ms: now_ms().saturating_sub(self.started_at),
+            finished_at: now_ms(),
+            oom_killed: None,
+            usage: None,
+        }
+    }
+
+    /// Records the end, once.
+    fn finish(&self, f: Finished) {
+        self.finished.send_if_modified(|slot| {
+            if slot.is_none() {
+                *slot = Some(f);
+                true
+            } else {
+                false
+            }
+        });
+    }
+
+    /// Why sandboxd ended it, if it did.
+    pub fn ended_by_sandboxd(&self) -> Option<String> {
+        self.ended_by_sandboxd
+            .lock()
+            .map(|g| g.clone())
+            .unwrap_or_else(|p| p.into_inner().clone())
     }
 }
 
@@ -172,6 +178,15 @@ pub struct RunResult {
     pub timeout_ms: u64,
 }
 
+/// A command as the list shows it: the command, and how many processes of
+/// its tree are alive (after its end: what it left running), when the
+/// agent could say.
+#[derive(Debug, Clone)]
+pub struct Listed {
+    pub command: Arc<Command>,
+    pub processes: Option<u32>,
+}
+
 /// See the module docs.
 #[derive(Debug)]
 pub struct Commands {
@@ -181,19 +196,13 @@ pub struct Commands {
 }
 
 /// A fresh command id: the start time in ms (12 hex digits) and 48 random
-/// bits, so a command found after a restart still has its start time.
+/// bits.
 fn new_command_id() -> String {
     format!(
         "{:012x}{}",
         now_ms() & 0xffff_ffff_ffff,
         crate::id::random_hex(6)
     )
-}
-
-fn started_at_of(id: &str) -> u64 {
-    id.get(..12)
-        .and_then(|h| u64::from_str_radix(h, 16).ok())
-        .unwrap_or(0)
 }
 
 impl Commands {
@@ -211,7 +220,7 @@ impl Commands {
         sandbox_id: &str,
         req: CommandRequest,
     ) -> CommandResult<Arc<Command>> {
-        self.start_inner(sandbox_id, req, false).await
+        self.start_with_tails(sandbox_id, req, false).await
     }
 
     /// Runs a command to its end and returns each stream's tail.
@@ -221,15 +230,44 @@ impl Commands {
         req: CommandRequest,
         shutdown: &CancellationToken,
     ) -> CommandResult<RunResult> {
-        let cmd = self.start_inner(sandbox_id, req, true).await?;
+        let cmd = self.start_with_tails(sandbox_id, req, true).await?;
         let done = tokio::select! {
             f = cmd.ended() => f,
             _ = shutdown.cancelled() => return Err(CommandError::ShuttingDown),
         };
-        let ((stdout, out_cut), (stderr, err_cut)) = match cmd.tails.as_ref().map(|t| t.lock()) {
-            Some(Ok(t)) => (t[0].finish(), t[1].finish()),
-            _ => ((String::new(), 0), (String::new(), 0)),
-        };
+        let sandbox = self.sandboxes.lookup(sandbox_id).await?;
+        let mut tails = [(String::new(), 0u64), (String::new(), 0u64)];
+        // The tails live in the agent; a sandbox that died took them along.
+        if let Ok(conn) = self.sandboxes.agent(&sandbox).await {
+            if conn.boot() == cmd.boot {
+                let limit = spec::MAX_RUN_OUTPUT_BYTES;
+                let _ = conn
+                    .call_parts(
+                        Op::Tail {
+                            command: cmd.id.clone(),
+                        },
+                        |part| {
+                            let Reply::TailPart {
+                                stream,
+                                text,
+                                cut_bytes,
+                            } = part
+                            else {
+                                return Err(format!("{} in a tail", reply_name(&part)));
+                            };
+                            let slot = &mut tails[usize::from(stream == Stream::Stderr)];
+                            if slot.0.len() + text.len() > limit {
+                                return Err("a tail longer than asked for".into());
+                            }
+                            slot.0.push_str(&text);
+                            slot.1 = cut_bytes;
+                            Ok(())
+                        },
+                    )
+                    .await;
+            }
+        }
+        let [(stdout, out_cut), (stderr, err_cut)] = tails;
         Ok(RunResult {
             finished: done,
             stdout,
@@ -240,7 +278,7 @@ impl Commands {
         })
     }
 
-    async fn start_inner(
+    async fn start_with_tails(
         &self,
         sandbox_id: &str,
         req: CommandRequest,
@@ -260,61 +298,66 @@ impl Commands {
         let running = sandbox
             .command_started(max)
             .ok_or(CommandError::TooMany { max })?;
+        let _busy = sandbox.open_request();
         let id = new_command_id();
-        let exec = self.exec_request(&id, &spec);
-        let session = self.sandboxes.exec(&sandbox, &exec).await?;
-        let (kill_tx, kill_rx) = mpsc::channel(1);
-        let tails = keep_tails.then(|| {
-            Mutex::new([
-                Tail::new(spec.max_output_bytes),
-                Tail::new(spec.max_output_bytes),
-            ])
-        });
+        let started_at = now_ms();
+        let timeout_ms = u64::try_from(spec.timeout.as_millis()).unwrap_or(u64::MAX);
+        let conn = self.sandboxes.agent(&sandbox).await?;
+        let spawn = Spawn {
+            command: id.clone(),
+            argv: spec.argv,
+            env: spec.env,
+            cwd: spec.cwd,
+            stdin: spec.stdin,
+            tail_bytes: if keep_tails {
+                u32::try_from(spec.max_output_bytes).unwrap_or(u32::MAX)
+            } else {
+                0
+            },
+            meta: CommandMeta {
+                summary: spec.summary.clone(),
+                started_at_ms: started_at,
+                timeout_ms,
+            },
+        };
+        match conn.call(Op::Spawn(spawn)).await {
+            Ok(Reply::Spawned { .. }) => {}
+            Ok(other) => {
+                return Err(AgentError::Protocol(format!(
+                    "it answered a spawn with {}",
+                    reply_name(&other)
+                ))
+                .into());
+            }
+            Err(AgentError::Refused(f)) if f.kind == FailureKind::NoProcesses => {
+                return Err(CommandError::NoProcesses(f.message));
+            }
+            Err(e) => return Err(self.sandboxes.gone_or(&sandbox, e.into())),
+        }
         let cmd = Arc::new(Command {
             id: id.clone(),
             sandbox_id: sandbox.id.clone(),
-            summary: spec.summary.clone(),
-            started_at: now_ms(),
-            log: OutputLog::new(self.config.output_buffer_bytes),
-            tails,
-            kill: kill_tx,
-            timeout_ms: u64::try_from(spec.timeout.as_millis()).unwrap_or(u64::MAX),
+            summary: spec.summary,
+            started_at,
+            timeout_ms,
             finished: watch::channel(None).0,
-            lost: false,
-            found_at: 0,
+            ended_by_sandboxd: Mutex::new(None),
+            boot: conn.boot(),
         });
         self.all.insert(id, Arc::clone(&cmd));
-        let drive = Drive {
-            cmd: Arc::clone(&cmd),
-            sandboxes: Arc::clone(&self.sandboxes),
-            stops: sandbox.stops(),
-            under_gvisor: self.sandboxes.under_gvisor(&sandbox).await,
-            sandbox: Arc::clone(&sandbox),
-            timeout: spec.timeout,
-            grace: self.config.kill_grace,
-            stdin: spec.stdin,
-            _running: running,
-        };
-        tokio::spawn(drive.run(session, kill_rx));
         crate::telemetry::command_started();
+        tokio::spawn(
+            Drive {
+                cmd: Arc::clone(&cmd),
+                sandboxes: Arc::clone(&self.sandboxes),
+                stops: sandbox.stops(),
+                sandbox,
+                deadline: Instant::now() + spec.timeout + self.config.kill_grace + REPORT_SLACK,
+                _running: running,
+            }
+            .run(),
+        );
         Ok(cmd)
-    }
-
-    fn exec_request(&self, id: &str, spec: &CommandSpec) -> ExecRequest {
-        let args = [
-            "supervise".to_string(),
-            self.config.kill_grace.as_millis().to_string(),
-            spec.stdin.len().to_string(),
-            spec.cwd.clone().unwrap_or_default(),
-        ]
-        .into_iter()
-        .chain(spec.argv.iter().cloned());
-        let mut env = spec.env.clone();
-        env.push(format!("{MARKER_VAR}={id}"));
-        ExecRequest {
-            working_dir: self.config.workspace_dir.clone(),
-            ..supervisor_exec("sandboxd-supervisor", args, env)
-        }
     }
 
     /// A command of `sandbox_id`, counting as use of the sandbox.
@@ -343,15 +386,16 @@ impl Commands {
         shutdown: CancellationToken,
     ) -> CommandResult<impl futures_util::Stream<Item = bytes::Bytes> + Send + 'static> {
         let (sandbox, cmd) = self.get(sandbox_id, command_id).await?;
-        if cmd.lost {
-            return Err(CommandError::Lost(cmd.id.clone()));
-        }
         let busy = sandbox.open_request();
         Ok(follow::follow(
-            cmd,
-            after,
-            self.config.log_heartbeat,
-            shutdown,
+            follow::Follow::new(
+                Arc::clone(&self.sandboxes),
+                sandbox,
+                cmd,
+                after,
+                self.config.log_heartbeat,
+                shutdown,
+            ),
             busy,
         ))
     }
@@ -364,9 +408,6 @@ impl Commands {
         shutdown: &CancellationToken,
     ) -> CommandResult<Finished> {
         let (sandbox, cmd) = self.get(sandbox_id, command_id).await?;
-        if cmd.lost {
-            return Err(CommandError::Lost(cmd.id.clone()));
-        }
         let _busy = sandbox.open_request();
         tokio::select! {
             f = cmd.ended() => Ok(f),
@@ -374,74 +415,141 @@ impl Commands {
         }
     }
 
-    /// Ends a command's whole process tree: answers once SIGTERM is on its
-    /// way; the grace period and SIGKILL go on in the background, and
-    /// `wait`/`logs` report the end. A finished command is left alone.
+    /// Ends a command's whole process tree, or the processes a finished
+    /// one left running: answers once SIGTERM is on its way; the grace
+    /// period and SIGKILL go on in the background, and `wait`/`logs`
+    /// report the end.
     pub async fn kill(&self, sandbox_id: &str, command_id: &str) -> CommandResult<()> {
         let (sandbox, cmd) = self.get(sandbox_id, command_id).await?;
-        if cmd.lost {
-            sweep(&self.sandboxes, &sandbox, &cmd.id, self.config.kill_grace).await;
-            self.all.remove(&cmd.id);
+        if cmd.ended_by_sandboxd().is_some() {
+            // Its sandbox restarted: nothing of it is left to end.
             return Ok(());
         }
-        if cmd.finished().is_some() {
+        let conn = self.sandboxes.agent(&sandbox).await?;
+        if conn.boot() != cmd.boot {
             return Ok(());
         }
-        let (ack, sent) = oneshot::channel();
-        // A full channel means a kill is already under way.
-        if cmd.kill.try_send(ack).is_ok() {
-            // An Err means the command ended first: nothing left to signal.
-            let _ = tokio::time::timeout(KILL_ACK_WITHIN, sent).await;
+        match conn
+            .call(Op::Kill {
+                command: cmd.id.clone(),
+            })
+            .await
+        {
+            Ok(_) => Ok(()),
+            // The agent forgot a finished command: nothing to end.
+            Err(AgentError::Refused(f)) if f.kind == FailureKind::NoSuchCommand => Ok(()),
+            Err(e) => Err(self.sandboxes.gone_or(&sandbox, e.into())),
         }
-        Ok(())
     }
 
-    /// The commands of a sandbox, oldest first.
-    pub async fn list(&self, sandbox_id: &str) -> CommandResult<Vec<Arc<Command>>> {
+    /// The commands of a sandbox, oldest first, with how many processes of
+    /// each are alive (when the agent answers).
+    pub async fn list(&self, sandbox_id: &str) -> CommandResult<Vec<Listed>> {
         let sandbox = self.sandboxes.lookup(sandbox_id).await?;
-        let mut out: Vec<Arc<Command>> = self
+        let mut mine: Vec<Arc<Command>> = self
             .all
             .iter()
             .filter(|c| c.sandbox_id == sandbox.id)
             .map(|c| Arc::clone(&c))
             .collect();
-        out.sort_by(|a, b| (a.started_at, &a.id).cmp(&(b.started_at, &b.id)));
-        Ok(out)
+        mine.sort_by(|a, b| (a.started_at, &a.id).cmp(&(b.started_at, &b.id)));
+        let states = self.agent_states(&sandbox).await;
+        Ok(mine
+            .into_iter()
+            .map(|command| {
+                let processes = states.as_ref().and_then(|(boot, list)| {
+                    (*boot == command.boot)
+                        .then(|| list.iter().find(|s| s.command == command.id))
+                        .flatten()
+                        .map(|s| s.processes)
+                });
+                Listed { command, processes }
+            })
+            .collect())
     }
 
-    /// The last `max_bytes` of output of the sandbox's most recent command
-    /// (stdout and stderr as they came), to explain why a server is not up.
-    pub fn last_output(&self, sandbox_id: &str, max_bytes: usize) -> Option<String> {
-        let latest = self
-            .all
-            .iter()
-            .filter(|c| c.sandbox_id == sandbox_id && !c.lost)
-            .max_by_key(|c| (c.started_at, c.id.clone()))
-            .map(|c| Arc::clone(&c))?;
-        let mut cursor = log::Cursor::after(0);
-        let mut text = String::new();
-        loop {
-            let batch = latest.log.read(&mut cursor);
-            for line in &batch.lines {
-                if let Ok(v) = serde_json::from_slice::<serde_json::Value>(line) {
-                    if let Some(d) = v.get("data").and_then(|d| d.as_str()) {
-                        text.push_str(d);
-                    }
-                }
+    /// What the sandbox's agent lists, if it answers (and which agent).
+    async fn agent_states(&self, sandbox: &Arc<Sandbox>) -> Option<(u64, Vec<CommandState>)> {
+        let conn = sandbox.live_agent()?;
+        match conn.call(Op::List).await {
+            Ok(Reply::Commands(list)) => Some((conn.boot(), list)),
+            _ => None,
+        }
+    }
+
+    /// Lists again the commands the agents of all sandboxes hold, after a
+    /// restart of sandboxd: running ones are followed to their end, ended
+    /// ones keep their exit status and their logs.
+    pub async fn discover(self: &Arc<Self>) {
+        let sandboxes = self.sandboxes.registry().list();
+        let found = futures_util::future::join_all(sandboxes.into_iter().map(|s| {
+            let this = Arc::clone(self);
+            async move { this.discover_in(s).await }
+        }))
+        .await;
+        let n: usize = found.into_iter().sum();
+        if n > 0 {
+            tracing::info!(commands = n, "commands found in the sandboxes' agents");
+        }
+    }
+
+    async fn discover_in(&self, sandbox: Arc<Sandbox>) -> usize {
+        let Ok(conn) = self.sandboxes.agent(&sandbox).await else {
+            return 0;
+        };
+        let Ok(Reply::Commands(list)) = conn.call(Op::List).await else {
+            return 0;
+        };
+        let mut n = 0;
+        for state in list {
+            // What the agent says is checked: ids of our form, no id of
+            // another sandbox's command, bounded text.
+            let valid = crate::id::is_hex_id(&state.command, 24);
+            if !valid || self.all.contains_key(&state.command) {
+                continue;
             }
-            if batch.done || batch.lines.is_empty() {
-                break;
+            let summary: String = state.meta.summary.chars().take(SUMMARY_CHARS).collect();
+            let cmd = Arc::new(Command {
+                id: state.command.clone(),
+                sandbox_id: sandbox.id.clone(),
+                summary,
+                started_at: state.meta.started_at_ms.min(now_ms()),
+                timeout_ms: state
+                    .meta
+                    .timeout_ms
+                    .min(u64::try_from(self.config.max_timeout.as_millis()).unwrap_or(u64::MAX)),
+                finished: watch::channel(state.ended.as_ref().map(Finished::from_agent)).0,
+                ended_by_sandboxd: Mutex::new(None),
+                boot: conn.boot(),
+            });
+            self.all.insert(cmd.id.clone(), Arc::clone(&cmd));
+            n += 1;
+            if state.ended.is_none() {
+                let max = self.config.max_running_commands;
+                let Some(running) = sandbox.command_started(max) else {
+                    continue;
+                };
+                let left = Duration::from_millis(
+                    (cmd.started_at + cmd.timeout_ms).saturating_sub(now_ms()),
+                );
+                tokio::spawn(
+                    Drive {
+                        cmd,
+                        sandboxes: Arc::clone(&self.sandboxes),
+                        stops: sandbox.stops(),
+                        sandbox: Arc::clone(&sandbox),
+                        deadline: Instant::now() + left + self.config.kill_grace + REPORT_SLACK,
+                        _running: running,
+                    }
+                    .run(),
+                );
             }
         }
-        let cut = text.len().saturating_sub(max_bytes);
-        let start = (cut..=text.len())
-            .find(|i| text.is_char_boundary(*i))
-            .unwrap_or(text.len());
-        Some(text[start..].to_string())
+        n
     }
 
     /// Drops finished commands past their retention, past the per-sandbox
-    /// count, or of sandboxes that are gone.
+    /// count, or of sandboxes that are gone; their agents forget them too.
     pub fn prune(&self) {
         let now = now_ms();
         let retention =
@@ -459,11 +567,6 @@ impl Commands {
                     .entry(c.sandbox_id.clone())
                     .or_default()
                     .push((f.finished_at, c.id.clone())),
-                // We cannot see a lost command end: it stays listed for the
-                // retention time after it was found, then is forgotten.
-                None if c.lost && (gone || now.saturating_sub(c.found_at) > retention) => {
-                    remove.push(c.id.clone())
-                }
                 None => {}
             }
         }
@@ -475,88 +578,23 @@ impl Commands {
             }
         }
         for id in remove {
-            self.all.remove(&id);
-        }
-        self.enforce_output_budget();
-    }
-
-    /// Keeps the output all commands retain under `output_memory_bytes`:
-    /// the logs of finished commands go first, oldest first; then the
-    /// biggest running ones are halved. Readers see `dropped` records.
-    fn enforce_output_budget(&self) {
-        let budget = self.config.output_memory_bytes;
-        let mut logs: Vec<(Option<u64>, usize, Arc<Command>)> = self
-            .all
-            .iter()
-            .map(|c| {
-                (
-                    c.finished().map(|f| f.finished_at),
-                    c.log.retained_bytes(),
-                    Arc::clone(&c),
-                )
-            })
-            .collect();
-        let mut total: usize = logs.iter().map(|(_, n, _)| n).sum();
-        if total <= budget {
-            return;
-        }
-        logs.sort_by_key(|(finished, n, _)| {
-            (finished.is_none(), finished.unwrap_or(0), usize::MAX - n)
-        });
-        for (finished, n, c) in &logs {
-            if total <= budget {
-                return;
-            }
-            let keep = if finished.is_some() { 0 } else { n / 2 };
-            c.log.trim_to(keep);
-            total = total - n + c.log.retained_bytes();
-        }
-    }
-
-    /// Registers commands whose processes outlived a restart of sandboxd as
-    /// lost: listed, killable, but without output or exit status. Their
-    /// processes are left running (a preview server may be among them).
-    pub async fn discover_lost(&self) {
-        for sandbox in self.sandboxes.registry().list() {
-            let req = supervisor_exec(
-                "sandboxd-list",
-                ["list".to_string(), "0".to_string()],
-                vec![],
-            );
-            let out = match self
-                .sandboxes
-                .exec_to_end(&sandbox, &req, Duration::from_secs(10))
-                .await
-            {
-                Ok(Some(ended)) => String::from_utf8_lossy(&ended.stdout).into_owned(),
-                _ => continue,
+            let Some((_, cmd)) = self.all.remove(&id) else {
+                continue;
             };
-            for id in out
-                .lines()
-                .map(str::trim)
-                .filter(|l| crate::id::is_hex_id(l, 24))
+            if let Some(conn) = self
+                .sandboxes
+                .registry()
+                .get(&cmd.sandbox_id)
+                .and_then(|s| s.live_agent())
+                .filter(|c| c.boot() == cmd.boot)
             {
-                if self.all.contains_key(id) {
-                    continue;
-                }
-                tracing::info!(sandbox_id = %sandbox.id, command_id = id, "command outlived a restart of sandboxd; listed as lost");
-                let (kill, _) = mpsc::channel(1);
-                self.all.insert(
-                    id.to_string(),
-                    Arc::new(Command {
-                        id: id.to_string(),
-                        sandbox_id: sandbox.id.clone(),
-                        summary: "(started before sandboxd restarted)".into(),
-                        started_at: started_at_of(id),
-                        log: OutputLog::new(1024),
-                        tails: None,
-                        kill,
-                        timeout_ms: 0,
-                        finished: watch::channel(None).0,
-                        lost: true,
-                        found_at: now_ms(),
-                    }),
-                );
+                tokio::spawn(async move {
+                    let _ = conn
+                        .call(Op::Forget {
+                            command: cmd.id.clone(),
+                        })
+                        .await;
+                });
             }
         }
     }
@@ -573,319 +611,139 @@ pub async fn run_pruner(commands: Arc<Commands>, shutdown: CancellationToken) {
     }
 }
 
-/// Ends every process marked with `command_id` from a separate exec: the
-/// fallback when the command's own supervisor is gone or stuck. Returns the
-/// sweep's verdict: 143 when SIGTERM sufficed, 137 when SIGKILL was needed.
-async fn sweep(
-    sandboxes: &Sandboxes,
-    sandbox: &Arc<Sandbox>,
-    command_id: &str,
-    grace: Duration,
-) -> Option<i64> {
-    let req = supervisor_exec(
-        "sandboxd-sweep",
-        [
-            "sweep".to_string(),
-            grace.as_millis().to_string(),
-            command_id.to_string(),
-        ],
-        vec![],
-    );
-    let limit = grace + ABANDON_AFTER;
-    match sandboxes.exec_to_end(sandbox, &req, limit).await {
-        Ok(Some(ended)) => ended.code,
-        _ => {
-            tracing::warn!(command_id, "the fallback sweep did not finish");
-            None
-        }
-    }
-}
-
-/// The task that owns one running command: drains its output, enforces its
-/// timeout, passes kill requests to the supervisor, and records the end.
+/// The task that follows one running command to its end: it waits for
+/// the agent's report; when the connection drops it reconnects, and when
+/// the sandbox stopped, restarted or died meanwhile it ends the command
+/// itself (137, with an `error` record saying why). It keeps the sandbox
+/// busy until then, but never longer than sandboxd's own deadline.
 struct Drive {
     cmd: Arc<Command>,
     sandboxes: Arc<Sandboxes>,
     sandbox: Arc<Sandbox>,
     /// The sandbox's stops when the command started.
     stops: Stops,
-    under_gvisor: bool,
-    timeout: Duration,
-    grace: Duration,
-    stdin: Vec<u8>,
+    deadline: Instant,
     _running: RunningCommand,
 }
 
 impl Drive {
-    async fn run(mut self, session: ExecSession, mut kill_rx: mpsc::Receiver<oneshot::Sender<()>>) {
-        let started = Instant::now();
-        let deadline = tokio::time::Instant::from_std(started + self.timeout);
-        let ExecSession {
-            id: exec_id,
-            mut output,
-            stdin,
-        } = session;
-        let payload = std::mem::take(&mut self.stdin);
-        // Staging stdin runs alongside draining, so a command that writes
-        // while the supervisor reads its input cannot deadlock us.
-        let mut stdin_write = Some(Box::pin(async move {
-            let mut stdin = stdin;
-            if !payload.is_empty() {
-                stdin.write_all(&payload).await?;
-                stdin.flush().await?;
+    async fn run(self) {
+        let mut asked_to_kill = false;
+        let outcome: Result<Ended, String> = loop {
+            if Instant::now() >= self.deadline {
+                if asked_to_kill {
+                    break Err("the sandbox's agent did not report how the command ended".into());
+                }
+                asked_to_kill = true;
+                self.kill_late().await;
             }
-            Ok::<_, std::io::Error>(stdin)
-        }));
-        let mut control = None;
-        let (mut timed_out, mut killed) = (false, false);
-        let mut kill_sent: Option<tokio::time::Instant> = None;
-        let mut swept = false;
-        let mut broken: Option<String> = None;
-        let mut sweep_code = None;
-        let mut abandoned = false;
-        let mut sandbox_died = false;
-        let far = deadline + Duration::from_secs(86_400 * 365);
-        let mut kill_acks: Vec<oneshot::Sender<()>> = Vec::new();
-        // A sandbox that dies (gVisor's kernel killed by the OOM killer) can
-        // leave the exec's stream open: look at the container now and then.
-        let mut liveness =
-            tokio::time::interval_at(tokio::time::Instant::now() + LIVENESS_EVERY, LIVENESS_EVERY);
-        liveness.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-
-        loop {
-            let sweep_at = kill_sent
-                .map(|t| t + self.grace + SUPERVISOR_SLACK)
-                .unwrap_or(far);
-            let abandon_at = kill_sent
-                .map(|t| t + self.grace + SUPERVISOR_SLACK + ABANDON_AFTER)
-                .unwrap_or(far);
-            let want_kill = tokio::select! {
-                biased;
-                _ = tokio::time::sleep_until(deadline), if kill_sent.is_none() => {
-                    timed_out = true;
-                    true
-                }
-                Some(ack) = kill_rx.recv() => {
-                    kill_acks.push(ack);
-                    if kill_sent.is_none() && !timed_out {
-                        killed = true;
-                        true
-                    } else {
-                        // Already on its way: the signal was sent.
-                        kill_acks.drain(..).for_each(|a| { let _ = a.send(()); });
-                        false
-                    }
-                }
-                _ = tokio::time::sleep_until(sweep_at), if !swept => {
-                    swept = true;
-                    sweep_code = sweep(&self.sandboxes, &self.sandbox, &self.cmd.id, self.grace).await;
-                    false
-                }
-                _ = liveness.tick() => {
-                    if !matches!(self.look_at_sandbox().await, SandboxEnd::Alive) {
-                        sandbox_died = true;
-                        break;
-                    }
-                    false
-                }
-                _ = tokio::time::sleep_until(abandon_at) => {
-                    tracing::warn!(command_id = %self.cmd.id, "the command's output did not end after a sweep; giving up on it");
-                    abandoned = true;
-                    break;
-                }
-                w = async {
-                    match stdin_write.as_mut() {
-                        Some(f) => f.await,
-                        None => std::future::pending().await,
-                    }
-                }, if stdin_write.is_some() => {
-                    stdin_write = None;
-                    control = w.ok();
-                    false
-                }
-                item = output.next() => {
-                    match item {
-                        Some(Ok((stream, bytes))) => {
-                            self.cmd.log.append(stream, &bytes);
-                            if let Some(t) = &self.cmd.tails {
-                                if let Ok(mut t) = t.lock() {
-                                    t[usize::from(stream == OutputStream::Stderr)].push(&bytes);
-                                }
-                            }
-                            false
-                        }
-                        Some(Err(e)) => {
-                            tracing::warn!(command_id = %self.cmd.id, error = %e, "the command's output stream broke");
-                            broken = Some(format!("the output stream from the engine broke: {e}"));
-                            break;
-                        }
-                        None => break,
-                    }
+            let conn = match self.sandboxes.agent(&self.sandbox).await {
+                Ok(c) => c,
+                Err(SandboxError::NotFound(_)) => break Err(self.why_gone().await),
+                Err(_) => {
+                    tokio::time::sleep(RETRY_EVERY).await;
+                    continue;
                 }
             };
-            if want_kill {
-                let now = tokio::time::Instant::now();
-                kill_sent = Some(now);
-                let delivered = match control.as_mut() {
-                    Some(c) => c.write_all(b"k\n").await.is_ok() && c.flush().await.is_ok(),
-                    None => false,
-                };
-                if !delivered {
-                    // No control channel (stdin still being staged, or the
-                    // supervisor is gone): sweep from outside right away.
-                    kill_sent = Some(now - self.grace - SUPERVISOR_SLACK);
+            if conn.boot() != self.cmd.boot {
+                break Err(self.why_gone().await);
+            }
+            let wait = conn.call(Op::Wait {
+                command: self.cmd.id.clone(),
+            });
+            match tokio::time::timeout_at(self.deadline.into(), wait).await {
+                Ok(Ok(Reply::Ended(e))) => break Ok(e),
+                Ok(Ok(other)) => {
+                    tracing::warn!(command_id = %self.cmd.id, reply = reply_name(&other), "the agent answered a wait oddly");
+                    tokio::time::sleep(RETRY_EVERY).await;
                 }
-                for ack in kill_acks.drain(..) {
-                    let _ = ack.send(());
+                Ok(Err(AgentError::Refused(f))) if f.kind == FailureKind::NoSuchCommand => {
+                    break Err("the sandbox's agent no longer knows the command".into());
                 }
-            }
-        }
-
-        let mut code = if abandoned || sandbox_died {
-            None
-        } else {
-            self.sandboxes.exit_code(&exec_id).await
-        };
-        // No code, or one that may be the runtime's rather than the
-        // command's: the whole sandbox may have died under it (under gVisor
-        // an out-of-memory or out-of-tasks sandbox loses its kernel and
-        // every command with it). Inspected on abnormal ends only.
-        if sandbox_died || (!timed_out && !killed && code.is_none_or(|c| c >= 126)) {
-            if let Some(why) = self.death_of_sandbox(code).await {
-                broken = Some(why.to_string());
-                code = Some(137);
-            }
-        }
-        // Say so when the end is not what the process told us: the stream
-        // broke, or the engine could not report the exit status (it was
-        // restarted, the container vanished).
-        if code.is_none() && !timed_out && !killed {
-            broken.get_or_insert_with(|| "the engine did not report how the command ended".into());
-        }
-        if let Some(message) = &broken {
-            self.cmd.log.error(message);
-        }
-        drop(control);
-        let exit = if timed_out {
-            ExitInfo {
-                exit_code: 124,
-                timed_out: true,
-                killed: false,
-            }
-        } else if killed {
-            // The supervisor reports 143 or 137; when the fallback sweep ran
-            // instead, the supervisor itself was among those it signalled,
-            // so the sweep's own verdict is the one that counts.
-            let verdict = if swept { sweep_code } else { code };
-            ExitInfo {
-                exit_code: if verdict == Some(143) { 143 } else { 137 },
-                timed_out: false,
-                killed: true,
-            }
-        } else {
-            ExitInfo {
-                // A vanished container or engine leaves no code: report it
-                // as killed by SIGKILL, which is what happened to it.
-                exit_code: code.unwrap_or(137),
-                timed_out: false,
-                killed: false,
+                Ok(Err(_)) => tokio::time::sleep(RETRY_EVERY).await,
+                Err(_) => {}
             }
         };
-        let duration_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
-        let outcome = if exit.timed_out {
+        let finished = match outcome {
+            Ok(e) => Finished::from_agent(&e),
+            Err(why) => {
+                tracing::warn!(command_id = %self.cmd.id, sandbox_id = %self.cmd.sandbox_id, why, "command ended by sandboxd");
+                if let Ok(mut slot) = self.cmd.ended_by_sandboxd.lock() {
+                    *slot = Some(why);
+                }
+                self.cmd.end_locally(ExitInfo {
+                    exit_code: 137,
+                    timed_out: false,
+                    killed: false,
+                })
+            }
+        };
+        let outcome = if finished.exit.timed_out {
             "timeout"
-        } else if exit.killed {
+        } else if finished.exit.killed {
             "killed"
-        } else if exit.exit_code == 0 {
+        } else if finished.exit.exit_code == 0 {
             "exit_zero"
         } else {
             "exit_nonzero"
         };
-        crate::telemetry::command_ended(outcome, started.elapsed().as_secs_f64());
-        self.cmd.log.finish(exit);
-        let (out_bytes, err_bytes) = self.cmd.log.byte_counts();
+        crate::telemetry::command_ended(outcome, finished.duration_ms as f64 / 1000.0);
         tracing::info!(
             event = "command_ended",
             sandbox_id = %self.cmd.sandbox_id,
             session_key = %self.sandbox.session_key,
             command_id = %self.cmd.id,
-            exit_code = exit.exit_code,
-            timed_out = exit.timed_out,
-            killed = exit.killed,
-            duration_ms,
-            stdout_bytes = out_bytes,
-            stderr_bytes = err_bytes,
+            exit_code = finished.exit.exit_code,
+            timed_out = finished.exit.timed_out,
+            killed = finished.exit.killed,
+            duration_ms = finished.duration_ms,
             "command ended"
         );
-        self.cmd.finished.send_replace(Some(Finished {
-            exit,
-            duration_ms,
-            finished_at: now_ms(),
-        }));
+        self.cmd.finish(finished);
     }
-}
 
-impl Drive {
-    /// One look at the sandbox: whether the command's end is (or will be)
-    /// the sandbox's, and why. An engine that does not answer within a
-    /// second counts as alive.
-    async fn look_at_sandbox(&self) -> SandboxEnd {
+    /// Past the deadline: ask the agent to end it (once).
+    async fn kill_late(&self) {
+        tracing::warn!(command_id = %self.cmd.id, "the agent has not reported the end of a command past its timeout; killing it");
+        if let Some(conn) = self.sandbox.live_agent() {
+            let _ = tokio::time::timeout(
+                Duration::from_secs(5),
+                conn.call(Op::Kill {
+                    command: self.cmd.id.clone(),
+                }),
+            )
+            .await;
+        }
+    }
+
+    /// Why the command's processes are gone with its sandbox's agent.
+    async fn why_gone(&self) -> String {
         let now = self.sandbox.stops();
         if now.planned != self.stops.planned {
-            return SandboxEnd::Ended("the sandbox was restarted or stopped while the command ran");
+            return "the sandbox was restarted or stopped while the command ran".into();
         }
-        if now.unexpected != self.stops.unexpected {
-            return SandboxEnd::Ended(
-                "the sandbox stopped while the command ran and was started again",
-            );
-        }
-        let status = tokio::time::timeout(
-            LIVENESS_TIMEOUT,
-            self.sandboxes.container_status(&self.sandbox),
-        )
-        .await;
-        match status {
-            Ok(Ok(Some(status))) if !status.running => SandboxEnd::Ended(if status.oom_killed {
-                "the sandbox ran out of memory and stopped; it starts again on the next request"
-            } else {
-                "the sandbox stopped while the command ran; it starts again on the next request"
-            }),
-            Ok(Ok(None)) => SandboxEnd::Gone,
-            _ => SandboxEnd::Alive,
-        }
-    }
-
-    /// Why the command's end is the sandbox's, if it is: sandboxd restarted
-    /// or stopped it (the engine then reports a kill, or 126 when the exec
-    /// had not quite started), or it stopped (or was revived since) on its
-    /// own. runsc answers 128 when its sandbox died under an exec, possibly
-    /// before the engine has noticed the container's end: under gVisor look
-    /// again briefly then.
-    async fn death_of_sandbox(&self, code: Option<i64>) -> Option<&'static str> {
-        let looks = if self.under_gvisor && matches!(code, None | Some(128)) {
-            10
-        } else {
-            1
-        };
-        for look in 0..looks {
-            if look > 0 {
-                tokio::time::sleep(Duration::from_millis(100)).await;
+        match self.sandboxes.container_status(&self.sandbox).await {
+            Ok(Some(s)) if s.oom_killed => {
+                "the sandbox ran out of memory and stopped; it starts again on the next request".into()
             }
-            match self.look_at_sandbox().await {
-                SandboxEnd::Ended(why) => return Some(why),
-                SandboxEnd::Gone => return None,
-                SandboxEnd::Alive => {}
+            Ok(None) => "the sandbox's container is gone".into(),
+            _ if now.unexpected != self.stops.unexpected => {
+                "the sandbox stopped while the command ran and was started again".into()
             }
+            _ => "the sandbox's agent stopped while the command ran (something in the sandbox may have killed it); the sandbox was started again".into(),
         }
-        None
     }
 }
 
-/// What a look at a command's sandbox found.
-enum SandboxEnd {
-    Alive,
-    /// The container is gone; the engine's own answer says the rest.
-    Gone,
-    /// The sandbox ended under the command, for this reason.
-    Ended(&'static str),
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn command_ids_carry_their_start_time() {
+        let id = new_command_id();
+        assert!(crate::id::is_hex_id(&id, 24));
+        let started = u64::from_str_radix(&id[..12], 16).expect("hex");
+        assert!(now_ms().saturating_sub(started) < 60_000);
+    }
 }

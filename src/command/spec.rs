@@ -14,8 +14,6 @@ use crate::workspace_path::WorkspacePath;
 pub const DEFAULT_RUN_OUTPUT_BYTES: usize = 1024 * 1024;
 /// Most `maxOutputBytes` a run may ask for, per stream.
 pub const MAX_RUN_OUTPUT_BYTES: usize = 16 * 1024 * 1024;
-/// The environment variable that marks a command's processes.
-pub const MARKER_VAR: &str = "SANDBOXD_CMD";
 const SUMMARY_CHARS: usize = 120;
 
 /// `POST …/commands` and `…/commands:run` bodies.
@@ -52,8 +50,8 @@ pub struct CommandRequest {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CommandSpec {
     pub argv: Vec<String>,
-    /// `NAME=value`.
-    pub env: Vec<String>,
+    /// Added to the sandbox's environment.
+    pub env: Vec<(String, String)>,
     /// Absolute path inside the sandbox, created if missing.
     pub cwd: Option<String>,
     pub stdin: Vec<u8>,
@@ -188,11 +186,8 @@ impl CommandSpec {
             if !valid {
                 return Err(bad("env", format!("{name:?} is not a valid variable name")));
             }
-            if name == MARKER_VAR {
-                return Err(bad("env", format!("{MARKER_VAR} is reserved by sandboxd")));
-            }
             no_nul(&format!("env.{name}"), &value)?;
-            env.push(format!("{name}={value}"));
+            env.push((name, value));
         }
 
         let cwd = match req.cwd {
@@ -315,10 +310,6 @@ mod tests {
                 serde_json::json!({"command": "a", "env": {"A-B": "v"}}),
                 "env",
             ),
-            (
-                serde_json::json!({"command": "a", "env": {"SANDBOXD_CMD": "v"}}),
-                "env",
-            ),
             (serde_json::json!({"command": "a", "cwd": "../x"}), "cwd"),
             (serde_json::json!({"command": "a", "cwd": "/etc"}), "cwd"),
             (
@@ -367,7 +358,7 @@ mod tests {
             Some("/workspace/d"),
             "and reported canonically"
         );
-        assert_eq!(s.env, ["A_1=v v"]);
+        assert_eq!(s.env, [("A_1".to_string(), "v v".to_string())]);
         assert_eq!(s.stdin, b"in");
     }
 

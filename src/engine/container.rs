@@ -5,8 +5,8 @@
 use std::collections::HashMap;
 
 use bollard::models::{
-    ContainerCreateBody, HostConfig, HostConfigCgroupnsModeEnum, Mount, MountType, PortBinding,
-    ResourcesUlimits, RestartPolicy, RestartPolicyNameEnum,
+    ContainerCreateBody, HostConfig, HostConfigCgroupnsModeEnum, Mount, MountType,
+    MountVolumeOptions, PortBinding, ResourcesUlimits, RestartPolicy, RestartPolicyNameEnum,
 };
 
 /// What the domain asks for when it wants a sandbox container.
@@ -22,6 +22,14 @@ pub struct SandboxContainer {
     /// More paths the workspace volume is mounted at: the same files.
     pub workspace_aliases: Vec<String>,
     pub volume: String,
+    /// Do not copy the image's content at the workspace path into a new
+    /// volume (its owner would come along).
+    pub workspace_nocopy: bool,
+    /// The volume holding the agent, mounted read-only at `agent_dir`.
+    pub agent_volume: String,
+    pub agent_dir: String,
+    /// The container's process: the agent, under the engine's init.
+    pub command: Vec<String>,
     /// Network to join; `None` means no network at all.
     pub network: Option<String>,
     pub vcpus: u32,
@@ -97,7 +105,8 @@ pub fn sandbox_container_body(spec: &SandboxContainer, under_gvisor: bool) -> Co
             "/tmp".to_string(),
             format!("rw,noexec,nosuid,nodev,size={tmp_bytes},mode=1777"),
         )])),
-        // One volume, mounted at each spelling of the workspace.
+        // One volume, mounted at each spelling of the workspace; and the
+        // agent, read-only (the sandbox user cannot replace it on disk).
         mounts: Some(
             std::iter::once(&spec.workspace_dir)
                 .chain(&spec.workspace_aliases)
@@ -106,8 +115,19 @@ pub fn sandbox_container_body(spec: &SandboxContainer, under_gvisor: bool) -> Co
                     source: Some(spec.volume.clone()),
                     typ: Some(MountType::VOLUME),
                     read_only: Some(false),
+                    volume_options: spec.workspace_nocopy.then(|| MountVolumeOptions {
+                        no_copy: Some(true),
+                        ..Default::default()
+                    }),
                     ..Default::default()
                 })
+                .chain(std::iter::once(Mount {
+                    target: Some(spec.agent_dir.clone()),
+                    source: Some(spec.agent_volume.clone()),
+                    typ: Some(MountType::VOLUME),
+                    read_only: Some(true),
+                    ..Default::default()
+                }))
                 .collect(),
         ),
         runtime: spec.oci_runtime.clone(),
@@ -137,11 +157,52 @@ pub fn sandbox_container_body(spec: &SandboxContainer, under_gvisor: bool) -> Co
             format!("HOME={}", spec.workspace_dir),
             "GIT_DISCOVERY_ACROSS_FILESYSTEM=1".into(),
         ]),
-        // The container itself only has to stay alive; work comes as execs.
-        cmd: Some(vec!["sleep".into(), "infinity".into()]),
+        // The agent: everything in the sandbox runs under it.
+        cmd: Some(spec.command.clone()),
+        entrypoint: Some(vec![]),
         labels: Some(spec.labels.clone()),
         tty: Some(false),
         open_stdin: Some(false),
+        host_config: Some(host_config),
+        ..Default::default()
+    }
+}
+
+/// A container made only to read or write files through the archive API
+/// (which refuses a read-only root): it holds `volume` at `target`, if
+/// any, is never started, and is otherwise as hardened as the rest.
+pub(crate) fn scratch_body(
+    volume: Option<(&str, &str)>,
+    image: &str,
+    labels: HashMap<String, String>,
+) -> ContainerCreateBody {
+    let host_config = HostConfig {
+        mounts: Some(
+            volume
+                .map(|(volume, target)| Mount {
+                    target: Some(target.to_string()),
+                    source: Some(volume.to_string()),
+                    typ: Some(MountType::VOLUME),
+                    read_only: Some(false),
+                    volume_options: Some(MountVolumeOptions {
+                        no_copy: Some(true),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                })
+                .into_iter()
+                .collect(),
+        ),
+        readonly_rootfs: Some(false),
+        ..hardened(64 * MIB, 16, 100_000_000, "none".into())
+    };
+    ContainerCreateBody {
+        image: Some(image.to_string()),
+        user: Some("65534:65534".into()),
+        cmd: Some(vec!["true".into()]),
+        entrypoint: Some(vec![]),
+        labels: Some(labels),
+        network_disabled: Some(true),
         host_config: Some(host_config),
         ..Default::default()
     }
@@ -209,7 +270,11 @@ mod tests {
             user: "1000:1000".into(),
             workspace_dir: "/workspace".into(),
             workspace_aliases: vec!["/vercel/sandbox/workspace".into()],
+            agent_volume: "inst-agent-0123".into(),
+            agent_dir: "/.sandboxd".into(),
+            command: vec!["/.sandboxd/sandboxd-agent".into(), "serve".into()],
             volume: "inst-abc-workspace".into(),
+            workspace_nocopy: false,
             network: Some("inst-net".into()),
             vcpus: 2,
             memory_mb: 512,
@@ -245,14 +310,24 @@ mod tests {
         let targets: Vec<_> = mounts.iter().map(|m| m.target.as_deref()).collect();
         assert_eq!(
             targets,
-            [Some("/workspace"), Some("/vercel/sandbox/workspace")],
-            "the workspace volume at each spelling"
+            [
+                Some("/workspace"),
+                Some("/vercel/sandbox/workspace"),
+                Some("/.sandboxd")
+            ],
+            "the workspace volume at each spelling, then the agent"
         );
-        for m in &mounts {
+        for m in &mounts[..2] {
             assert_eq!(m.typ, Some(MountType::VOLUME));
             assert_eq!(m.source.as_deref(), Some("inst-abc-workspace"));
             assert_eq!(m.read_only, Some(false));
         }
+        assert_eq!(mounts[2].source.as_deref(), Some("inst-agent-0123"));
+        assert_eq!(
+            mounts[2].read_only,
+            Some(true),
+            "the agent cannot be replaced"
+        );
         assert_eq!(hc.binds, Some(vec![]));
         assert_eq!(hc.devices, Some(vec![]));
         assert_eq!(hc.network_mode.as_deref(), Some("inst-net"));

@@ -5,6 +5,7 @@
 //! Kubernetes) would be another file beside `discovery.rs` behind the same
 //! methods.
 
+mod archive;
 mod container;
 pub(crate) mod discovery;
 mod exec;
@@ -26,9 +27,13 @@ use bollard::query_parameters::{
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
+pub use archive::Entry;
 pub use container::{ProxyContainer, SandboxContainer, sandbox_container_body};
 use discovery::DiscoveryInputs;
 pub use exec::{ExecOutput, ExecRequest, ExecSession, OutputStream};
+
+/// Where a volume is mounted in a container made only to read or fill it.
+const VOLUME_USER_DIR: &str = "/volume";
 
 /// How long an engine call that should be instant may take before we call
 /// the engine unavailable. Health must never hang.
@@ -342,6 +347,15 @@ impl Engine {
         Err(EngineError::Conflict(format!("volume {name} stays in use")))
     }
 
+    /// Removes a volume at once, or says why not (in use: a conflict).
+    pub async fn remove_volume_now(&self, name: &str) -> EngineResult<()> {
+        let docker = self.docker()?;
+        docker
+            .remove_volume(name, Some(RemoveVolumeOptions { force: false }))
+            .await?;
+        Ok(())
+    }
+
     /// Creates (does not start) a hardened sandbox container.
     pub async fn create_container(&self, spec: &SandboxContainer) -> EngineResult<()> {
         let docker = self.docker()?;
@@ -397,6 +411,136 @@ impl Engine {
             m.insert(name.to_string(), gvisor);
         }
         gvisor
+    }
+
+    /// Unpacks `entries` at `/` of a created container (volumes mounted in
+    /// it included): how a workspace volume's root comes to belong to the
+    /// sandbox user before the container starts.
+    pub async fn upload(&self, container: &str, entries: &[Entry<'_>]) -> EngineResult<()> {
+        let docker = self.docker()?;
+        archive::upload(&docker, container, entries).await
+    }
+
+    /// Whether a volume exists.
+    pub async fn volume_exists(&self, name: &str) -> EngineResult<bool> {
+        let docker = self.docker()?;
+        match docker.inspect_volume(name).await {
+            Ok(_) => Ok(true),
+            Err(e) => match EngineError::from(e) {
+                EngineError::NotFound(_) => Ok(false),
+                other => Err(other),
+            },
+        }
+    }
+
+    /// Puts `entries` into `volume` (paths relative to the volume), through
+    /// a container of `image` that is created for it and never started.
+    pub async fn fill_volume(
+        &self,
+        volume: &str,
+        image: &str,
+        labels: HashMap<String, String>,
+        entries: &[Entry<'_>],
+    ) -> EngineResult<()> {
+        let docker = self.docker()?;
+        let name = format!("{volume}-fill-{}", crate::id::random_hex(4));
+        self.create_scratch(&docker, &name, Some(volume), image, labels)
+            .await?;
+        let moved: Vec<(String, Entry<'_>)> = entries
+            .iter()
+            .map(|e| match *e {
+                Entry::Dir { path, .. } | Entry::File { path, .. } => (
+                    format!("{VOLUME_USER_DIR}/{}", path.trim_start_matches('/')),
+                    *e,
+                ),
+            })
+            .collect();
+        let entries: Vec<Entry<'_>> = moved
+            .iter()
+            .map(|(path, e)| match *e {
+                Entry::Dir { uid, gid, .. } => Entry::Dir { path, uid, gid },
+                Entry::File { content, mode, .. } => Entry::File {
+                    path,
+                    content,
+                    mode,
+                },
+            })
+            .collect();
+        let uploaded = archive::upload(&docker, &name, &entries).await;
+        let removed = self.remove_container(&name).await;
+        uploaded.and(removed)
+    }
+
+    /// The content of `path` in `volume` (at most `max` bytes), read
+    /// through a container of `image` created for it and never started.
+    pub async fn volume_file(
+        &self,
+        volume: &str,
+        image: &str,
+        labels: HashMap<String, String>,
+        path: &str,
+        max: usize,
+    ) -> EngineResult<Option<Vec<u8>>> {
+        let docker = self.docker()?;
+        let name = format!("{volume}-read-{}", crate::id::random_hex(4));
+        self.create_scratch(&docker, &name, Some(volume), image, labels)
+            .await?;
+        let full = format!("{VOLUME_USER_DIR}/{}", path.trim_start_matches('/'));
+        let read = archive::download(&docker, &name, &full, max).await;
+        let removed = self.remove_container(&name).await;
+        let content = read?;
+        removed?;
+        Ok(content)
+    }
+
+    /// The owner (uid, gid) of directory `path` in `image`; `None` when
+    /// the image has no such directory. Read through a container created
+    /// for it and never started.
+    pub async fn image_dir_owner(
+        &self,
+        image: &str,
+        path: &str,
+        labels: HashMap<String, String>,
+    ) -> EngineResult<Option<(u32, u32)>> {
+        let docker = self.docker()?;
+        let name = format!(
+            "{}-probe-{}",
+            labels
+                .get("sandboxd.instance")
+                .map(String::as_str)
+                .unwrap_or("sandboxd"),
+            crate::id::random_hex(4)
+        );
+        self.create_scratch(&docker, &name, None, image, labels)
+            .await?;
+        let owner = archive::dir_owner(&docker, &name, path).await;
+        let removed = self.remove_container(&name).await;
+        let owner = owner?;
+        removed?;
+        Ok(owner)
+    }
+
+    /// A container only for the archive API, holding `volume` (if any) at
+    /// [`VOLUME_USER_DIR`]; never started.
+    async fn create_scratch(
+        &self,
+        docker: &Docker,
+        name: &str,
+        volume: Option<&str>,
+        image: &str,
+        labels: HashMap<String, String>,
+    ) -> EngineResult<()> {
+        let body = container::scratch_body(volume.map(|v| (v, VOLUME_USER_DIR)), image, labels);
+        docker
+            .create_container(
+                Some(bollard::query_parameters::CreateContainerOptions {
+                    name: Some(name.to_string()),
+                    platform: String::new(),
+                }),
+                body,
+            )
+            .await?;
+        Ok(())
     }
 
     /// Starts a created or stopped container.

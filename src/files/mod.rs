@@ -1,37 +1,30 @@
 //! Files in the workspace: read, write, list, delete. Every request is first
-//! checked lexically ([`path::WorkspacePath`]); then the work runs inside the
-//! sandbox as the sandbox user, through a small helper (`helper.py`) that
-//! walks each path with no-follow opens relative to directory fds. One
-//! helper process per sandbox is kept running and serves framed requests
-//! over its stdin and stdout, so an operation costs one round trip, not a
-//! process start; it is started again if it dies. So the
-//! kernel enforces the read-only root and the user's rights, and no symlink
-//! (in any component, or swapped in mid-operation) carries an operation out
-//! of the workspace. The engine's archive API is not used: it writes as root
-//! and follows symlinks in intermediate components.
+//! checked here, lexically ([`WorkspacePath`]), and validated whole (modes,
+//! duplicates) before anything reaches the sandbox; then the agent inside
+//! the sandbox does the I/O as the sandbox user, walking each path with
+//! no-follow opens relative to directory fds. So the kernel enforces the
+//! read-only root and the user's rights, and no symlink (in any component,
+//! or swapped in mid-operation) carries an operation out of the workspace.
+//! The engine's archive API is not used: it writes as root and follows
+//! symlinks in intermediate components.
+//!
+//! What the agent answers is bounded here: a read no larger than
+//! `max_file_bytes`, a listing of at most [`MAX_ENTRIES`] entries, names
+//! without `/` or NUL.
 
 use std::collections::HashSet;
 use std::sync::Arc;
-use std::time::Duration;
 
-use bytes::BytesMut;
-use dashmap::DashMap;
-use futures_util::StreamExt;
-use serde::{Deserialize, Serialize};
-use tokio::io::AsyncWriteExt;
+use sandboxd_proto::{DirEntry, FailureKind, NewFile, Op, Reply};
 
+use crate::agent::{AgentError, reply_name};
 use crate::config::Config;
-use crate::engine::{EngineError, ExecOutput, ExecRequest, OutputStream};
 use crate::field_error::FieldError;
-use crate::sandbox::{Sandbox, SandboxError, Sandboxes};
+use crate::sandbox::{SandboxError, Sandboxes};
 use crate::workspace_path::WorkspacePath;
 
-const HELPER: &str = include_str!("helper.py");
-/// The helper travels in this variable, so `ps` in the sandbox stays short.
-const HELPER_VAR: &str = "SANDBOXD_FILE_HELPER";
-/// Longest a single file operation may take before the helper is presumed
-/// stuck and replaced.
-const CALL_TIMEOUT: Duration = Duration::from_secs(120);
+/// Most entries a listing may have.
+pub const MAX_ENTRIES: usize = 100_000;
 
 /// What can go wrong with a file operation.
 #[derive(Debug, thiserror::Error)]
@@ -64,14 +57,28 @@ pub enum FileError {
     PermissionDenied(String),
     #[error(transparent)]
     Sandbox(#[from] SandboxError),
-    /// The helper failed in a way it could not explain.
-    #[error("the file helper failed: {0}")]
-    Helper(String),
 }
 
-impl From<EngineError> for FileError {
-    fn from(e: EngineError) -> Self {
-        FileError::Sandbox(e.into())
+impl From<AgentError> for FileError {
+    fn from(e: AgentError) -> Self {
+        let AgentError::Refused(f) = e else {
+            return FileError::Sandbox(e.into());
+        };
+        let m = f.message.clone();
+        match f.kind {
+            FailureKind::NotFound => FileError::NotFound(m),
+            FailureKind::SymlinkEscape => FileError::Escape(m),
+            FailureKind::IsDirectory => FileError::IsDirectory(m),
+            FailureKind::NotDirectory => FileError::NotDirectory(m),
+            FailureKind::NeedsRecursive => FileError::NeedsRecursive(m),
+            FailureKind::NotRegular => FileError::NotRegular(m),
+            FailureKind::TooLarge => FileError::TooLarge(m),
+            FailureKind::Changed => FileError::Changed(m),
+            FailureKind::NoSpace => FileError::NoSpace(m),
+            FailureKind::PermissionDenied => FileError::PermissionDenied(m),
+            FailureKind::Invalid => FieldError::new("path", m).into(),
+            _ => FileError::Sandbox(AgentError::Refused(f).into()),
+        }
     }
 }
 
@@ -88,8 +95,7 @@ pub struct FileToWrite {
 }
 
 /// What a directory entry is; symlinks are not followed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "lowercase")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum EntryKind {
     File,
     Dir,
@@ -99,134 +105,71 @@ pub enum EntryKind {
 }
 
 /// A directory entry.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "camelCase")]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Entry {
     pub name: String,
-    #[serde(rename = "type")]
     pub kind: EntryKind,
     pub size: u64,
     pub mtime_ms: i64,
     pub mode: u32,
 }
 
-#[derive(Deserialize)]
-struct Status {
-    ok: bool,
-    #[serde(default)]
-    code: String,
-    #[serde(default)]
-    message: String,
-    #[serde(default)]
-    size: usize,
-}
-
-/// A running helper: its stdin, and its output with what was read ahead.
-struct HelperSession {
-    stdin: std::pin::Pin<Box<dyn tokio::io::AsyncWrite + Send>>,
-    output: ExecOutput,
-    buf: BytesMut,
-}
-
-impl HelperSession {
-    /// One request, one answer. An Err means the session is unusable.
-    async fn call(
-        &mut self,
-        header: &serde_json::Value,
-        payload: &[u8],
-    ) -> Result<(Status, Vec<u8>), String> {
-        let mut header = header.clone();
-        header["size"] = serde_json::json!(payload.len());
-        let mut line = serde_json::to_vec(&header).map_err(|e| e.to_string())?;
-        line.push(b'\n');
-        self.stdin
-            .write_all(&line)
-            .await
-            .map_err(|e| e.to_string())?;
-        if !payload.is_empty() {
-            self.stdin
-                .write_all(payload)
-                .await
-                .map_err(|e| e.to_string())?;
-        }
-        self.stdin.flush().await.map_err(|e| e.to_string())?;
-        let status_line = loop {
-            if let Some(i) = self.buf.iter().position(|b| *b == b'\n') {
-                let line = self.buf.split_to(i + 1);
-                break line;
-            }
-            self.fill().await?;
-        };
-        let status: Status =
-            serde_json::from_slice(&status_line).map_err(|e| format!("bad status line: {e}"))?;
-        while self.buf.len() < status.size {
-            self.fill().await?;
-        }
-        let body = self.buf.split_to(status.size).to_vec();
-        Ok((status, body))
+impl Entry {
+    /// An entry from the agent, if it is one a directory can hold.
+    fn from_agent(e: DirEntry) -> Option<Entry> {
+        let valid = !e.name.is_empty()
+            && e.name.len() <= crate::workspace_path::MAX_COMPONENT_BYTES
+            && e.name != "."
+            && e.name != ".."
+            && !e.name.contains(['/', '\0']);
+        valid.then_some(Entry {
+            name: e.name,
+            kind: match e.kind {
+                sandboxd_proto::EntryKind::File => EntryKind::File,
+                sandboxd_proto::EntryKind::Dir => EntryKind::Dir,
+                sandboxd_proto::EntryKind::Symlink => EntryKind::Symlink,
+                sandboxd_proto::EntryKind::Other => EntryKind::Other,
+            },
+            size: e.size,
+            mtime_ms: e.mtime_ms,
+            mode: e.mode & 0o7777,
+        })
     }
-
-    async fn fill(&mut self) -> Result<(), String> {
-        loop {
-            match self.output.next().await {
-                Some(Ok((OutputStream::Stdout, b))) => {
-                    self.buf.extend_from_slice(&b);
-                    return Ok(());
-                }
-                Some(Ok((OutputStream::Stderr, b))) => {
-                    tracing::debug!(stderr = %String::from_utf8_lossy(&b), "file helper");
-                }
-                Some(Err(e)) => return Err(e.to_string()),
-                None => return Err("the file helper exited".into()),
-            }
-        }
-    }
-}
-
-type SessionSlot = Arc<tokio::sync::Mutex<Option<HelperSession>>>;
-
-#[derive(Deserialize)]
-struct Listing {
-    entries: Vec<Entry>,
-}
-
-#[derive(Serialize)]
-struct WriteHeaderFile<'a> {
-    path: &'a str,
-    mode: u32,
-    size: usize,
 }
 
 /// See the module docs.
+#[derive(Debug)]
 pub struct Files {
     config: Arc<Config>,
     sandboxes: Arc<Sandboxes>,
-    /// One helper per sandbox; its mutex makes a sandbox's file operations
-    /// take turns on it.
-    sessions: DashMap<String, SessionSlot>,
-}
-
-impl std::fmt::Debug for Files {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Files")
-            .field("sessions", &self.sessions.len())
-            .finish()
-    }
 }
 
 impl Files {
     pub fn new(config: Arc<Config>, sandboxes: Arc<Sandboxes>) -> Self {
-        Files {
-            config,
-            sandboxes,
-            sessions: DashMap::new(),
-        }
+        Files { config, sandboxes }
     }
 
     fn parse(&self, p: &str) -> FileResult<WorkspacePath> {
         let dirs: Vec<&str> = self.config.workspace_dirs().collect();
         WorkspacePath::parse(p, &dirs)
             .map_err(|e| FieldError::new("path", format!("{p:?}: {e}")).into())
+    }
+
+    /// Runs one file operation in the sandbox's agent; answers in parts go
+    /// to `part`.
+    async fn call(
+        &self,
+        sandbox_id: &str,
+        op: Op,
+        part: impl FnMut(Reply) -> Result<(), String>,
+    ) -> FileResult<Reply> {
+        let sandbox = self.sandboxes.lookup(sandbox_id).await?;
+        let _busy = sandbox.open_request();
+        let conn = self.sandboxes.agent(&sandbox).await?;
+        conn.call_parts(op, part).await.map_err(|e| match e {
+            AgentError::Refused(_) => FileError::from(e),
+            other => self.sandboxes.gone_or(&sandbox, FileError::from(other)),
+        })
     }
 
     /// The content of a file, or `None` when there is no such file.
@@ -237,28 +180,41 @@ impl Files {
                 "{p} is the workspace directory"
             )));
         }
-        let sandbox = self.sandboxes.lookup(sandbox_id).await?;
-        let header = serde_json::json!({
-            "op": "read",
-            "path": path.relative(),
-            "max": self.config.max_file_bytes,
-        });
-        match self.helper(&sandbox, header, &[]).await {
-            Ok(content) => Ok(Some(content)),
+        let max = self.config.max_file_bytes;
+        let mut content = Vec::new();
+        let answer = self
+            .call(
+                sandbox_id,
+                Op::ReadFile {
+                    path: path.relative(),
+                    max_bytes: max,
+                },
+                |part| match part {
+                    Reply::Data(d) if (content.len() + d.len()) as u64 <= max => {
+                        content.extend_from_slice(&d);
+                        Ok(())
+                    }
+                    Reply::Data(_) => Err(format!("a file past max_file_bytes ({max})")),
+                    other => Err(format!("{} in a file", reply_name(&other))),
+                },
+            )
+            .await;
+        match answer {
+            Ok(_) => Ok(Some(content)),
             Err(FileError::NotFound(_)) => Ok(None),
             Err(e) => Err(e),
         }
     }
 
-    /// Writes every file or none. Everything is validated (paths, base64,
-    /// modes) before anything is sent to the sandbox.
+    /// Writes every file or none. Everything is validated (paths, modes,
+    /// duplicates) before anything is sent to the sandbox.
     pub async fn write(&self, sandbox_id: &str, files: Vec<FileToWrite>) -> FileResult<()> {
         if files.is_empty() {
             return Err(FieldError::new("files", "at least one file is required").into());
         }
         let mut seen = HashSet::new();
-        let mut decoded = Vec::with_capacity(files.len());
-        for (i, f) in files.iter().enumerate() {
+        let mut checked = Vec::with_capacity(files.len());
+        for (i, f) in files.into_iter().enumerate() {
             let path = self.parse(&f.path)?;
             if path.is_root() {
                 return Err(FieldError::new(
@@ -286,36 +242,38 @@ impl Files {
                         )
                     })?,
             };
-            decoded.push((path.relative(), mode, &f.content));
+            checked.push(NewFile {
+                path: path.relative(),
+                mode,
+                content: f.content,
+            });
         }
-        let total: usize = decoded.iter().map(|(_, _, c)| c.len()).sum();
-        let files: Vec<WriteHeaderFile> = decoded
-            .iter()
-            .map(|(p, mode, c)| WriteHeaderFile {
-                path: p,
-                mode: *mode,
-                size: c.len(),
-            })
-            .collect();
-        let header = serde_json::json!({"op": "write", "files": files});
-        let mut payload = Vec::with_capacity(total);
-        for (_, _, c) in &decoded {
-            payload.extend_from_slice(c);
-        }
-        let sandbox = self.sandboxes.lookup(sandbox_id).await?;
-        self.helper(&sandbox, header, &payload).await?;
+        self.call(sandbox_id, Op::WriteFiles { files: checked }, no_parts)
+            .await?;
         Ok(())
     }
 
     /// The entries of a directory, sorted by name; symlinks are not followed.
     pub async fn list(&self, sandbox_id: &str, p: &str) -> FileResult<Vec<Entry>> {
         let path = self.parse(p)?;
-        let sandbox = self.sandboxes.lookup(sandbox_id).await?;
-        let header = serde_json::json!({"op": "list", "path": path.relative()});
-        let out = self.helper(&sandbox, header, &[]).await?;
-        let listing: Listing = serde_json::from_slice(&out)
-            .map_err(|e| FileError::Helper(format!("unreadable listing: {e}")))?;
-        Ok(listing.entries)
+        let mut entries = Vec::new();
+        self.call(
+            sandbox_id,
+            Op::ListDir {
+                path: path.relative(),
+            },
+            |part| match part {
+                Reply::Entries(list) if entries.len() + list.len() <= MAX_ENTRIES => {
+                    entries.extend(list.into_iter().filter_map(Entry::from_agent));
+                    Ok(())
+                }
+                Reply::Entries(_) => Err(format!("a directory of more than {MAX_ENTRIES} entries")),
+                other => Err(format!("{} in a listing", reply_name(&other))),
+            },
+        )
+        .await?;
+        entries.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(entries)
     }
 
     /// Deletes paths; a missing one is fine, a directory needs `recursive`.
@@ -340,93 +298,43 @@ impl Files {
             }
             rel.push(path.relative());
         }
-        let header = serde_json::json!({"op": "delete", "paths": rel, "recursive": recursive});
-        let sandbox = self.sandboxes.lookup(sandbox_id).await?;
-        self.helper(&sandbox, header, &[]).await?;
+        self.call(
+            sandbox_id,
+            Op::Delete {
+                paths: rel,
+                recursive,
+            },
+            no_parts,
+        )
+        .await?;
         Ok(())
     }
+}
 
-    /// Starts the sandbox's helper process.
-    async fn start_session(&self, sandbox: &Arc<Sandbox>) -> FileResult<HelperSession> {
-        let req = ExecRequest {
-            argv: vec![
-                "python3".to_string(),
-                "-I".to_string(),
-                "-S".to_string(),
-                "-c".to_string(),
-                format!("import os; exec(os.environ[\"{HELPER_VAR}\"])"),
-            ]
-            .into_iter()
-            .chain(self.config.workspace_dirs().map(str::to_string))
-            .collect(),
-            env: vec![format!("{HELPER_VAR}={HELPER}")],
-            working_dir: "/".into(),
-        };
-        let session = self.sandboxes.exec(sandbox, &req).await?;
-        // Helpers of sandboxes that are gone are not needed any more.
-        let registry = self.sandboxes.registry();
-        self.sessions.retain(|id, _| registry.get(id).is_some());
-        Ok(HelperSession {
-            stdin: session.stdin,
-            output: session.output,
-            buf: BytesMut::new(),
-        })
-    }
+/// For operations that answer in one part.
+fn no_parts(part: Reply) -> Result<(), String> {
+    Err(format!("{} where one answer was due", reply_name(&part)))
+}
 
-    /// Sends one request to the sandbox's helper (starting it if needed, and
-    /// once more if it had died) and returns the answer's body.
-    async fn helper(
-        &self,
-        sandbox: &Arc<Sandbox>,
-        header: serde_json::Value,
-        payload: &[u8],
-    ) -> FileResult<Vec<u8>> {
-        let _busy = sandbox.open_request();
-        let slot = self.sessions.entry(sandbox.id.clone()).or_default().clone();
-        let mut guard = slot.lock().await;
-        let mut last_error = String::new();
-        let mut answer = None;
-        for _attempt in 0..2 {
-            let session = match guard.as_mut() {
-                Some(s) => s,
-                None => guard.insert(self.start_session(sandbox).await?),
-            };
-            match tokio::time::timeout(CALL_TIMEOUT, session.call(&header, payload)).await {
-                Ok(Ok(a)) => {
-                    answer = Some(a);
-                    break;
-                }
-                Ok(Err(e)) => last_error = e,
-                Err(_) => last_error = "the file helper did not answer in time".into(),
-            }
-            *guard = None;
-        }
-        drop(guard);
-        let Some((status, body)) = answer else {
-            // Stopped while we were at it (the engine then answers an exec
-            // with its own error text): the sandbox is gone, nothing broke.
-            return Err(self.sandboxes.gone_or(
-                sandbox,
-                FileError::Helper(format!("{last_error} (is python3 in the sandbox image?)")),
-            ));
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_plain_names_come_back_from_a_listing() {
+        let e = |name: &str| DirEntry {
+            name: name.into(),
+            kind: sandboxd_proto::EntryKind::File,
+            size: 1,
+            mtime_ms: 0,
+            mode: 0o100644,
         };
-        if status.ok {
-            return Ok(body);
+        assert_eq!(
+            Entry::from_agent(e("a.txt")).map(|e| (e.name, e.mode)),
+            Some(("a.txt".into(), 0o644))
+        );
+        for bad in ["", ".", "..", "a/b", "a\0b", &"x".repeat(256)] {
+            assert!(Entry::from_agent(e(bad)).is_none(), "{bad:?}");
         }
-        let m = status.message;
-        Err(match status.code.as_str() {
-            "not_found" => FileError::NotFound(m),
-            "symlink_escape" | "symlink_loop" => FileError::Escape(m),
-            "is_directory" => FileError::IsDirectory(m),
-            "not_a_directory" => FileError::NotDirectory(m),
-            "needs_recursive" => FileError::NeedsRecursive(m),
-            "not_regular" => FileError::NotRegular(m),
-            "too_large" => FileError::TooLarge(m),
-            "changed" => FileError::Changed(m),
-            "no_space" => FileError::NoSpace(m),
-            "permission_denied" => FileError::PermissionDenied(m),
-            "invalid" => FieldError::new("path", m).into(),
-            _ => FileError::Helper(m),
-        })
     }
 }

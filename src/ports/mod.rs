@@ -19,7 +19,10 @@ use std::time::Duration;
 use dashmap::DashMap;
 
 use crate::config::Config;
-use crate::engine::{EngineError, ExecRequest, ProxyContainer};
+use sandboxd_proto::{Op, Reply};
+
+use crate::agent::AgentError;
+use crate::engine::{EngineError, ProxyContainer};
 use crate::sandbox::spec::NetworkMode;
 use crate::sandbox::{Sandbox, SandboxError, Sandboxes, labels};
 use crate::subnet;
@@ -28,40 +31,12 @@ use crate::subnet;
 const PROXY_LISTEN_PORT: u16 = 8080;
 /// Longest `waitMs` honoured.
 pub const MAX_WAIT_MS: u64 = 60_000;
-/// Bytes of recent output returned when a server did not come up.
-const LAST_OUTPUT_BYTES: usize = 4096;
 /// The sandbox's DNS name on its link network. The container name resolves
 /// on the instance network too, where inter-container traffic is off; this
 /// alias exists only on the link network.
 const LINK_ALIAS: &str = "sandbox-link";
-/// How long a relay that answered is taken to be still there, unless the
-/// container stopped since. Only a process inside the sandbox killing it
-/// can make that wrong, and then for at most this long.
-const RELAY_TRUST: Duration = Duration::from_secs(5);
-
-/// Inside the sandbox: start the relay for $1 (target) on $2 (relay port),
-/// accepting only peers from $3 (the link network, i.e. its proxies),
-/// unless one answers already; then wait until it does. Bash builtins only
-/// for the checks (/dev/tcp).
-const RELAY_SCRIPT: &str = r#"
-t=$1 r=$2 from=$3
-up() { (exec 3<>"/dev/tcp/127.0.0.1/$r") 2>/dev/null; }
-up && exit 0
-setsid nohup socat "TCP-LISTEN:$r,fork,reuseaddr,range=$from" "TCP:127.0.0.1:$t" </dev/null >/dev/null 2>&1 &
-for _ in $(seq 100); do up && exit 0; sleep 0.02; done
-echo "the relay on port $r did not start" >&2
-exit 1
-"#;
-
-/// Inside the sandbox: wait up to $2 ms for something to answer on $1.
-const WAIT_SCRIPT: &str = r#"
-p=$1 end=$(( ${EPOCHREALTIME/./} / 1000 + $2 ))
-while :; do
-  (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null && { echo ready; exit 0; }
-  [ $(( ${EPOCHREALTIME/./} / 1000 )) -ge $end ] && { echo not-ready; exit 0; }
-  sleep 0.1
-done
-"#;
+/// Bytes of recent output returned when a server did not come up.
+const LAST_OUTPUT_BYTES: usize = 4096;
 
 /// What can go wrong publishing a port.
 #[derive(Debug, thiserror::Error)]
@@ -183,14 +158,14 @@ impl Ports {
     /// Makes sure `port` of the sandbox is published and answers its URL;
     /// `None` when the port is not allowlisted. With `wait`, also waits
     /// (bounded) until something answers on the port inside the sandbox;
-    /// `last_output` explains a server that did not come up.
+    /// the sandbox's most recent output explains a server that did not
+    /// come up.
     pub async fn publish(
         &self,
         sandbox_id: &str,
         port: u16,
         request_host: Option<&str>,
         wait: Option<Duration>,
-        last_output: impl FnOnce(&str, usize) -> Option<String>,
     ) -> Result<Option<Published>, PortError> {
         let sandbox = self.sandboxes.lookup(sandbox_id).await?;
         if !sandbox.ports().allowed.contains(&port) {
@@ -213,11 +188,10 @@ impl Ports {
             last_output: None,
         };
         if let Some(wait) = wait {
-            let ready = self.wait_ready(&sandbox, port, wait).await?;
+            let (ready, recent) = self.wait_ready(&sandbox, port, wait).await?;
             answer.ready = Some(ready);
             if !ready {
-                answer.last_output =
-                    Some(last_output(&sandbox.id, LAST_OUTPUT_BYTES).unwrap_or_default());
+                answer.last_output = Some(recent);
             }
         }
         Ok(Some(answer))
@@ -403,6 +377,8 @@ impl Ports {
         )))
     }
 
+    /// Makes sure the agent relays `relay` to `port`, for the link
+    /// network's peers only. Idempotent, and one round trip.
     async fn ensure_relay(
         &self,
         sandbox: &Arc<Sandbox>,
@@ -410,74 +386,52 @@ impl Ports {
         relay: u16,
         subnet: &str,
     ) -> Result<(), PortError> {
-        // Checking costs an exec, which is most of a lookup under load.
-        if sandbox.relay_seen_within(port, RELAY_TRUST) {
-            return Ok(());
-        }
-        let stops = sandbox.stops();
-        let (code, out) = self
-            .script(
-                sandbox,
-                RELAY_SCRIPT,
-                &[port.to_string(), relay.to_string(), subnet.to_string()],
-                Duration::from_secs(10),
-            )
-            .await?;
-        if code == Some(0) {
-            sandbox.note_relay_seen(port, stops);
-            Ok(())
-        } else {
-            Err(PortError::Failed(format!("relay: {}", out.trim())))
+        let conn = self.sandboxes.agent(sandbox).await?;
+        match conn
+            .call(Op::Relay {
+                port,
+                listen: relay,
+                allow: subnet.to_string(),
+            })
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(AgentError::Refused(f)) => Err(PortError::Failed(format!("relay: {}", f.message))),
+            Err(e) => Err(SandboxError::from(e).into()),
         }
     }
 
+    /// Waits (bounded) until something answers on `port` inside the
+    /// sandbox; when nothing does, the sandbox's most recent output.
     async fn wait_ready(
         &self,
         sandbox: &Arc<Sandbox>,
         port: u16,
         wait: Duration,
-    ) -> Result<bool, PortError> {
-        let ms = wait.as_millis().min(u128::from(MAX_WAIT_MS)).to_string();
-        let (_, out) = self
-            .script(
-                sandbox,
-                WAIT_SCRIPT,
-                &[port.to_string(), ms],
-                wait + Duration::from_secs(5),
-            )
-            .await?;
-        Ok(out.trim() == "ready")
-    }
-
-    /// Runs a bash script in the sandbox (as its user, no command marker)
-    /// and returns its exit code and combined output.
-    async fn script(
-        &self,
-        sandbox: &Arc<Sandbox>,
-        script: &str,
-        args: &[String],
-        limit: Duration,
-    ) -> Result<(Option<i64>, String), PortError> {
-        let mut argv = vec![
-            "bash".to_string(),
-            "-c".to_string(),
-            script.to_string(),
-            "sandboxd-ports".to_string(),
-        ];
-        argv.extend(args.iter().cloned());
-        let req = ExecRequest {
-            argv,
-            env: vec![],
-            working_dir: "/".into(),
-        };
-        let ended = self
-            .sandboxes
-            .exec_to_end(sandbox, &req, limit)
-            .await?
-            .ok_or_else(|| PortError::Failed("the sandbox did not answer in time".into()))?;
-        let mut out = ended.stdout;
-        out.extend_from_slice(&ended.stderr);
-        Ok((ended.code, String::from_utf8_lossy(&out).into_owned()))
+    ) -> Result<(bool, String), PortError> {
+        let conn = self.sandboxes.agent(sandbox).await?;
+        let wait_ms = u32::try_from(wait.as_millis().min(u128::from(MAX_WAIT_MS))).unwrap_or(0);
+        let probe = conn.call(Op::Probe { port, wait_ms });
+        match tokio::time::timeout(wait + Duration::from_secs(5), probe).await {
+            Ok(Ok(Reply::Probed {
+                ready,
+                recent_output,
+            })) => {
+                // The agent's text is the sandbox's own output; keep it bounded.
+                let cut = recent_output.len().saturating_sub(LAST_OUTPUT_BYTES);
+                let start = (cut..=recent_output.len())
+                    .find(|i| recent_output.is_char_boundary(*i))
+                    .unwrap_or(recent_output.len());
+                Ok((ready, recent_output[start..].to_string()))
+            }
+            Ok(Ok(_)) => Err(PortError::Failed(
+                "the sandbox's agent answered oddly".into(),
+            )),
+            Ok(Err(e)) => Err(SandboxError::from(e).into()),
+            Err(_) => Err(PortError::Failed(
+                "the sandbox did not answer in time".into(),
+            )),
+        }
     }
 }
 

@@ -12,6 +12,8 @@ pub const ROLE: &str = "sandboxd.role";
 pub const SANDBOX_ID: &str = "sandboxd.sandbox_id";
 pub const SESSION_KEY: &str = "sandboxd.session_key";
 pub const RUNTIME: &str = "sandboxd.runtime";
+/// The agent version a sandbox container runs, and an agent volume holds.
+pub const AGENT: &str = "sandboxd.agent";
 const CREATED_AT: &str = "sandboxd.created_at";
 const IDLE_TTL_MS: &str = "sandboxd.idle_ttl_ms";
 const VCPUS: &str = "sandboxd.vcpus";

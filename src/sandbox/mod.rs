@@ -3,6 +3,8 @@
 //! restart, expire, evict, rehydrate) on top of the pure bookkeeping in
 //! [`registry`]; the engine does the container work.
 
+pub mod agent_delivery;
+mod agent_link;
 pub mod labels;
 mod reaper;
 pub mod registry;
@@ -19,6 +21,7 @@ use tokio::sync::watch;
 use crate::config::Config;
 use futures_util::StreamExt;
 
+use crate::agent::AgentError;
 use crate::clock::now_ms;
 use crate::engine::{
     ContainerStatus, Engine, EngineError, ExecRequest, ExecSession, OutputStream, SandboxContainer,
@@ -66,6 +69,10 @@ pub enum SandboxError {
     /// The engine refused or failed.
     #[error("{0}")]
     Engine(EngineError),
+    /// The agent inside the sandbox could not be reached, misbehaved, or
+    /// refused.
+    #[error(transparent)]
+    Agent(#[from] AgentError),
 }
 
 impl From<EngineError> for SandboxError {
@@ -183,6 +190,10 @@ pub struct Sandboxes {
     image_build: tokio::sync::Mutex<()>,
     /// The bridge network was seen; rechecked only when a start says it is gone.
     network_ready: AtomicBool,
+    /// The agent volume holds this agent (checked once per process).
+    agent_volume_ready: tokio::sync::Mutex<bool>,
+    /// Image -> whether it has a workspace directory of the sandbox user.
+    workspace_owned: dashmap::DashMap<String, bool>,
 }
 
 impl Sandboxes {
@@ -194,6 +205,8 @@ impl Sandboxes {
             ready: watch::channel(false).0,
             image_build: tokio::sync::Mutex::new(()),
             network_ready: AtomicBool::new(false),
+            agent_volume_ready: tokio::sync::Mutex::new(false),
+            workspace_owned: dashmap::DashMap::new(),
         }
     }
 
@@ -341,11 +354,111 @@ impl Sandboxes {
         spec: &SandboxSpec,
         record: &labels::SandboxRecord,
     ) -> SandboxResult<()> {
-        let labels = labels::encode(&self.config.instance, record);
-        let container = SandboxContainer {
+        let needs_owner = self.prepare_image(&spec.image).await?;
+        let container = self.container_for(
+            sandbox,
+            spec.image.clone(),
+            spec.oci_runtime.clone(),
+            record,
+            needs_owner,
+        );
+        let networked = spec.network == NetworkMode::Default;
+        if networked && !self.network_ready.load(Ordering::Relaxed) {
+            self.ensure_network().await?;
+        }
+        let volume_labels = labels::encode(&self.config.instance, record);
+        self.engine
+            .create_volume(
+                &sandbox.volume,
+                self.config.workspace_size_mb,
+                volume_labels.clone(),
+            )
+            .await?;
+        if needs_owner {
+            // The image has no workspace of the sandbox user: the new
+            // volume's root (the engine's, root's) is given to it.
+            let (uid, gid) = self.sandbox_uid_gid();
+            self.engine
+                .fill_volume(
+                    &sandbox.volume,
+                    &spec.image,
+                    volume_labels,
+                    &[crate::engine::Entry::Dir { path: "", uid, gid }],
+                )
+                .await?;
+        }
+        self.engine.create_container(&container).await?;
+        self.start_container(&container, networked).await
+    }
+
+    /// Makes sure `image` exists (built if it is the runtime image and
+    /// missing), the agent volume is ready, and says whether new
+    /// workspaces of this image need their root given to the sandbox user
+    /// (the image has no workspace directory of that user). Asked of the
+    /// engine once per image.
+    async fn prepare_image(&self, image: &str) -> SandboxResult<bool> {
+        if let Some(owned) = self.workspace_owned.get(image).map(|v| *v) {
+            return Ok(!owned);
+        }
+        let labels = labels::instance_only(&self.config.instance);
+        let owner = match self
+            .engine
+            .image_dir_owner(image, &self.config.workspace_dir, labels.clone())
+            .await
+        {
+            Err(EngineError::NotFound(msg)) => {
+                tracing::info!(reason = %msg, "a sandbox needs a missing image");
+                self.ensure_image(image).await?;
+                self.engine
+                    .image_dir_owner(image, &self.config.workspace_dir, labels)
+                    .await?
+            }
+            other => other?,
+        };
+        self.ensure_agent_volume(image).await?;
+        let owned = owner == Some(self.sandbox_uid_gid());
+        self.workspace_owned.insert(image.to_string(), owned);
+        Ok(!owned)
+    }
+
+    /// Replaces a sandbox's container with one that runs this sandboxd's
+    /// agent (it was made by another version); the workspace stays, the
+    /// processes in the old container end.
+    pub(super) async fn recreate(&self, record: &labels::SandboxRecord) -> SandboxResult<()> {
+        let (image, oci_runtime) = self.config.runtime(&record.runtime).ok_or_else(|| {
+            SandboxError::Invalid(FieldError::new(
+                "runtime",
+                format!("runtime {:?} is no longer configured", record.runtime),
+            ))
+        })?;
+        let needs_owner = self.prepare_image(&image).await?;
+        let sandbox = Sandbox::from_record(&self.config.instance, record, now_ms());
+        let container = self.container_for(&sandbox, image, oci_runtime, record, needs_owner);
+        self.engine.remove_container(&container.name).await?;
+        let networked = record.network == NetworkMode::Default;
+        if networked {
+            self.ensure_network().await?;
+        }
+        self.engine.create_container(&container).await?;
+        self.start_container(&container, networked).await
+    }
+
+    /// The container of a sandbox: its image and OCI runtime, everything
+    /// else from the configuration, and this sandboxd's agent.
+    fn container_for(
+        &self,
+        sandbox: &Sandbox,
+        image: String,
+        oci_runtime: Option<String>,
+        record: &labels::SandboxRecord,
+        workspace_nocopy: bool,
+    ) -> SandboxContainer {
+        let mut labels = labels::encode(&self.config.instance, record);
+        labels.insert(labels::AGENT.into(), agent_delivery::AGENT_VERSION.into());
+        SandboxContainer {
             name: sandbox.container.clone(),
-            image: spec.image.clone(),
-            oci_runtime: spec.oci_runtime.clone(),
+            image,
+            oci_runtime,
             user: self.config.sandbox_user.clone(),
             workspace_dir: self.config.workspace_dir.clone(),
             workspace_aliases: self
@@ -355,44 +468,47 @@ impl Sandboxes {
                 .map(str::to_string)
                 .collect(),
             volume: sandbox.volume.clone(),
-            network: match spec.network {
+            workspace_nocopy,
+            agent_volume: agent_delivery::agent_volume(&self.config.instance),
+            agent_dir: agent_delivery::AGENT_DIR.into(),
+            command: agent_delivery::agent_command(),
+            network: match record.network {
                 NetworkMode::Default => Some(self.config.network_name().to_string()),
                 NetworkMode::None => None,
             },
-            vcpus: spec.resources.vcpus,
-            memory_mb: spec.resources.memory_mb,
+            vcpus: record.resources.vcpus,
+            memory_mb: record.resources.memory_mb,
             pids_limit: self.config.pids_limit,
             tmp_size_mb: self.config.tmp_size_mb,
             file_size_limit_mb: self.config.file_size_limit_mb,
-            labels: labels.clone(),
-        };
-        let networked = spec.network == NetworkMode::Default;
-        if networked && !self.network_ready.load(Ordering::Relaxed) {
-            self.ensure_network().await?;
+            labels,
         }
-        self.engine
-            .create_volume(&sandbox.volume, self.config.workspace_size_mb, labels)
-            .await?;
-        // A missing image shows up as a 404 from create, a network removed
-        // out of band as a 404 from start: fix what is missing and try once
-        // more, so the common path costs no extra engine round trip.
-        match self.engine.create_container(&container).await {
-            Err(EngineError::NotFound(msg)) => {
-                tracing::info!(reason = %msg, "container create needs a missing image");
-                self.ensure_image(&spec.image).await?;
-                self.engine.create_container(&container).await?;
-            }
-            other => other?,
-        }
-        match self.engine.start_container(&sandbox.container).await {
+    }
+
+    /// Starts a created container; a network removed out of band (a 404
+    /// from start) is made again and the start tried once more.
+    async fn start_container(
+        &self,
+        container: &SandboxContainer,
+        networked: bool,
+    ) -> SandboxResult<()> {
+        match self.engine.start_container(&container.name).await {
             Err(EngineError::NotFound(msg)) if networked => {
                 tracing::info!(reason = %msg, "container start needs the network again");
                 self.ensure_network().await?;
-                self.engine.start_container(&sandbox.container).await?;
+                self.engine.start_container(&container.name).await?;
             }
             other => other?,
         }
         Ok(())
+    }
+
+    /// The sandbox user's uid and gid (the gid is the uid when not given).
+    fn sandbox_uid_gid(&self) -> (u32, u32) {
+        let user = &self.config.sandbox_user;
+        let (u, g) = user.split_once(':').unwrap_or((user, user));
+        // Validated numeric at load.
+        (u.parse().unwrap_or(1000), g.parse().unwrap_or(1000))
     }
 
     async fn ensure_network(&self) -> SandboxResult<()> {

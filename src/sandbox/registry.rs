@@ -10,13 +10,13 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
 
 use dashmap::DashMap;
 use lru::LruCache;
 
 use super::labels::SandboxRecord;
 use super::spec::{NetworkMode, Resources};
+use crate::agent::AgentConn;
 use crate::clock::now_ms;
 
 /// Locks one of the registry's std mutexes, each held only for a short
@@ -50,8 +50,10 @@ pub struct Sandbox {
     running_commands: AtomicUsize,
     open_requests: AtomicUsize,
     stops: AtomicStops,
-    /// Port -> when its relay last answered, and the stops then.
-    relays_seen: Mutex<BTreeMap<u16, (Instant, Stops)>>,
+    /// The connection to its agent, once made (see `agent_link`).
+    agent: Mutex<Option<Arc<AgentConn>>>,
+    /// Held while a connection to the agent is being made.
+    pub(super) agent_connect: tokio::sync::Mutex<()>,
 }
 
 /// How often the container stopped under its commands, by whose hand.
@@ -105,22 +107,21 @@ impl Sandbox {
             running_commands: AtomicUsize::new(0),
             open_requests: AtomicUsize::new(0),
             stops: AtomicStops::default(),
-            relays_seen: Mutex::new(BTreeMap::new()),
+            agent: Mutex::new(None),
+            agent_connect: tokio::sync::Mutex::new(()),
         }
     }
 
-    /// Whether the relay for `port` answered within `trust`, with no stop
-    /// of the container since (a stop ends every process in it).
-    pub fn relay_seen_within(&self, port: u16, trust: Duration) -> bool {
-        let stops = self.stops();
-        lock(&self.relays_seen)
-            .get(&port)
-            .is_some_and(|(at, then)| *then == stops && at.elapsed() < trust)
+    /// The connection to the agent, if one is open.
+    pub fn live_agent(&self) -> Option<Arc<AgentConn>> {
+        lock(&self.agent)
+            .as_ref()
+            .filter(|c| c.closed_because().is_none())
+            .cloned()
     }
 
-    /// The relay for `port` answered; `stops` as read before asking.
-    pub fn note_relay_seen(&self, port: u16, stops: Stops) {
-        lock(&self.relays_seen).insert(port, (Instant::now(), stops));
+    pub(super) fn set_agent(&self, conn: Option<Arc<AgentConn>>) {
+        *lock(&self.agent) = conn;
     }
 
     pub fn stops(&self) -> Stops {
@@ -576,27 +577,6 @@ mod tests {
         c.set_last_used(now_ms());
         let ids: Vec<String> = reg.expired(now_ms()).iter().map(|s| s.id.clone()).collect();
         assert_eq!(ids, ["a"]);
-    }
-
-    #[test]
-    fn a_seen_relay_is_trusted_until_a_stop_or_its_time_is_up() {
-        let s = sandbox("a", "k");
-        let long = Duration::from_secs(60);
-        assert!(!s.relay_seen_within(3000, long), "never seen");
-        s.note_relay_seen(3000, s.stops());
-        assert!(s.relay_seen_within(3000, long));
-        assert!(!s.relay_seen_within(3001, long), "per port");
-        assert!(!s.relay_seen_within(3000, Duration::ZERO), "time is up");
-        s.note_planned_stop();
-        assert!(!s.relay_seen_within(3000, long), "restarted since");
-        s.note_relay_seen(3000, s.stops());
-        s.note_unexpected_stop();
-        assert!(!s.relay_seen_within(3000, long), "died and revived since");
-        // Seen by a check that began before a stop: not trusted after it.
-        let before = s.stops();
-        s.note_planned_stop();
-        s.note_relay_seen(3000, before);
-        assert!(!s.relay_seen_within(3000, long));
     }
 
     #[test]

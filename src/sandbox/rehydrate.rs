@@ -81,7 +81,21 @@ impl Sandboxes {
                 self.remove_objects(&record.id, Event::Removed, None).await;
                 continue;
             }
-            if !c.running {
+            // Made by another sandboxd version: it must run this agent.
+            if c.labels.get(labels::AGENT).map(String::as_str)
+                != Some(super::agent_delivery::AGENT_VERSION)
+            {
+                match self.recreate(&record).await {
+                    Ok(()) => {
+                        tracing::info!(sandbox_id = %record.id, "sandbox recreated with this sandboxd's agent; its workspace is kept");
+                    }
+                    Err(e) => {
+                        tracing::warn!(sandbox_id = %record.id, error = %e, "sandbox could not be recreated with this agent; removing it");
+                        self.remove_objects(&record.id, Event::Removed, None).await;
+                        continue;
+                    }
+                }
+            } else if !c.running {
                 if let Err(e) = self.engine().start_container(&c.name).await {
                     tracing::warn!(sandbox_id = %record.id, error = %e, "stopped sandbox would not start; removing it");
                     self.remove_objects(&record.id, Event::Removed, None).await;
@@ -158,6 +172,9 @@ impl Sandboxes {
         }
 
         for v in self.engine().list_volumes(&mine).await? {
+            if v.labels.contains_key(labels::AGENT) {
+                continue;
+            }
             let owner = v
                 .labels
                 .get(labels::SANDBOX_ID)
@@ -168,6 +185,7 @@ impl Sandboxes {
                 self.engine().remove_volume(&v.name).await?;
             }
         }
+        self.remove_stale_agent_volumes().await;
         tracing::info!(sandboxes = adopted.len(), "rehydration done");
         Ok(())
     }

@@ -1,0 +1,469 @@
+//! The agent transport: one multiplexed connection to the agent inside a
+//! sandbox (`sandboxd-agent`, see `sandboxd-proto`). Requests go out with
+//! ids; a reader task hands each response to whoever waits for its id, so
+//! a long poll for a command's end and a file write share the connection.
+//!
+//! Everything the agent sends is untrusted: the sandbox user can kill,
+//! replace or impersonate it. Frames are bounded by the codec
+//! ([`MAX_AGENT_FRAME`]); a frame that does not decode ends the
+//! connection; an answer to an id nobody asked is dropped; answers in
+//! several parts are bounded by their caller ([`AgentConn::call_parts`]);
+//! and nothing here acts on what an answer says. The caller (the domain)
+//! validates the content and confines its effect to that one sandbox.
+//!
+//! The byte stream itself comes from below (an exec of `sandboxd-agent
+//! bridge` on Docker); this module sees only `AsyncRead`/`AsyncWrite`.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use futures_util::{SinkExt, StreamExt};
+use sandboxd_proto::{
+    Failure, Hello, HelloReply, MAX_AGENT_FRAME, MAX_HOST_FRAME, Op, Reply, Request, Response,
+};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::sync::{mpsc, watch};
+use tokio_util::codec::{FramedRead, FramedWrite};
+
+/// What can go wrong talking to an agent.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum AgentError {
+    /// The connection is gone (the sandbox stopped, the agent died, the
+    /// bridge was killed) or could not be made.
+    #[error("the sandbox's agent is not reachable: {0}")]
+    Closed(String),
+    /// The agent sent something the protocol does not allow.
+    #[error("the sandbox's agent misbehaved: {0}")]
+    Protocol(String),
+    /// The agent refused or failed the request, saying why.
+    #[error("{}", .0.message)]
+    Refused(Failure),
+}
+
+/// Result of agent calls.
+pub type AgentResult<T> = Result<T, AgentError>;
+
+/// How many parts of one answer may wait for their reader.
+const PARTS_IN_FLIGHT: usize = 16;
+/// How many requests may wait for the writer.
+const WRITES_IN_FLIGHT: usize = 64;
+
+type Pending = HashMap<u64, mpsc::Sender<Response>>;
+
+/// A live connection to one agent. Cheap to share; closes when dropped by
+/// all or when the stream ends.
+#[derive(Debug)]
+pub struct AgentConn {
+    writes: mpsc::Sender<Request>,
+    pending: Arc<Mutex<Pending>>,
+    next_id: AtomicU64,
+    closed: watch::Receiver<Option<String>>,
+    /// The agent's start id (from its hello): a new one means the sandbox
+    /// restarted.
+    boot: AtomicU64,
+}
+
+fn lock(p: &Mutex<Pending>) -> MutexGuard<'_, Pending> {
+    // A panic while holding this map leaves it consistent (single inserts
+    // and removes); carry on with it.
+    p.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+impl AgentConn {
+    /// Starts the reader and writer tasks on the stream and says hello.
+    /// Returns the connection and what the agent said (its commands).
+    pub async fn open<R, W>(
+        read: R,
+        write: W,
+        hello: Hello,
+    ) -> AgentResult<(Arc<AgentConn>, HelloReply)>
+    where
+        R: AsyncRead + Send + Unpin + 'static,
+        W: AsyncWrite + Send + Unpin + 'static,
+    {
+        let pending: Arc<Mutex<Pending>> = Arc::default();
+        let (closed_tx, closed) = watch::channel(None);
+        let closed_tx = Arc::new(closed_tx);
+        let (writes, mut rx) = mpsc::channel::<Request>(WRITES_IN_FLIGHT);
+        {
+            let closed_tx = Arc::clone(&closed_tx);
+            let pending = Arc::clone(&pending);
+            tokio::spawn(async move {
+                let mut sink = FramedWrite::new(write, sandboxd_proto::codec(MAX_HOST_FRAME));
+                while let Some(req) = rx.recv().await {
+                    let sent = match sandboxd_proto::encode(&req) {
+                        Ok(body) => sink.send(body).await.map_err(|e| e.to_string()),
+                        Err(e) => Err(e.to_string()),
+                    };
+                    if let Err(e) = sent {
+                        close(
+                            &closed_tx,
+                            &pending,
+                            format!("writing to the agent failed: {e}"),
+                        );
+                        return;
+                    }
+                }
+            });
+        }
+        {
+            let pending = Arc::clone(&pending);
+            tokio::spawn(async move {
+                let mut frames = FramedRead::new(read, sandboxd_proto::codec(MAX_AGENT_FRAME));
+                let why = loop {
+                    let frame = match frames.next().await {
+                        Some(Ok(f)) => f,
+                        Some(Err(e)) => break format!("the agent's stream broke: {e}"),
+                        None => break "the agent closed the connection".to_string(),
+                    };
+                    let resp: Response = match sandboxd_proto::decode(&frame) {
+                        Ok(r) => r,
+                        Err(e) => break format!("the agent sent a malformed frame: {e}"),
+                    };
+                    let waiter = {
+                        let mut p = lock(&pending);
+                        if resp.more {
+                            p.get(&resp.id).cloned()
+                        } else {
+                            p.remove(&resp.id)
+                        }
+                    };
+                    // An answer nobody waits for (a caller that gave up, or
+                    // an id the agent made up) is dropped.
+                    if let Some(w) = waiter {
+                        let _ = w.send(resp).await;
+                    }
+                };
+                close(&closed_tx, &pending, why);
+            });
+        }
+        let conn = Arc::new(AgentConn {
+            writes,
+            pending,
+            // Random start: ids of a connection never match another's.
+            next_id: AtomicU64::new(start_id()),
+            closed,
+            boot: AtomicU64::new(0),
+        });
+        let reply = conn.call(Op::Hello(hello)).await?;
+        let Reply::Hello(hello) = reply else {
+            return Err(AgentError::Protocol(format!(
+                "it answered hello with {}",
+                reply_name(&reply)
+            )));
+        };
+        if hello.version != sandboxd_proto::VERSION {
+            return Err(AgentError::Protocol(format!(
+                "it speaks protocol version {}, sandboxd {}",
+                hello.version,
+                sandboxd_proto::VERSION
+            )));
+        }
+        conn.boot.store(hello.boot, Ordering::Relaxed);
+        Ok((conn, hello))
+    }
+
+    /// The agent's start id; see the field.
+    pub fn boot(&self) -> u64 {
+        self.boot.load(Ordering::Relaxed)
+    }
+
+    /// Why the connection closed, once it has.
+    pub fn closed_because(&self) -> Option<String> {
+        self.closed.borrow().clone()
+    }
+
+    /// Resolves when the connection closes.
+    pub async fn closed(&self) {
+        let mut rx = self.closed.clone();
+        let _ = rx.wait_for(Option::is_some).await;
+    }
+
+    async fn send(&self, op: Op) -> AgentResult<(u64, mpsc::Receiver<Response>)> {
+        if let Some(why) = self.closed_because() {
+            return Err(AgentError::Closed(why));
+        }
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = mpsc::channel(PARTS_IN_FLIGHT);
+        lock(&self.pending).insert(id, tx);
+        if self.writes.send(Request { id, op }).await.is_err() {
+            lock(&self.pending).remove(&id);
+            return Err(AgentError::Closed(
+                self.closed_because()
+                    .unwrap_or_else(|| "the connection is closing".into()),
+            ));
+        }
+        Ok((id, rx))
+    }
+
+    /// Sends `op` and returns its one answer. An error answer is
+    /// [`AgentError::Refused`]; an answer in parts is a protocol error.
+    pub async fn call(&self, op: Op) -> AgentResult<Reply> {
+        let (id, mut rx) = self.send(op).await?;
+        let _forget = Forget { conn: self, id };
+        match rx.recv().await {
+            Some(r) if !r.more => refused(r.reply),
+            Some(_) => Err(AgentError::Protocol(
+                "an answer in parts where one was due".into(),
+            )),
+            None => Err(AgentError::Closed(
+                self.closed_because()
+                    .unwrap_or_else(|| "the connection closed".into()),
+            )),
+        }
+    }
+
+    /// Sends `op` and hands each part of the answer to `part`, which may
+    /// refuse it (a bound passed); returns the final answer.
+    pub async fn call_parts(
+        &self,
+        op: Op,
+        mut part: impl FnMut(Reply) -> Result<(), String>,
+    ) -> AgentResult<Reply> {
+        let (id, mut rx) = self.send(op).await?;
+        let _forget = Forget { conn: self, id };
+        loop {
+            match rx.recv().await {
+                Some(r) if r.more => {
+                    if let Reply::Error(f) = r.reply {
+                        return Err(AgentError::Refused(f));
+                    }
+                    part(r.reply).map_err(AgentError::Protocol)?;
+                }
+                Some(r) => return refused(r.reply),
+                None => {
+                    return Err(AgentError::Closed(
+                        self.closed_because()
+                            .unwrap_or_else(|| "the connection closed".into()),
+                    ));
+                }
+            }
+        }
+    }
+}
+
+/// Removes a request's entry when its caller stops waiting.
+struct Forget<'a> {
+    conn: &'a AgentConn,
+    id: u64,
+}
+
+impl Drop for Forget<'_> {
+    fn drop(&mut self) {
+        lock(&self.conn.pending).remove(&self.id);
+    }
+}
+
+fn refused(reply: Reply) -> AgentResult<Reply> {
+    match reply {
+        Reply::Error(f) => Err(AgentError::Refused(f)),
+        other => Ok(other),
+    }
+}
+
+fn close(closed: &watch::Sender<Option<String>>, pending: &Mutex<Pending>, why: String) {
+    closed.send_if_modified(|c| {
+        if c.is_none() {
+            *c = Some(why);
+            true
+        } else {
+            false
+        }
+    });
+    // Dropping the senders wakes every waiter with "closed".
+    lock(pending).clear();
+}
+
+fn start_id() -> u64 {
+    let mut b = [0u8; 8];
+    if getrandom::fill(&mut b).is_err() {
+        return crate::clock::now_ms() << 20;
+    }
+    // Leave room to count up without wrapping.
+    u64::from_le_bytes(b) >> 1
+}
+
+/// A reply's kind, for messages.
+pub fn reply_name(r: &Reply) -> &'static str {
+    match r {
+        Reply::Hello(_) => "Hello",
+        Reply::Spawned { .. } => "Spawned",
+        Reply::Ok => "Ok",
+        Reply::Log(_) => "Log",
+        Reply::Ended(_) => "Ended",
+        Reply::Commands(_) => "Commands",
+        Reply::TailPart { .. } => "TailPart",
+        Reply::Data(_) => "Data",
+        Reply::Entries(_) => "Entries",
+        Reply::Probed { .. } => "Probed",
+        Reply::Error(_) => "Error",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::duplex;
+
+    fn hello() -> Hello {
+        Hello {
+            version: sandboxd_proto::VERSION,
+            workspace: vec!["/workspace".into()],
+            kill_grace_ms: 1,
+            output_buffer_bytes: 1,
+            output_memory_bytes: 1,
+            max_finished: 1,
+        }
+    }
+
+    /// A fake agent on the other end of an in-memory pipe, answering each
+    /// request with what `answer` returns (raw frames, so it can misbehave).
+    fn fake_agent(
+        answer: impl Fn(Request) -> Vec<Vec<u8>> + Send + 'static,
+    ) -> (tokio::io::DuplexStream, tokio::io::DuplexStream) {
+        // sandboxd writes `to_agent`, the fake reads its other end; the
+        // fake writes `from_agent`, sandboxd reads its other end.
+        let (to_agent, agent_in) = duplex(1 << 20);
+        let (from_agent, agent_out) = duplex(4 << 20);
+        tokio::spawn(async move {
+            let mut reqs = FramedRead::new(agent_in, sandboxd_proto::codec(MAX_HOST_FRAME));
+            let mut out = FramedWrite::new(agent_out, sandboxd_proto::codec(1 << 30));
+            while let Some(Ok(f)) = reqs.next().await {
+                let req: Request = sandboxd_proto::decode(&f).expect("request");
+                for frame in answer(req) {
+                    if out.send(bytes::Bytes::from(frame)).await.is_err() {
+                        return;
+                    }
+                }
+            }
+        });
+        (from_agent, to_agent)
+    }
+
+    fn frame(id: u64, more: bool, reply: Reply) -> Vec<u8> {
+        sandboxd_proto::encode(&Response { id, more, reply })
+            .expect("encode")
+            .to_vec()
+    }
+
+    fn hello_reply(id: u64) -> Vec<u8> {
+        frame(
+            id,
+            false,
+            Reply::Hello(HelloReply {
+                version: sandboxd_proto::VERSION,
+                boot: 42,
+                commands: vec![],
+            }),
+        )
+    }
+
+    #[tokio::test]
+    async fn answers_reach_their_callers_in_any_order() {
+        let (r, w) = fake_agent(|req| match req.op {
+            Op::Hello(_) => vec![hello_reply(req.id)],
+            Op::List => vec![
+                frame(req.id + 1000, false, Reply::Ok),
+                frame(req.id, true, Reply::Data(vec![1])),
+                frame(req.id, false, Reply::Ok),
+            ],
+            _ => vec![frame(req.id, false, Reply::Ok)],
+        });
+        let (conn, hello) = AgentConn::open(r, w, super::tests::hello())
+            .await
+            .expect("open");
+        assert_eq!((conn.boot(), hello.boot), (42, 42));
+        let mut parts = Vec::new();
+        let last = conn
+            .call_parts(Op::List, |p| {
+                parts.push(p);
+                Ok(())
+            })
+            .await
+            .expect("list");
+        assert_eq!(last, Reply::Ok);
+        assert_eq!(
+            parts,
+            [Reply::Data(vec![1])],
+            "an answer to nobody is dropped"
+        );
+    }
+
+    #[tokio::test]
+    async fn garbage_closes_the_connection_and_fails_the_waiters() {
+        let (r, w) = fake_agent(|req| match req.op {
+            Op::Hello(_) => vec![hello_reply(req.id)],
+            _ => vec![vec![0xff; 40]],
+        });
+        let (conn, _) = AgentConn::open(r, w, hello()).await.expect("open");
+        let e = conn.call(Op::List).await.expect_err("garbage");
+        assert!(
+            matches!(e, AgentError::Closed(ref m) if m.contains("malformed")),
+            "{e}"
+        );
+        assert!(conn.closed_because().is_some());
+        assert!(matches!(
+            conn.call(Op::List).await,
+            Err(AgentError::Closed(_))
+        ));
+    }
+
+    #[tokio::test]
+    async fn an_oversized_frame_is_refused_before_it_is_buffered() {
+        let (r, w) = fake_agent(|req| match req.op {
+            Op::Hello(_) => vec![hello_reply(req.id)],
+            _ => vec![frame(
+                req.id,
+                false,
+                Reply::Data(vec![0; MAX_AGENT_FRAME + 1]),
+            )],
+        });
+        let (conn, _) = AgentConn::open(r, w, hello()).await.expect("open");
+        let e = conn.call(Op::List).await.expect_err("too big");
+        assert!(matches!(e, AgentError::Closed(_)), "{e}");
+    }
+
+    #[tokio::test]
+    async fn parts_can_be_refused_by_their_caller() {
+        let (r, w) = fake_agent(|req| match req.op {
+            Op::Hello(_) => vec![hello_reply(req.id)],
+            _ => (0..5)
+                .map(|_| frame(req.id, true, Reply::Data(vec![0; 10])))
+                .chain([frame(req.id, false, Reply::Ok)])
+                .collect(),
+        });
+        let (conn, _) = AgentConn::open(r, w, hello()).await.expect("open");
+        let mut total = 0;
+        let e = conn
+            .call_parts(Op::List, |p| {
+                if let Reply::Data(d) = p {
+                    total += d.len();
+                }
+                if total > 25 {
+                    Err("more than 25 bytes".into())
+                } else {
+                    Ok(())
+                }
+            })
+            .await
+            .expect_err("bounded");
+        assert!(
+            matches!(e, AgentError::Protocol(ref m) if m.contains("25")),
+            "{e}"
+        );
+        assert!(
+            matches!(conn.call(Op::List).await, Err(AgentError::Protocol(_))),
+            "the connection still serves others (this one answers in parts)"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_wrong_hello_is_refused() {
+        let (r, w) = fake_agent(|req| vec![frame(req.id, false, Reply::Ok)]);
+        assert!(matches!(
+            AgentConn::open(r, w, hello()).await,
+            Err(AgentError::Protocol(_))
+        ));
+    }
+}

@@ -1,0 +1,136 @@
+//! The way into a sandbox: the connection to its agent. It is made with
+//! one exec of `sandboxd-agent bridge` (the engine carries the bytes; the
+//! agent listens on nothing any network reaches), kept open, and made
+//! again when it closes. A stopped container is started again first; a
+//! vanished one makes the sandbox unknown. What the bridge prints on its
+//! stderr is logged, bounded.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use futures_util::StreamExt;
+use sandboxd_proto::Hello;
+use tokio::sync::mpsc;
+use tokio_util::io::StreamReader;
+
+use super::agent_delivery::AGENT_PATH;
+use super::registry::Sandbox;
+use super::{SandboxError, SandboxResult, Sandboxes};
+use crate::agent::{AgentConn, AgentError};
+use crate::engine::{ExecRequest, ExecSession, OutputStream};
+
+/// How long connecting may keep trying while the agent starts up.
+const CONNECT_WITHIN: Duration = Duration::from_secs(10);
+/// Lines of the bridge's stderr logged per connection, at most.
+const STDERR_LINES: usize = 20;
+/// Bytes of one such line, at most.
+const STDERR_LINE_BYTES: usize = 512;
+
+impl Sandboxes {
+    /// The connection to the sandbox's agent: the open one, or a new one.
+    pub async fn agent(&self, s: &Arc<Sandbox>) -> SandboxResult<Arc<AgentConn>> {
+        if let Some(conn) = s.live_agent() {
+            return Ok(conn);
+        }
+        let _connecting = s.agent_connect.lock().await;
+        if let Some(conn) = s.live_agent() {
+            return Ok(conn);
+        }
+        let deadline = Instant::now() + CONNECT_WITHIN;
+        let mut delay = Duration::from_millis(10);
+        loop {
+            match self.connect_agent(s).await {
+                Ok(conn) => {
+                    s.set_agent(Some(Arc::clone(&conn)));
+                    return Ok(conn);
+                }
+                // The agent may still be starting (a container just
+                // started); anything else is final.
+                Err(SandboxError::Agent(AgentError::Closed(why))) if Instant::now() < deadline => {
+                    tracing::debug!(sandbox_id = %s.id, why, "the agent is not reachable yet");
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(Duration::from_millis(200));
+                }
+                Err(e) => return Err(self.gone_or(s, e)),
+            }
+        }
+    }
+
+    /// Connects in the background, so a new sandbox's first command does
+    /// not wait for it.
+    pub async fn warm_agent(&self, sandbox_id: &str) {
+        if let Some(s) = self.registry.get(sandbox_id) {
+            if let Err(e) = self.agent(&s).await {
+                tracing::debug!(sandbox_id, error = %e, "could not connect to the agent yet");
+            }
+        }
+    }
+
+    async fn connect_agent(&self, s: &Arc<Sandbox>) -> SandboxResult<Arc<AgentConn>> {
+        let req = ExecRequest {
+            argv: vec![AGENT_PATH.to_string(), "bridge".to_string()],
+            env: vec![],
+            working_dir: "/".into(),
+        };
+        let ExecSession { output, stdin, .. } = self.exec(s, &req).await?;
+        // stdout carries the frames; stderr is the bridge's complaints.
+        let (tx, rx) = mpsc::channel::<std::io::Result<Bytes>>(16);
+        let sandbox_id = s.id.clone();
+        tokio::spawn(async move {
+            let mut output = output;
+            let mut lines = 0;
+            while let Some(item) = output.next().await {
+                match item {
+                    Ok((OutputStream::Stdout, bytes)) => {
+                        if tx.send(Ok(bytes)).await.is_err() {
+                            return;
+                        }
+                    }
+                    Ok((OutputStream::Stderr, bytes)) => {
+                        if lines < STDERR_LINES {
+                            lines += 1;
+                            let text = String::from_utf8_lossy(
+                                &bytes[..bytes.len().min(STDERR_LINE_BYTES)],
+                            );
+                            tracing::warn!(sandbox_id, agent = %text.trim_end(), "the sandbox's agent said");
+                        }
+                    }
+                    Err(e) => {
+                        let _ = tx.send(Err(std::io::Error::other(e.to_string()))).await;
+                        return;
+                    }
+                }
+            }
+        });
+        let reader = StreamReader::new(tokio_stream(rx));
+        let hello = Hello {
+            version: sandboxd_proto::VERSION,
+            workspace: self.config.workspace_dirs().map(str::to_string).collect(),
+            kill_grace_ms: u64::try_from(self.config.kill_grace.as_millis()).unwrap_or(u64::MAX),
+            output_buffer_bytes: self.config.output_buffer_bytes as u64,
+            output_memory_bytes: self.agent_output_budget(s) as u64,
+            max_finished: u32::try_from(self.config.max_finished_commands).unwrap_or(u32::MAX),
+        };
+        let (conn, _) = AgentConn::open(reader, stdin, hello).await?;
+        Ok(conn)
+    }
+
+    /// Output all commands of a sandbox may keep in its agent: the
+    /// configured budget, but never more than a quarter of the sandbox's
+    /// memory (the agent shares the sandbox's memory with its commands).
+    fn agent_output_budget(&self, s: &Sandbox) -> usize {
+        let quarter = (s.resources.memory_mb as usize) << 18;
+        self.config
+            .output_memory_bytes
+            .min(quarter)
+            .max(self.config.output_buffer_bytes)
+    }
+}
+
+/// A receiver as a stream (for `StreamReader`).
+fn tokio_stream(
+    mut rx: mpsc::Receiver<std::io::Result<Bytes>>,
+) -> impl futures_util::Stream<Item = std::io::Result<Bytes>> + Send + Unpin + 'static {
+    Box::pin(futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx)))
+}
