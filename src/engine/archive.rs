@@ -49,6 +49,8 @@ pub(super) fn tar_of(entries: &[Entry<'_>]) -> std::io::Result<Vec<u8>> {
             } => {
                 header.set_size(content.len() as u64);
                 header.set_mode(mode);
+                header.set_uid(0);
+                header.set_gid(0);
                 header.set_cksum();
                 builder.append_data(&mut header, path.trim_start_matches('/'), content)?;
             }
@@ -207,7 +209,7 @@ mod tests {
         assert_eq!(
             entries,
             [
-                ("workspace".to_string(), 1000, 1001, 0o755, 0),
+                ("workspace/".to_string(), 1000, 1001, 0o755, 0),
                 ("fill/agent".to_string(), 0, 0, 0o755, 4)
             ]
         );

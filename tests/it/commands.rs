@@ -594,17 +594,16 @@ async fn commands_are_listed_then_forgotten_after_retention() {
 }
 
 #[tokio::test]
-async fn a_command_running_across_a_restart_is_reported_lost() {
+async fn commands_keep_running_across_a_sandboxd_restart_and_leftovers_stay_killable() {
     let mut server = TestServer::start().await;
     let sid = server.offline_sandbox().await;
     let cid = server
-        .start_command(&sid, json!({"command": "sleep 5151", "timeoutMs": 600000}))
+        .start_command(
+            &sid,
+            json!({"command": "echo before; touch started; while [ ! -e go ]; do sleep 0.05; done; echo after; exit 7", "timeoutMs": 600000}),
+        )
         .await;
-    eventually(Duration::from_secs(5), "it runs", || async {
-        has_process(&server, &sid, "sleep 5151").await
-    })
-    .await;
-    // A finished command that left a server behind is not "lost" later.
+    // A finished command that left a process behind.
     let left = server
         .start_command(
             &sid,
@@ -612,42 +611,67 @@ async fn a_command_running_across_a_restart_is_reported_lost() {
         )
         .await;
     server.wait_command(&sid, &left).await;
+    eventually(Duration::from_secs(5), "the first runs", || async {
+        server.sh(&sid, "test -e started").await["exitCode"] == 0
+    })
+    .await;
     server.restart().await;
     let (_, v) = server.get(&format!("/v1/sandboxes/{sid}/commands")).await;
-    let entry = v["commands"]
-        .as_array()
-        .and_then(|l| l.iter().find(|c| c["commandId"] == json!(cid)).cloned())
-        .expect("listed");
-    assert_eq!(entry["state"], "lost");
-    assert_eq!(entry["exitCode"], Value::Null, "no invented exit code");
-    assert!(
+    let find = |id: &str| {
         v["commands"]
             .as_array()
-            .is_some_and(|l| l.iter().all(|c| c["commandId"] != json!(left))),
-        "a finished command with leftovers is not lost: {v}"
+            .and_then(|l| l.iter().find(|c| c["commandId"] == json!(id)).cloned())
+            .unwrap_or_else(|| panic!("{id} listed after the restart: {v}"))
+    };
+    assert_eq!(find(&cid)["state"], "running", "{v}");
+    let leftover = find(&left);
+    assert_eq!(
+        (leftover["state"].clone(), leftover["exitCode"].clone()),
+        (json!("exited"), json!(0))
     );
-    for path in ["wait", "logs"] {
-        let (s, v) = server
-            .get(&format!("/v1/sandboxes/{sid}/commands/{cid}/{path}"))
-            .await;
-        assert_eq!(
-            (s, v["code"].clone()),
-            (410, json!("command_lost")),
-            "{path}: {v}"
-        );
-    }
-    // Its processes kept running; kill ends them, and only them.
-    assert!(has_process(&server, &sid, "sleep 5151").await);
+    assert_eq!(leftover["processes"], 1, "its leftover is counted: {v}");
+    // Its log replays from the start and goes on live; wait gives its own code.
+    let logs = tokio::spawn({
+        let client = server.client.clone();
+        let url = format!("{}/v1/sandboxes/{sid}/commands/{cid}/logs", server.base);
+        async move {
+            client
+                .get(url)
+                .send()
+                .await
+                .expect("logs")
+                .text()
+                .await
+                .expect("body")
+        }
+    });
+    server.sh(&sid, "touch go").await;
+    let w = server.wait_command(&sid, &cid).await;
+    assert_eq!(w["exitCode"], 7, "{w}");
+    let text = logs.await.expect("joined");
+    let lines: Vec<Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("ndjson"))
+        .collect();
+    assert_eq!(lines[0]["seq"], 1, "replayed from the start: {text}");
+    let out: String = lines
+        .iter()
+        .filter(|l| l["stream"] == "stdout")
+        .filter_map(|l| l["data"].as_str())
+        .collect();
+    assert_eq!(out, "before\nafter\n");
+    assert_eq!(lines.last().map(|l| l["exitCode"].clone()), Some(json!(7)));
+    // The leftover stays killable: kill ends it, and only it.
+    assert!(has_process(&server, &sid, "sleep 5252").await);
     let (s, _) = server
         .post(
-            &format!("/v1/sandboxes/{sid}/commands/{cid}:kill"),
+            &format!("/v1/sandboxes/{sid}/commands/{left}:kill"),
             json!(null),
         )
         .await;
     assert_eq!(s, 200);
-    assert!(!has_process(&server, &sid, "sleep 5151").await);
-    assert!(
-        has_process(&server, &sid, "sleep 5252").await,
-        "the other command's server lives"
-    );
+    eventually(Duration::from_secs(5), "the leftover ends", || async {
+        !has_process(&server, &sid, "sleep 5252").await
+    })
+    .await;
 }

@@ -12,7 +12,7 @@ use serde_json::json;
 use crate::harness::{self, TestServer};
 
 #[tokio::test]
-async fn sandboxd_killed_mid_command_comes_back_with_the_command_lost() {
+async fn sandboxd_killed_mid_command_finds_it_still_running() {
     let mut server = TestServer::start().await;
     let sid = server
         .create(json!({"sessionKey": "crash", "network": {"mode": "none"}}))
@@ -42,17 +42,22 @@ async fn sandboxd_killed_mid_command_comes_back_with_the_command_lost() {
         .as_array()
         .and_then(|l| l.iter().find(|c| c["commandId"] == json!(cid)).cloned())
         .expect("listed");
-    assert_eq!(entry["state"], "lost");
-    let (s, v) = server
-        .get(&format!("/v1/sandboxes/{sid}/commands/{cid}/wait"))
-        .await;
-    assert_eq!((s, v["code"].clone()), (410, json!("command_lost")));
+    assert_eq!(entry["state"], "running", "{list}");
+    assert_eq!(entry["summary"], "sleep 6161");
     server
         .post(
             &format!("/v1/sandboxes/{sid}/commands/{cid}:kill"),
             json!(null),
         )
         .await;
+    let (s, v) = server
+        .get(&format!("/v1/sandboxes/{sid}/commands/{cid}/wait"))
+        .await;
+    assert_eq!(
+        (s, v["exitCode"].clone(), v["killed"].clone()),
+        (200, json!(143), json!(true)),
+        "{v}"
+    );
     let (_, out) = server.docker_exec(&sid, "ps -eo args").await;
     assert!(
         !out.lines().any(|l| l.trim() == "sleep 6161"),

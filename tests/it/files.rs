@@ -137,8 +137,11 @@ async fn changes_outside_workspace(server: &TestServer, sid: &str) -> Vec<String
                 || p == "/tmp"
                 || p.starts_with("/tmp/"))
         })
-        // The engine's own init, mounted because Init is on (/sbin is /usr/sbin).
-        .filter(|p| !["/usr", "/usr/sbin", "/usr/sbin/docker-init"].contains(&p.as_str()))
+        // The engine's own init, mounted because Init is on (/sbin is /usr/sbin),
+        // and the mount point of the agent's volume.
+        .filter(|p| {
+            !["/usr", "/usr/sbin", "/usr/sbin/docker-init", "/.sandboxd"].contains(&p.as_str())
+        })
         .collect()
 }
 
@@ -450,7 +453,7 @@ async fn limits_and_special_files() {
 }
 
 #[tokio::test]
-async fn odd_names_and_a_helper_that_died() {
+async fn odd_names_and_an_agent_that_died() {
     let server = TestServer::start().await;
     let sid = server.offline_sandbox().await;
     // A name that is not UTF-8 is listed (lossily), not a 502.
@@ -458,7 +461,8 @@ async fn odd_names_and_a_helper_that_died() {
     let (s, v) = server.get(&format!("/v1/sandboxes/{sid}/files:list")).await;
     assert_eq!(s, 200, "{v}");
     assert_eq!(v["entries"][0]["name"], "bad\u{FFFD}name");
-    // The helper is killed from inside the sandbox: the next call starts a new one.
+    // The agent is killed from inside the sandbox: the sandbox starts
+    // again, its workspace kept, and files work as before.
     server
         .write_files(
             &sid,
@@ -466,9 +470,12 @@ async fn odd_names_and_a_helper_that_died() {
         )
         .await;
     let killed = server
-        .sh(&sid, "pkill -f 'exec[(]os.environ' && echo killed")
+        .sh(&sid, "pkill -KILL -f '^/.sandboxd/sandboxd-agent serve'")
         .await;
-    assert_eq!(killed["stdout"], "killed\n", "{killed}");
+    assert_eq!(
+        killed["exitCode"], 137,
+        "its command went with it: {killed}"
+    );
     let (s, v) = server.read_file(&sid, "a.txt").await;
     assert_eq!((s, v["contentBase64"].clone()), (200, json!(b64(b"one"))));
 }

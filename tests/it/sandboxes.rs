@@ -102,13 +102,41 @@ async fn create_hardens_the_container_and_reconnect_reuses_it() {
         ["/vercel/sandbox/workspace", "/workspace"],
         "the one workspace volume, at both spellings: {mounts:?}"
     );
-    assert_eq!(mounts.len(), 2, "nothing but the workspace: {mounts:?}");
+    let agent: Vec<&bollard::models::MountPoint> = mounts
+        .iter()
+        .filter(|m| m.destination.as_deref() == Some("/.sandboxd"))
+        .collect();
+    assert_eq!(agent.len(), 1, "the agent is mounted: {mounts:?}");
+    assert_eq!(
+        agent[0].rw,
+        Some(false),
+        "read-only: the sandbox cannot replace it"
+    );
+    assert_eq!(
+        server
+            .agent_volumes()
+            .await
+            .iter()
+            .map(|v| v.name.as_str())
+            .collect::<Vec<_>>(),
+        [agent[0].name.as_deref().unwrap_or_default()],
+        "one volume carries the agent"
+    );
+    assert_eq!(
+        mounts.len(),
+        3,
+        "nothing but the workspace and the agent: {mounts:?}"
+    );
     for m in &mounts {
         assert_eq!(
             m.typ.as_ref().map(|t| t.to_string()),
             Some("volume".to_string())
         );
-        assert_eq!(m.rw, Some(true), "{m:?}");
+        assert_eq!(
+            m.rw,
+            Some(m.destination.as_deref() != Some("/.sandboxd")),
+            "{m:?}"
+        );
     }
     assert!(
         !mounts.iter().any(|m| m

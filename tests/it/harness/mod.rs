@@ -446,8 +446,26 @@ impl TestServer {
             .await
     }
 
-    /// Every volume of this instance.
+    /// Every workspace volume of this instance (the volume that carries
+    /// the agent to all its sandboxes is not one).
     pub(crate) async fn volumes(&self) -> Vec<bollard::models::Volume> {
+        self.all_volumes()
+            .await
+            .into_iter()
+            .filter(|v| v.labels.get("sandboxd.role").map(String::as_str) != Some("agent"))
+            .collect()
+    }
+
+    /// The volumes of this instance that carry the agent.
+    pub(crate) async fn agent_volumes(&self) -> Vec<bollard::models::Volume> {
+        self.all_volumes()
+            .await
+            .into_iter()
+            .filter(|v| v.labels.get("sandboxd.role").map(String::as_str) == Some("agent"))
+            .collect()
+    }
+
+    async fn all_volumes(&self) -> Vec<bollard::models::Volume> {
         let filter = HashMap::from([(
             "label".to_string(),
             vec![format!("{INSTANCE_LABEL}={}", self.instance)],
