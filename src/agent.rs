@@ -36,6 +36,10 @@ pub enum AgentError {
     /// The agent sent something the protocol does not allow.
     #[error("the sandbox's agent misbehaved: {0}")]
     Protocol(String),
+    /// The agent did not answer in time (it may be stopped or stuck); the
+    /// connection was closed.
+    #[error("the sandbox's agent did not answer within {0} ms")]
+    Unresponsive(u64),
     /// The agent refused or failed the request, saying why.
     #[error("{}", .0.message)]
     Refused(Failure),
@@ -59,6 +63,7 @@ pub struct AgentConn {
     pending: Arc<Mutex<Pending>>,
     next_id: AtomicU64,
     closed: watch::Receiver<Option<String>>,
+    close_tx: Arc<watch::Sender<Option<String>>>,
     /// The agent's start id (from its hello): a new one means the sandbox
     /// restarted.
     boot: AtomicU64,
@@ -109,6 +114,7 @@ impl AgentConn {
         }
         {
             let pending = Arc::clone(&pending);
+            let closed_tx = Arc::clone(&closed_tx);
             tokio::spawn(async move {
                 let mut frames = FramedRead::new(read, sandboxd_proto::codec(MAX_AGENT_FRAME));
                 let why = loop {
@@ -144,6 +150,7 @@ impl AgentConn {
             // Random start: ids of a connection never match another's.
             next_id: AtomicU64::new(start_id()),
             closed,
+            close_tx: closed_tx,
             boot: AtomicU64::new(0),
         });
         let reply = conn.call(Op::Hello(hello)).await?;
@@ -195,6 +202,39 @@ impl AgentConn {
             ));
         }
         Ok((id, rx))
+    }
+
+    /// Closes the connection: every waiter fails, nothing more is sent.
+    pub fn close(&self, why: String) {
+        close(&self.close_tx, &self.pending, why);
+    }
+
+    /// As [`AgentConn::call`], but an agent that does not answer within
+    /// `limit` counts as stuck: the connection is closed.
+    pub async fn call_within(&self, op: Op, limit: std::time::Duration) -> AgentResult<Reply> {
+        match tokio::time::timeout(limit, self.call(op)).await {
+            Ok(r) => r,
+            Err(_) => Err(self.stuck(limit)),
+        }
+    }
+
+    /// As [`AgentConn::call_parts`], within `limit` (see `call_within`).
+    pub async fn call_parts_within(
+        &self,
+        op: Op,
+        limit: std::time::Duration,
+        part: impl FnMut(Reply) -> Result<(), String>,
+    ) -> AgentResult<Reply> {
+        match tokio::time::timeout(limit, self.call_parts(op, part)).await {
+            Ok(r) => r,
+            Err(_) => Err(self.stuck(limit)),
+        }
+    }
+
+    fn stuck(&self, limit: std::time::Duration) -> AgentError {
+        let ms = u64::try_from(limit.as_millis()).unwrap_or(u64::MAX);
+        self.close(format!("the agent did not answer within {ms} ms"));
+        AgentError::Unresponsive(ms)
     }
 
     /// Sends `op` and returns its one answer. An error answer is
@@ -456,6 +496,21 @@ mod tests {
             matches!(conn.call(Op::List).await, Err(AgentError::Protocol(_))),
             "the connection still serves others (this one answers in parts)"
         );
+    }
+
+    #[tokio::test]
+    async fn a_silent_agent_is_cut_off() {
+        let (r, w) = fake_agent(|req| match req.op {
+            Op::Hello(_) => vec![hello_reply(req.id)],
+            _ => vec![],
+        });
+        let (conn, _) = AgentConn::open(r, w, hello()).await.expect("open");
+        let e = conn
+            .call_within(Op::List, std::time::Duration::from_millis(50))
+            .await
+            .expect_err("no answer");
+        assert!(matches!(e, AgentError::Unresponsive(50)), "{e}");
+        assert!(conn.closed_because().is_some(), "closed");
     }
 
     #[tokio::test]

@@ -414,6 +414,10 @@ settings! {
     max_finished_commands: usize = 100, key "max_finished_commands", check |v| within(1, 10_000)(v);
     /// Most commands running at once in one sandbox.
     max_running_commands: usize = 64, key "max_running_commands", check |v| within(1, 10_000)(v);
+    /// How long a request to a sandbox's agent may go unanswered before the
+    /// agent counts as stuck (the connection is closed; if it still does
+    /// not answer, its sandbox is restarted).
+    agent_timeout: Duration = Duration::from_secs(20), key "agent_timeout_ms", check |v| ms_within(1_000, 600_000)(v);
     /// A silent log stream sends a heartbeat this often.
     log_heartbeat: Duration = Duration::from_secs(15), key "log_heartbeat_ms", check |v| ms_within(100, 60_000)(v);
 

@@ -22,6 +22,8 @@ use std::os::unix::net::UnixStream;
 use std::process::{Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
 
+use nix::sys::signal::{SigSet, Signal as NixSignal};
+use nix::sys::signalfd::{SfdFlags, SignalFd};
 use rustix::event::{PollFd, PollFlags};
 use rustix::process::{Pid, Signal, WaitOptions};
 use sandboxd_proto::Usage;
@@ -243,6 +245,16 @@ struct Stopping {
 /// Reaps the tree, reports the command's end, ends the tree when asked,
 /// and returns once the tree is empty.
 fn watch(mut control: UnixStream, main: i32) -> std::io::Result<()> {
+    // Every ended child (the command, or an orphan of its tree) wakes the
+    // keeper at once, so the dead are reaped as fast as init would (a fork
+    // bomb's zombies would otherwise count against the pids limit). The
+    // command was started before SIGCHLD is blocked here, so it does not
+    // inherit the block.
+    let mut sigchld = SigSet::empty();
+    sigchld.add(NixSignal::SIGCHLD);
+    let childfd = sigchld.thread_block().ok().and_then(|()| {
+        SignalFd::with_flags(&sigchld, SfdFlags::SFD_NONBLOCK | SfdFlags::SFD_CLOEXEC).ok()
+    });
     let pidfd: Option<OwnedFd> = Pid::from_raw(main)
         .and_then(|p| rustix::process::pidfd_open(p, rustix::process::PidfdFlags::empty()).ok());
     let mut main_done = false;
@@ -292,11 +304,11 @@ fn watch(mut control: UnixStream, main: i32) -> std::io::Result<()> {
         }
         let timeout = if stopping.is_some() {
             Duration::from_millis(10)
-        } else if pidfd.is_some() && !main_done {
+        } else if childfd.is_some() {
             Duration::from_secs(1)
         } else {
-            // Orphans have no pidfd: look for their end now and then.
-            Duration::from_millis(250)
+            // No signalfd: look for ends now and then.
+            Duration::from_millis(50)
         };
         let ts = rustix::event::Timespec {
             tv_sec: timeout.as_secs() as i64,
@@ -315,11 +327,18 @@ fn watch(mut control: UnixStream, main: i32) -> std::io::Result<()> {
             if let Some(fd) = pidfd.as_ref().filter(|_| !main_done) {
                 fds.push(PollFd::new(fd, PollFlags::IN));
             }
+            if let Some(fd) = &childfd {
+                fds.push(PollFd::new(fd, PollFlags::IN));
+            }
             match rustix::event::poll(&mut fds, Some(&ts)) {
                 Ok(_) => (!fds[0].revents().is_empty(), ()),
                 Err(_) => (false, ()),
             }
         };
+        if let Some(fd) = &childfd {
+            // Drain the signals; the reaping loop above does the work.
+            while let Ok(Some(_)) = fd.read_signal() {}
+        }
         if control_ready && control_open {
             match read_message::<ToKeeper>(&mut control) {
                 Ok(ToKeeper::Stop { grace_ms }) if stopping.is_none() => {

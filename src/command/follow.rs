@@ -34,6 +34,7 @@ pub(super) struct Follow {
     /// The last record this reader got.
     after: u64,
     heartbeat: Duration,
+    agent_timeout: Duration,
     shutdown: CancellationToken,
     /// This reader's id at the agent.
     follower: u64,
@@ -47,6 +48,7 @@ impl Follow {
         cmd: Arc<Command>,
         after: u64,
         heartbeat: Duration,
+        agent_timeout: Duration,
         shutdown: CancellationToken,
     ) -> Follow {
         let mut id = [0u8; 8];
@@ -57,6 +59,7 @@ impl Follow {
             cmd,
             after,
             heartbeat,
+            agent_timeout,
             shutdown,
             follower: u64::from_le_bytes(id),
             done: false,
@@ -89,14 +92,17 @@ impl Follow {
                     continue;
                 }
             };
-            let read = conn.call(Op::ReadLog(ReadLog {
-                command: self.cmd.id.clone(),
-                follower: self.follower,
-                after: self.after,
-                max_bytes: READ_BYTES,
-                wait_ms: u32::try_from(self.heartbeat.as_millis()).unwrap_or(u32::MAX),
-                past_exit: false,
-            }));
+            let read = conn.call_within(
+                Op::ReadLog(ReadLog {
+                    command: self.cmd.id.clone(),
+                    follower: self.follower,
+                    after: self.after,
+                    max_bytes: READ_BYTES,
+                    wait_ms: u32::try_from(self.heartbeat.as_millis()).unwrap_or(u32::MAX),
+                    past_exit: false,
+                }),
+                self.heartbeat + self.agent_timeout,
+            );
             let reply = tokio::select! {
                 r = read => r,
                 _ = self.shutdown.cancelled() => return None,
@@ -164,7 +170,9 @@ impl Drop for Follow {
         }
         let (command, follower) = (self.cmd.id.clone(), self.follower);
         tokio::spawn(async move {
-            let _ = conn.call(Op::Unfollow { command, follower }).await;
+            let _ = conn
+                .call_within(Op::Unfollow { command, follower }, Duration::from_secs(5))
+                .await;
         });
     }
 }

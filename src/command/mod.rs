@@ -40,6 +40,10 @@ const PRUNE_EVERY: Duration = Duration::from_secs(5);
 const REPORT_SLACK: Duration = Duration::from_secs(15);
 /// Pause between attempts to reach a sandbox's agent again.
 const RETRY_EVERY: Duration = Duration::from_millis(200);
+/// How often a running command's sandbox is looked at.
+const LIVENESS_EVERY: Duration = Duration::from_secs(2);
+/// How long that look may take before the sandbox counts as alive.
+const LIVENESS_TIMEOUT: Duration = Duration::from_secs(1);
 /// Longest summary kept from an agent's listing.
 const SUMMARY_CHARS: usize = 120;
 
@@ -242,10 +246,11 @@ impl Commands {
             if conn.boot() == cmd.boot {
                 let limit = spec::MAX_RUN_OUTPUT_BYTES;
                 let _ = conn
-                    .call_parts(
+                    .call_parts_within(
                         Op::Tail {
                             command: cmd.id.clone(),
                         },
+                        self.config.agent_timeout,
                         |part| {
                             let Reply::TailPart {
                                 stream,
@@ -302,7 +307,6 @@ impl Commands {
         let id = new_command_id();
         let started_at = now_ms();
         let timeout_ms = u64::try_from(spec.timeout.as_millis()).unwrap_or(u64::MAX);
-        let conn = self.sandboxes.agent(&sandbox).await?;
         let spawn = Spawn {
             command: id.clone(),
             argv: spec.argv,
@@ -320,20 +324,37 @@ impl Commands {
                 timeout_ms,
             },
         };
-        match conn.call(Op::Spawn(spawn)).await {
-            Ok(Reply::Spawned { .. }) => {}
-            Ok(other) => {
-                return Err(AgentError::Protocol(format!(
-                    "it answered a spawn with {}",
-                    reply_name(&other)
-                ))
-                .into());
-            }
-            Err(AgentError::Refused(f)) if f.kind == FailureKind::NoProcesses => {
+        let limit = self.config.agent_timeout;
+        let spawned = self
+            .sandboxes
+            .with_agent(&sandbox, |conn| {
+                let op = Op::Spawn(spawn.clone());
+                async move {
+                    match conn.call_within(op, limit).await {
+                        Ok(Reply::Spawned { .. }) => Ok(conn.boot()),
+                        // A repeat (the connection closed after the first
+                        // reached the agent): the command runs.
+                        Err(AgentError::Refused(f)) if f.kind == FailureKind::DuplicateCommand => {
+                            Ok(conn.boot())
+                        }
+                        Ok(other) => Err(AgentError::Protocol(format!(
+                            "it answered a spawn with {}",
+                            reply_name(&other)
+                        ))),
+                        Err(e) => Err(e),
+                    }
+                }
+            })
+            .await;
+        let boot = match spawned {
+            Ok(boot) => boot,
+            Err(SandboxError::Agent(AgentError::Refused(f)))
+                if f.kind == FailureKind::NoProcesses =>
+            {
                 return Err(CommandError::NoProcesses(f.message));
             }
-            Err(e) => return Err(self.sandboxes.gone_or(&sandbox, e.into())),
-        }
+            Err(e) => return Err(self.sandboxes.gone_or(&sandbox, e).into()),
+        };
         let cmd = Arc::new(Command {
             id: id.clone(),
             sandbox_id: sandbox.id.clone(),
@@ -342,7 +363,7 @@ impl Commands {
             timeout_ms,
             finished: watch::channel(None).0,
             ended_by_sandboxd: Mutex::new(None),
-            boot: conn.boot(),
+            boot,
         });
         self.all.insert(id, Arc::clone(&cmd));
         crate::telemetry::command_started();
@@ -394,6 +415,7 @@ impl Commands {
                 cmd,
                 after,
                 self.config.log_heartbeat,
+                self.config.agent_timeout,
                 shutdown,
             ),
             busy,
@@ -430,9 +452,12 @@ impl Commands {
             return Ok(());
         }
         match conn
-            .call(Op::Kill {
-                command: cmd.id.clone(),
-            })
+            .call_within(
+                Op::Kill {
+                    command: cmd.id.clone(),
+                },
+                self.config.agent_timeout,
+            )
             .await
         {
             Ok(_) => Ok(()),
@@ -471,7 +496,7 @@ impl Commands {
     /// What the sandbox's agent lists, if it answers (and which agent).
     async fn agent_states(&self, sandbox: &Arc<Sandbox>) -> Option<(u64, Vec<CommandState>)> {
         let conn = sandbox.live_agent()?;
-        match conn.call(Op::List).await {
+        match conn.call_within(Op::List, self.config.agent_timeout).await {
             Ok(Reply::Commands(list)) => Some((conn.boot(), list)),
             _ => None,
         }
@@ -497,7 +522,8 @@ impl Commands {
         let Ok(conn) = self.sandboxes.agent(&sandbox).await else {
             return 0;
         };
-        let Ok(Reply::Commands(list)) = conn.call(Op::List).await else {
+        let Ok(Reply::Commands(list)) = conn.call_within(Op::List, self.config.agent_timeout).await
+        else {
             return 0;
         };
         let mut n = 0;
@@ -590,9 +616,12 @@ impl Commands {
             {
                 tokio::spawn(async move {
                     let _ = conn
-                        .call(Op::Forget {
-                            command: cmd.id.clone(),
-                        })
+                        .call_within(
+                            Op::Forget {
+                                command: cmd.id.clone(),
+                            },
+                            Duration::from_secs(5),
+                        )
                         .await;
                 });
             }
@@ -651,17 +680,35 @@ impl Drive {
             let wait = conn.call(Op::Wait {
                 command: self.cmd.id.clone(),
             });
-            match tokio::time::timeout_at(self.deadline.into(), wait).await {
-                Ok(Ok(Reply::Ended(e))) => break Ok(e),
-                Ok(Ok(other)) => {
+            tokio::pin!(wait);
+            // A sandbox that dies (gVisor's kernel, out of memory) can leave
+            // the connection open: look at the container now and then.
+            let mut liveness = tokio::time::interval_at(
+                tokio::time::Instant::now() + LIVENESS_EVERY,
+                LIVENESS_EVERY,
+            );
+            let answer = loop {
+                tokio::select! {
+                    r = &mut wait => break Some(r),
+                    _ = tokio::time::sleep_until(self.deadline.into()) => break None,
+                    _ = liveness.tick() => {
+                        if !self.sandbox_alive().await {
+                            conn.close("the sandbox stopped".into());
+                        }
+                    }
+                }
+            };
+            match answer {
+                Some(Ok(Reply::Ended(e))) => break Ok(e),
+                Some(Ok(other)) => {
                     tracing::warn!(command_id = %self.cmd.id, reply = reply_name(&other), "the agent answered a wait oddly");
                     tokio::time::sleep(RETRY_EVERY).await;
                 }
-                Ok(Err(AgentError::Refused(f))) if f.kind == FailureKind::NoSuchCommand => {
+                Some(Err(AgentError::Refused(f))) if f.kind == FailureKind::NoSuchCommand => {
                     break Err("the sandbox's agent no longer knows the command".into());
                 }
-                Ok(Err(_)) => tokio::time::sleep(RETRY_EVERY).await,
-                Err(_) => {}
+                Some(Err(_)) => tokio::time::sleep(RETRY_EVERY).await,
+                None => {}
             }
         };
         let finished = match outcome {
@@ -671,9 +718,12 @@ impl Drive {
                 if let Ok(mut slot) = self.cmd.ended_by_sandboxd.lock() {
                     *slot = Some(why);
                 }
+                // Its timeout had come when the sandbox went: it timed out,
+                // however its processes ended.
+                let timed_out = now_ms() >= self.cmd.started_at.saturating_add(self.cmd.timeout_ms);
                 self.cmd.end_locally(ExitInfo {
-                    exit_code: 137,
-                    timed_out: false,
+                    exit_code: if timed_out { 124 } else { 137 },
+                    timed_out,
                     killed: false,
                 })
             }
@@ -700,6 +750,28 @@ impl Drive {
             "command ended"
         );
         self.cmd.finish(finished);
+    }
+
+    /// Whether the sandbox is still the one the command started in: not
+    /// stopped or restarted by sandboxd, its container running. An engine
+    /// that does not answer within a second counts as alive.
+    async fn sandbox_alive(&self) -> bool {
+        if self.sandbox.stops() != self.stops {
+            return false;
+        }
+        let status = tokio::time::timeout(
+            LIVENESS_TIMEOUT,
+            self.sandboxes.container_status(&self.sandbox),
+        )
+        .await;
+        !matches!(
+            status,
+            Ok(Ok(None))
+                | Ok(Ok(Some(crate::engine::ContainerStatus {
+                    running: false,
+                    ..
+                })))
+        )
     }
 
     /// Past the deadline: ask the agent to end it (once).

@@ -46,10 +46,12 @@ const MIB: i64 = 1024 * 1024;
 /// gVisor's kernel (the sentry) runs as host tasks inside the container's
 /// pids cgroup: about 200 at rest, and on the ptrace platform several more
 /// per guest process. Measured on our machines: 198 idle, +8 per running
-/// `bash -lc` command. Without headroom, 20 commands exhaust a 512 limit
-/// and the sentry panics, taking every command of the sandbox with it.
-const GVISOR_BASE_TASKS: i64 = 256;
-const GVISOR_TASKS_PER_PROCESS: i64 = 8;
+/// `bash -lc` command, about 10 per idle process, and a fork bomb held at
+/// its 512 processes (by RLIMIT_NPROC, see `ulimits`) peaked at 8,325: past
+/// the limit the sentry cannot make a thread and panics, taking the whole
+/// sandbox with it. 1024 + 20 per process leaves it room.
+const GVISOR_BASE_TASKS: i64 = 1024;
+const GVISOR_TASKS_PER_PROCESS: i64 = 20;
 
 /// The engine's pids limit for a sandbox meant to hold `pids` processes.
 fn host_pids_limit(pids: i64, under_gvisor: bool) -> i64 {
@@ -58,6 +60,35 @@ fn host_pids_limit(pids: i64, under_gvisor: bool) -> i64 {
     } else {
         pids
     }
+}
+
+/// Limits every process of a sandbox gets, soft equal to hard so the
+/// sandbox user cannot raise them: the file size limit; and under gVisor,
+/// its process count. gVisor's kernel does not apply the pids limit inside
+/// the sandbox (only to the host tasks that carry it, where a fork bomb
+/// would starve gVisor's own kernel of threads); it does apply
+/// RLIMIT_NPROC, and counts only the sandbox's processes. (Under runc
+/// RLIMIT_NPROC would count the user's processes of every container on the
+/// host, so there the pids cgroup does the job alone.)
+fn ulimits(spec: &SandboxContainer, under_gvisor: bool) -> Vec<ResourcesUlimits> {
+    let mut limits = Vec::new();
+    if spec.file_size_limit_mb > 0 {
+        let bytes =
+            i64::try_from(spec.file_size_limit_mb.saturating_mul(1024 * 1024)).unwrap_or(i64::MAX);
+        limits.push(ResourcesUlimits {
+            name: Some("fsize".into()),
+            soft: Some(bytes),
+            hard: Some(bytes),
+        });
+    }
+    if under_gvisor {
+        limits.push(ResourcesUlimits {
+            name: Some("nproc".into()),
+            soft: Some(spec.pids_limit),
+            hard: Some(spec.pids_limit),
+        });
+    }
+    limits
 }
 
 /// What every container sandboxd starts has, sandbox or proxy: a read-only
@@ -132,15 +163,7 @@ pub fn sandbox_container_body(spec: &SandboxContainer, under_gvisor: bool) -> Co
         ),
         runtime: spec.oci_runtime.clone(),
         // Soft equals hard: the sandbox user cannot raise it again.
-        ulimits: (spec.file_size_limit_mb > 0).then(|| {
-            let bytes = i64::try_from(spec.file_size_limit_mb.saturating_mul(1024 * 1024))
-                .unwrap_or(i64::MAX);
-            vec![ResourcesUlimits {
-                name: Some("fsize".into()),
-                soft: Some(bytes),
-                hard: Some(bytes),
-            }]
-        }),
+        ulimits: Some(ulimits(spec, under_gvisor)).filter(|u| !u.is_empty()),
         ..hardened(
             memory,
             host_pids_limit(spec.pids_limit, under_gvisor),
@@ -363,7 +386,26 @@ mod tests {
         );
         let hc = gvisor.host_config.expect("host config");
         assert_eq!(hc.runtime.as_deref(), Some("runsc"));
-        assert_eq!(hc.pids_limit, Some(256 + 512 * 8));
+        assert_eq!(hc.pids_limit, Some(1024 + 512 * 20));
+        let nproc: Vec<_> = hc
+            .ulimits
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|u| u.name.as_deref() == Some("nproc"))
+            .collect();
+        assert_eq!(
+            nproc.len(),
+            1,
+            "gVisor counts the sandbox's processes itself"
+        );
+        assert_eq!((nproc[0].soft, nproc[0].hard), (Some(512), Some(512)));
+        let runc_limits = runc.host_config.and_then(|h| h.ulimits).unwrap_or_default();
+        assert!(
+            runc_limits
+                .iter()
+                .all(|u| u.name.as_deref() != Some("nproc")),
+            "under runc RLIMIT_NPROC would count every container's processes"
+        );
     }
 
     #[test]

@@ -165,9 +165,36 @@ impl Files {
     ) -> FileResult<Reply> {
         let sandbox = self.sandboxes.lookup(sandbox_id).await?;
         let _busy = sandbox.open_request();
-        let conn = self.sandboxes.agent(&sandbox).await?;
-        conn.call_parts(op, part).await.map_err(|e| match e {
-            AgentError::Refused(_) => FileError::from(e),
+        // Parts a closed connection delivered are not undone: a read or a
+        // listing collects parts only once its answer is complete, so
+        // `part` sees the parts of one connection (see `collect`).
+        let part = std::sync::Mutex::new(part);
+        let limit = self.config.agent_timeout;
+        let answer = self
+            .sandboxes
+            .with_agent(&sandbox, |conn| {
+                let op = op.clone();
+                let part = &part;
+                async move {
+                    let mut parts = Vec::new();
+                    let last = conn
+                        .call_parts_within(op, limit, |p| {
+                            parts.push(p);
+                            Ok(())
+                        })
+                        .await?;
+                    let mut f = part
+                        .lock()
+                        .map_err(|_| AgentError::Protocol("a poisoned part handler".into()))?;
+                    for p in parts {
+                        f(p).map_err(AgentError::Protocol)?;
+                    }
+                    Ok(last)
+                }
+            })
+            .await;
+        answer.map_err(|e| match e {
+            SandboxError::Agent(a @ AgentError::Refused(_)) => FileError::from(a),
             other => self.sandboxes.gone_or(&sandbox, FileError::from(other)),
         })
     }

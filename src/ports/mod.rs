@@ -386,18 +386,27 @@ impl Ports {
         relay: u16,
         subnet: &str,
     ) -> Result<(), PortError> {
-        let conn = self.sandboxes.agent(sandbox).await?;
-        match conn
-            .call(Op::Relay {
-                port,
-                listen: relay,
-                allow: subnet.to_string(),
+        let limit = self.config.agent_timeout;
+        let relayed = self
+            .sandboxes
+            .with_agent(sandbox, |conn| async move {
+                conn.call_within(
+                    Op::Relay {
+                        port,
+                        listen: relay,
+                        allow: subnet.to_string(),
+                    },
+                    limit,
+                )
+                .await
             })
-            .await
-        {
+            .await;
+        match relayed {
             Ok(_) => Ok(()),
-            Err(AgentError::Refused(f)) => Err(PortError::Failed(format!("relay: {}", f.message))),
-            Err(e) => Err(SandboxError::from(e).into()),
+            Err(SandboxError::Agent(AgentError::Refused(f))) => {
+                Err(PortError::Failed(format!("relay: {}", f.message)))
+            }
+            Err(e) => Err(e.into()),
         }
     }
 
@@ -409,14 +418,19 @@ impl Ports {
         port: u16,
         wait: Duration,
     ) -> Result<(bool, String), PortError> {
-        let conn = self.sandboxes.agent(sandbox).await?;
         let wait_ms = u32::try_from(wait.as_millis().min(u128::from(MAX_WAIT_MS))).unwrap_or(0);
-        let probe = conn.call(Op::Probe { port, wait_ms });
-        match tokio::time::timeout(wait + Duration::from_secs(5), probe).await {
-            Ok(Ok(Reply::Probed {
+        let limit = wait + self.config.agent_timeout;
+        let probed = self
+            .sandboxes
+            .with_agent(sandbox, |conn| async move {
+                conn.call_within(Op::Probe { port, wait_ms }, limit).await
+            })
+            .await;
+        match probed {
+            Ok(Reply::Probed {
                 ready,
                 recent_output,
-            })) => {
+            }) => {
                 // The agent's text is the sandbox's own output; keep it bounded.
                 let cut = recent_output.len().saturating_sub(LAST_OUTPUT_BYTES);
                 let start = (cut..=recent_output.len())
@@ -424,13 +438,10 @@ impl Ports {
                     .unwrap_or(recent_output.len());
                 Ok((ready, recent_output[start..].to_string()))
             }
-            Ok(Ok(_)) => Err(PortError::Failed(
+            Ok(_) => Err(PortError::Failed(
                 "the sandbox's agent answered oddly".into(),
             )),
-            Ok(Err(e)) => Err(SandboxError::from(e).into()),
-            Err(_) => Err(PortError::Failed(
-                "the sandbox did not answer in time".into(),
-            )),
+            Err(e) => Err(e.into()),
         }
     }
 }

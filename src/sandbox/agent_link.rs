@@ -39,6 +39,7 @@ impl Sandboxes {
         }
         let deadline = Instant::now() + CONNECT_WITHIN;
         let mut delay = Duration::from_millis(10);
+        let mut restarted = false;
         loop {
             match self.connect_agent(s).await {
                 Ok(conn) => {
@@ -46,14 +47,44 @@ impl Sandboxes {
                     return Ok(conn);
                 }
                 // The agent may still be starting (a container just
-                // started); anything else is final.
+                // started).
                 Err(SandboxError::Agent(AgentError::Closed(why))) if Instant::now() < deadline => {
                     tracing::debug!(sandbox_id = %s.id, why, "the agent is not reachable yet");
                     tokio::time::sleep(delay).await;
                     delay = (delay * 2).min(Duration::from_millis(200));
                 }
+                // It takes connections but does not answer (stopped with
+                // SIGSTOP, say): start the sandbox again, once.
+                Err(SandboxError::Agent(AgentError::Unresponsive(ms))) if !restarted => {
+                    tracing::warn!(sandbox_id = %s.id, ms, "the sandbox's agent does not answer; restarting the sandbox");
+                    restarted = true;
+                    s.note_unexpected_stop();
+                    self.engine
+                        .restart_container(&s.container, Duration::from_secs(1))
+                        .await?;
+                }
                 Err(e) => return Err(self.gone_or(s, e)),
             }
+        }
+    }
+
+    /// Runs `call` on the sandbox's agent; when the connection turns out to
+    /// be gone (the sandbox restarted under it, its bridge was killed),
+    /// once more on a new one. Every call made this way must be safe to
+    /// repeat.
+    pub async fn with_agent<T, F, Fut>(&self, s: &Arc<Sandbox>, call: F) -> SandboxResult<T>
+    where
+        F: Fn(Arc<AgentConn>) -> Fut,
+        Fut: std::future::Future<Output = Result<T, AgentError>>,
+    {
+        let conn = self.agent(s).await?;
+        match call(conn).await {
+            Err(AgentError::Closed(why)) => {
+                tracing::debug!(sandbox_id = %s.id, why, "the agent's connection closed; trying a new one");
+                let conn = self.agent(s).await?;
+                call(conn).await.map_err(Into::into)
+            }
+            other => other.map_err(Into::into),
         }
     }
 
@@ -112,8 +143,14 @@ impl Sandboxes {
             output_memory_bytes: self.agent_output_budget(s) as u64,
             max_finished: u32::try_from(self.config.max_finished_commands).unwrap_or(u32::MAX),
         };
-        let (conn, _) = AgentConn::open(reader, stdin, hello).await?;
-        Ok(conn)
+        let limit = self.config.agent_timeout;
+        match tokio::time::timeout(limit, AgentConn::open(reader, stdin, hello)).await {
+            Ok(opened) => Ok(opened?.0),
+            Err(_) => Err(AgentError::Unresponsive(
+                u64::try_from(limit.as_millis()).unwrap_or(u64::MAX),
+            )
+            .into()),
+        }
     }
 
     /// Output all commands of a sandbox may keep in its agent: the
