@@ -7,7 +7,9 @@
 mod harness;
 
 mod abuse;
+mod agent;
 mod auth;
+mod codes;
 mod commands;
 mod config;
 mod engine;
@@ -20,5 +22,6 @@ mod health;
 mod http_contract;
 mod observability;
 mod ports;
+mod remcochat;
 mod sandboxes;
 mod security;

@@ -1,0 +1,1 @@
+//! RemcoChat's client, as it is, against sandboxd's defaults.
