@@ -460,7 +460,7 @@ impl Workspace {
             }
             r.hop()?;
             let target = rustix::fs::readlinkat(&dir, leaf.as_slice(), Vec::new())
-                .map_err(os)?
+                .map_err(|e| link_gone(e, r.path))?
                 .into_bytes();
             parts = if target.starts_with(b"/") {
                 self.under_workspace(&target)
@@ -540,7 +540,7 @@ impl Workspace {
                 FileType::Symlink => {
                     r.hop()?;
                     let target = rustix::fs::readlinkat(cur, name.as_slice(), Vec::new())
-                        .map_err(os)?
+                        .map_err(|e| link_gone(e, r.path))?
                         .into_bytes();
                     if target.starts_with(b"/") {
                         let rest = self
@@ -755,6 +755,15 @@ fn not_found(path: &str) -> Failure {
     )
 }
 
+/// `readlinkat` of what was a symlink a moment ago: EINVAL (it is not one
+/// any more) or ENOENT (it is gone) mean the sandbox changed the path.
+fn link_gone(e: Errno, path: &str) -> Failure {
+    match e {
+        Errno::INVAL | Errno::NOENT => changed(path),
+        other => os(other),
+    }
+}
+
 fn changed(path: &str) -> Failure {
     Failure::new(
         FailureKind::Changed,
@@ -788,7 +797,13 @@ fn os(e: Errno) -> Failure {
         Errno::NXIO => FailureKind::NotRegular,
         // Met only when the sandbox changes a path while we work on it.
         Errno::LOOP | Errno::NOTDIR | Errno::NOENT | Errno::EXIST | Errno::NOTEMPTY => {
-            FailureKind::Changed
+            return Failure::new(
+                FailureKind::Changed,
+                format!(
+                    "the path changed while it was being worked on ({})",
+                    strerror(e)
+                ),
+            );
         }
         _ => FailureKind::Other,
     };

@@ -74,6 +74,10 @@ pub(super) async fn command_action(
 pub(super) struct LogsQuery {
     #[serde(default)]
     after: Option<u64>,
+    /// Go on past the `exit` record with what the processes the command
+    /// left running print, until they are gone.
+    #[serde(default)]
+    leftovers: Option<bool>,
 }
 
 /// `GET /v1/sandboxes/{id}/commands/{cid}/logs`: replay, then follow.
@@ -84,7 +88,13 @@ pub(super) async fn stream_logs(
 ) -> Result<Response, ApiError> {
     let lines = app
         .commands
-        .follow_logs(&id, &cid, q.after.unwrap_or(0), app.shutdown.clone())
+        .follow_logs(
+            &id,
+            &cid,
+            q.after.unwrap_or(0),
+            q.leftovers.unwrap_or(false),
+            app.shutdown.clone(),
+        )
         .await?;
     Ok((
         [

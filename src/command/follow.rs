@@ -1,7 +1,8 @@
 //! Following a command's log: its records as the agent gives them (a read
 //! at a time, each waiting up to a heartbeat interval for news), a
-//! heartbeat line when there was none, until the `exit` record or
-//! shutdown. Each read tells the agent where this reader is, so the
+//! heartbeat line when there was none, until the `exit` record (or, for a
+//! reader of the leftovers' output, until the processes the command left
+//! running are gone) or shutdown. Each read tells the agent where this reader is, so the
 //! command's output waits for a reader that keeps reading instead of being
 //! dropped. When the sandbox died under the command, the reader gets the
 //! `error` record sandboxd wrote, then the `exit` record. The stream keeps
@@ -33,6 +34,8 @@ pub(super) struct Follow {
     cmd: Arc<Command>,
     /// The last record this reader got.
     after: u64,
+    /// Read past the exit record (the leftovers' output).
+    past_exit: bool,
     heartbeat: Duration,
     agent_timeout: Duration,
     shutdown: CancellationToken,
@@ -47,6 +50,7 @@ impl Follow {
         sandbox: Arc<Sandbox>,
         cmd: Arc<Command>,
         after: u64,
+        past_exit: bool,
         heartbeat: Duration,
         agent_timeout: Duration,
         shutdown: CancellationToken,
@@ -58,6 +62,7 @@ impl Follow {
             sandbox,
             cmd,
             after,
+            past_exit,
             heartbeat,
             agent_timeout,
             shutdown,
@@ -99,7 +104,7 @@ impl Follow {
                     after: self.after,
                     max_bytes: READ_BYTES,
                     wait_ms: u32::try_from(self.heartbeat.as_millis()).unwrap_or(u32::MAX),
-                    past_exit: false,
+                    past_exit: self.past_exit,
                 }),
                 self.heartbeat + self.agent_timeout,
             );

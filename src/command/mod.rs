@@ -398,12 +398,14 @@ impl Commands {
     }
 
     /// The command's NDJSON log after record `after`: replayed, then
-    /// followed live until its `exit` record (or `shutdown`).
+    /// followed live until its `exit` record (or `shutdown`); with
+    /// `leftovers`, on past it until the processes it left are gone.
     pub async fn follow_logs(
         &self,
         sandbox_id: &str,
         command_id: &str,
         after: u64,
+        leftovers: bool,
         shutdown: CancellationToken,
     ) -> CommandResult<impl futures_util::Stream<Item = bytes::Bytes> + Send + 'static> {
         let (sandbox, cmd) = self.get(sandbox_id, command_id).await?;
@@ -414,6 +416,7 @@ impl Commands {
                 sandbox,
                 cmd,
                 after,
+                leftovers,
                 self.config.log_heartbeat,
                 self.config.agent_timeout,
                 shutdown,
@@ -800,9 +803,9 @@ impl Drive {
             }
             Ok(None) => "the sandbox's container is gone".into(),
             _ if now.unexpected != self.stops.unexpected => {
-                "the sandbox stopped while the command ran and was started again".into()
+                "the sandbox's agent (the process everything in it runs under) ended while the command ran, and the sandbox was started again: something in the sandbox killed it, or the sandbox ran out of memory or was stopped by its engine".into()
             }
-            _ => "the sandbox's agent stopped while the command ran (something in the sandbox may have killed it); the sandbox was started again".into(),
+            _ => "the sandbox's agent stopped answering while the command ran; the sandbox was started again".into(),
         }
     }
 }

@@ -376,7 +376,10 @@ mod tests {
     #[test]
     fn gvisor_sandboxes_get_host_tasks_for_their_kernel() {
         let runc = sandbox_container_body(&spec(), false);
-        assert_eq!(runc.host_config.as_ref().and_then(|h| h.pids_limit), Some(512));
+        assert_eq!(
+            runc.host_config.as_ref().and_then(|h| h.pids_limit),
+            Some(512)
+        );
         let gvisor = sandbox_container_body(
             &SandboxContainer {
                 oci_runtime: Some("runsc".into()),

@@ -2,4 +2,490 @@
 //! process, leftovers that stay recorded and killable, runaways of finished
 //! commands ended so new commands start, why a command ended, output not
 //! lost to a reader who keeps reading, any image, and a sandbox whose agent
-//! is killed or stopped.
+//! is killed.
+
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+use serde_json::{Value, json};
+
+use crate::harness::{self, ServerOptions, TestServer, eventually};
+
+/// A request to a URL from the test, as a user's browser would make it.
+async fn fetch(url: &str) -> Option<String> {
+    let resp = reqwest::Client::new()
+        .get(url)
+        .timeout(Duration::from_secs(3))
+        .send()
+        .await
+        .ok()?;
+    resp.status()
+        .is_success()
+        .then_some(resp)?
+        .text()
+        .await
+        .ok()
+}
+
+/// The command list entry of `cid`.
+async fn listed(server: &TestServer, sid: &str, cid: &str) -> Value {
+    let (_, v) = server.get(&format!("/v1/sandboxes/{sid}/commands")).await;
+    v["commands"]
+        .as_array()
+        .and_then(|l| l.iter().find(|c| c["commandId"] == json!(cid)).cloned())
+        .unwrap_or(Value::Null)
+}
+
+#[tokio::test]
+async fn a_background_server_ends_its_command_at_once_and_keeps_serving() {
+    let server = TestServer::start().await;
+    let sid = server
+        .create(json!({"sessionKey": "bg", "ports": [3000]}))
+        .await;
+    server
+        .write_files(
+            &sid,
+            json!([{"path": "index.html", "contentBase64": harness::b64(b"hello\n")}]),
+        )
+        .await;
+    // What a model writes: the server's output goes to the command's pipes.
+    let t = Instant::now();
+    let bg = server
+        .run(
+            &sid,
+            json!({"cmd": "bash", "args": ["-lc", "cd /vercel/sandbox/workspace && python3 -m http.server 3000 &"]}),
+        )
+        .await;
+    let took = t.elapsed();
+    assert_eq!(bg["exitCode"], 0, "{bg}");
+    assert!(
+        took < Duration::from_secs(1),
+        "ended with its shell: {took:?}"
+    );
+    let t = Instant::now();
+    let next = server.sh(&sid, "echo next").await;
+    assert_eq!(next["stdout"], "next\n");
+    assert!(
+        t.elapsed() < Duration::from_secs(1),
+        "the next command is not held up: {:?}",
+        t.elapsed()
+    );
+    let (_, v) = server
+        .get(&format!("/v1/sandboxes/{sid}/ports/3000?waitMs=10000"))
+        .await;
+    assert_eq!(v["ready"], true, "{v}");
+    let url = format!("{}/index.html", v["url"].as_str().expect("url"));
+    // The server logs every request to its stderr, which is the finished
+    // command's pipe: requests keep being served, and the lines recorded.
+    for _ in 0..3 {
+        assert_eq!(fetch(&url).await.as_deref(), Some("hello\n"));
+    }
+    let (_, list) = server.get(&format!("/v1/sandboxes/{sid}/commands")).await;
+    let entry = list["commands"]
+        .as_array()
+        .and_then(|l| {
+            l.iter()
+                .find(|c| c["processes"].as_u64().unwrap_or(0) > 0)
+                .cloned()
+        })
+        .expect("the server's command lists its leftover");
+    assert_eq!(entry["state"], "exited");
+    let cid = entry["commandId"].as_str().expect("id").to_string();
+    let exit_seq = server
+        .log_records(&sid, &cid, "")
+        .await
+        .last()
+        .map(|r| r["seq"].clone())
+        .expect("exit record");
+    // Its later output: past the exit record, with ?leftovers=true.
+    let resp = server
+        .client
+        .get(format!(
+            "{}/v1/sandboxes/{sid}/commands/{cid}/logs?after={exit_seq}&leftovers=true",
+            server.base
+        ))
+        .send()
+        .await
+        .expect("logs");
+    let mut body = resp.bytes_stream();
+    let mut text = String::new();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !text.contains("GET /index.html") {
+        assert!(Instant::now() < deadline, "the request log lines: {text}");
+        match tokio::time::timeout(Duration::from_secs(5), body.next()).await {
+            Ok(Some(Ok(chunk))) => text.push_str(&String::from_utf8_lossy(&chunk)),
+            other => panic!("the leftovers' stream ended early: {other:?} {text}"),
+        }
+    }
+    // And it is killable: the server goes, the stream ends.
+    let (s, _) = server
+        .post(
+            &format!("/v1/sandboxes/{sid}/commands/{cid}:kill"),
+            json!(null),
+        )
+        .await;
+    assert_eq!(s, 200);
+    let rest = tokio::time::timeout(Duration::from_secs(10), async {
+        while let Some(Ok(chunk)) = body.next().await {
+            text.push_str(&String::from_utf8_lossy(&chunk));
+        }
+    })
+    .await;
+    assert!(rest.is_ok(), "the stream ends once the leftovers are gone");
+    eventually(Duration::from_secs(5), "the URL stops serving", || async {
+        fetch(&url).await.is_none()
+    })
+    .await;
+    assert_eq!(listed(&server, &sid, &cid).await["processes"], 0);
+}
+
+#[tokio::test]
+async fn a_process_runaway_left_by_a_finished_command_is_ended() {
+    let server =
+        TestServer::start_with(ServerOptions::default().env("SANDBOXD_PIDS_LIMIT", "96")).await;
+    let sid = server.offline_sandbox().await;
+    // The command ends at once; what it leaves forks until the limit.
+    let left = server
+        .run(
+            &sid,
+            json!({"command": "nohup bash -c 'while :; do sleep 600 & done' >/dev/null 2>&1 & echo started"}),
+        )
+        .await;
+    assert_eq!(left["stdout"], "started\n");
+    // Let it reach the limit, then a new command must run within 5 s.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let t = Instant::now();
+    let ok = server.sh(&sid, "echo ok").await;
+    assert_eq!(ok["stdout"], "ok\n", "{ok}");
+    assert!(
+        t.elapsed() < Duration::from_secs(5),
+        "a new command within 5 s: {:?}",
+        t.elapsed()
+    );
+    // The leftovers were ended, and the log of their command says so.
+    let (_, list) = server.get(&format!("/v1/sandboxes/{sid}/commands")).await;
+    let first = &list["commands"][0];
+    let cid = first["commandId"].as_str().expect("id").to_string();
+    eventually(
+        Duration::from_secs(10),
+        "the leftovers are gone",
+        || async { listed(&server, &sid, &cid).await["processes"] == 0 },
+    )
+    .await;
+    let records = server.log_records(&sid, &cid, "?leftovers=true").await;
+    let why = records
+        .iter()
+        .find(|r| r["stream"] == "error")
+        .unwrap_or_else(|| panic!("an error record says why: {records:?}"));
+    assert!(
+        why["message"].as_str().unwrap_or("").contains("pids limit"),
+        "{why}"
+    );
+}
+
+#[tokio::test]
+async fn a_memory_runaway_left_by_a_finished_command_is_ended() {
+    let server = TestServer::start().await;
+    let sid = server
+        .create(json!({"sessionKey": "mem", "network": {"mode": "none"}, "resources": {"memoryMb": 256}}))
+        .await;
+    // Pages it writes (a zeroed bytearray would only map them).
+    let hog =
+        "import time\na = []\nwhile True:\n    a.append(b'x' * (8 << 20))\n    time.sleep(0.01)\n";
+    server
+        .write_files(
+            &sid,
+            json!([{"path": "hog.py", "contentBase64": harness::b64(hog.as_bytes())}]),
+        )
+        .await;
+    let left = server
+        .sh(&sid, "nohup python3 hog.py >/dev/null 2>&1 & echo started")
+        .await;
+    assert_eq!(left["stdout"], "started\n");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let t = Instant::now();
+    let ok = server.sh(&sid, "echo ok").await;
+    assert_eq!(ok["stdout"], "ok\n", "{ok}");
+    assert!(
+        t.elapsed() < Duration::from_secs(5),
+        "a new command within 5 s: {:?}",
+        t.elapsed()
+    );
+    eventually(Duration::from_secs(10), "the hog is gone", || async {
+        server.sh(&sid, "pgrep -f '[h]og.py' || echo none").await["stdout"] == "none\n"
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn an_exit_says_whether_the_memory_limit_killed_it_and_what_it_used() {
+    let server = TestServer::start().await;
+    let sid = server
+        .create(json!({"sessionKey": "oom", "network": {"mode": "none"}, "resources": {"memoryMb": 256}}))
+        .await;
+    // A command that uses CPU and some memory, then ends normally.
+    let busy = server
+        .sh(
+            &sid,
+            "python3 -c 'b = b\"x\" * (64 << 20); x = 0\nfor i in range(3000000): x += i'",
+        )
+        .await;
+    assert_eq!(busy["exitCode"], 0, "{busy}");
+    assert_eq!(busy["oomKilled"], false);
+    let usage = &busy["usage"];
+    assert!(usage["cpuUserMs"].as_u64().unwrap_or(0) >= 50, "{usage}");
+    assert!(
+        usage["maxRssKb"].as_u64().unwrap_or(0) >= 64 * 1024,
+        "its 64 MiB show in its peak: {usage}"
+    );
+    if harness::under_gvisor() {
+        // gVisor's kernel goes with the sandbox when the memory limit is
+        // hit (see README, gVisor): no exit of the command's own to read.
+        eprintln!("under gVisor the memory limit ends the whole sandbox; oomKilled is runc's");
+        return;
+    }
+    let hog = server
+        .sh(
+            &sid,
+            "python3 -c 'a = []\nwhile True: a.append(b\"x\" * (16 << 20))'",
+        )
+        .await;
+    assert_eq!(
+        (hog["exitCode"].clone(), hog["oomKilled"].clone()),
+        (json!(137), json!(true)),
+        "{hog}"
+    );
+    assert!(
+        !hog["stderr"].as_str().unwrap_or("").contains("sandboxd"),
+        "no implementation lines on the user's stderr: {hog}"
+    );
+    // The same through wait and the exit record.
+    let cid = server
+        .start_command(
+            &sid,
+            json!({"command": "python3 -c 'a = []\nwhile True: a.append(b\"x\" * (16 << 20))'"}),
+        )
+        .await;
+    let w = server.wait_command(&sid, &cid).await;
+    assert_eq!(w["oomKilled"], true, "{w}");
+    let exit = server.log_records(&sid, &cid, "").await;
+    let exit = exit.last().expect("exit");
+    assert_eq!(
+        (exit["stream"].clone(), exit["oomKilled"].clone()),
+        (json!("exit"), json!(true))
+    );
+    assert!(
+        exit["usage"]["maxRssKb"].as_u64().unwrap_or(0) > 100 * 1024,
+        "{exit}"
+    );
+}
+
+#[tokio::test]
+async fn readers_that_keep_reading_get_every_byte_of_a_gigabyte() {
+    let server = TestServer::start().await;
+    let sid = server.offline_sandbox().await;
+    let pid = server.pid().expect("pid");
+    let before = harness::rss_kb(pid);
+    let size: u64 = 1 << 30;
+    let cid = server
+        .start_command(
+            &sid,
+            json!({"command": format!("head -c {size} /dev/zero | tr '\\0' x"), "timeoutMs": 600000}),
+        )
+        .await;
+    let count = |n: usize| {
+        let client = server.client.clone();
+        let url = format!("{}/v1/sandboxes/{sid}/commands/{cid}/logs", server.base);
+        async move {
+            let resp = client.get(url).send().await.expect("logs");
+            let mut body = resp.bytes_stream();
+            let (mut bytes, mut dropped, mut carry) = (0u64, false, Vec::new());
+            while let Some(chunk) = body.next().await {
+                carry.extend_from_slice(&chunk.expect("chunk"));
+                let end = carry.iter().rposition(|b| *b == b'\n').map_or(0, |i| i + 1);
+                for line in carry[..end]
+                    .split(|b| *b == b'\n')
+                    .filter(|l| !l.is_empty())
+                {
+                    let v: Value = serde_json::from_slice(line).expect("ndjson");
+                    match v["stream"].as_str() {
+                        Some("stdout") => bytes += v["data"].as_str().map_or(0, |d| d.len() as u64),
+                        Some("dropped") => dropped = true,
+                        _ => {}
+                    }
+                }
+                carry.drain(..end);
+            }
+            (n, bytes, dropped)
+        }
+    };
+    let mut peak = before;
+    let readers = futures_util::future::join_all((0..4).map(count));
+    tokio::pin!(readers);
+    let results = loop {
+        tokio::select! {
+            r = &mut readers => break r,
+            _ = tokio::time::sleep(Duration::from_millis(200)) => peak = peak.max(harness::rss_kb(pid)),
+        }
+    };
+    for (n, bytes, dropped) in results {
+        assert!(!dropped, "reader {n} was told of a drop");
+        assert_eq!(bytes, size, "reader {n} got every byte");
+    }
+    let growth = peak.saturating_sub(before) / 1024;
+    assert!(
+        growth < 64,
+        "sandboxd grew {growth} MB with four readers of a gigabyte"
+    );
+}
+
+#[tokio::test]
+async fn a_bare_image_runs_commands_files_and_ports() {
+    // The debootstrap base (sandbox-images/build.sh --base-only): bash and
+    // coreutils and perl-base, no python3, no socat, no workspace directory.
+    let base = std::process::Command::new("sandbox-images/build.sh")
+        .arg("--base-only")
+        .output()
+        .expect("build.sh --base-only");
+    assert!(
+        base.status.success(),
+        "{}",
+        String::from_utf8_lossy(&base.stderr)
+    );
+    let image = String::from_utf8_lossy(&base.stdout).trim().to_string();
+    let config = std::env::temp_dir().join(format!("{}.toml", harness::unique_instance()));
+    std::fs::write(&config, format!("[runtimes.bare]\nimage = \"{image}\"\n")).expect("config");
+    let server = TestServer::start_with(
+        ServerOptions::default().env("SANDBOXD_CONFIG", &config.display().to_string()),
+    )
+    .await;
+    let sid = server
+        .create(json!({"sessionKey": "bare", "runtime": "bare", "ports": [3000]}))
+        .await;
+    let r = server
+        .sh(&sid, "echo hi; id -u; pwd; touch made && ls")
+        .await;
+    assert_eq!(r["stdout"], "hi\n1000\n/workspace\nmade\n", "{r}");
+    let (s, v) = server
+        .write_files(
+            &sid,
+            json!([{"path": "dir/a.bin", "contentBase64": harness::b64(&[0, 1, 255])}]),
+        )
+        .await;
+    assert_eq!(s, 200, "{v}");
+    let (_, v) = server
+        .read_file(&sid, "/vercel/sandbox/workspace/dir/a.bin")
+        .await;
+    assert_eq!(v["contentBase64"], harness::b64(&[0, 1, 255]));
+    let (_, v) = server.get(&format!("/v1/sandboxes/{sid}/files:list")).await;
+    let names: Vec<&str> = v["entries"]
+        .as_array()
+        .map(|l| l.iter().filter_map(|e| e["name"].as_str()).collect())
+        .unwrap_or_default();
+    assert_eq!(names, ["dir", "made"]);
+    // A server in perl, the only language the base has.
+    let serve = "use IO::Socket::INET; my $s = IO::Socket::INET->new(LocalAddr => '127.0.0.1:3000', Listen => 5, ReuseAddr => 1) or die; while (my $c = $s->accept) { <$c>; print $c \"HTTP/1.0 200 OK\\r\\n\\r\\nbare\\n\"; close $c }";
+    server
+        .write_files(
+            &sid,
+            json!([{"path": "serve.pl", "contentBase64": harness::b64(serve.as_bytes())}]),
+        )
+        .await;
+    server
+        .start_command(
+            &sid,
+            json!({"command": "exec perl serve.pl", "timeoutMs": 600000}),
+        )
+        .await;
+    let (_, v) = server
+        .get(&format!("/v1/sandboxes/{sid}/ports/3000?waitMs=10000"))
+        .await;
+    assert_eq!(v["ready"], true, "{v}");
+    let url = v["url"].as_str().expect("url").to_string();
+    eventually(
+        Duration::from_secs(10),
+        "the bare sandbox serves",
+        || async { fetch(&url).await.as_deref() == Some("bare\n") },
+    )
+    .await;
+    let _ = std::fs::remove_file(config);
+}
+
+#[tokio::test]
+async fn killing_the_agent_ends_its_commands_with_a_reason_and_the_sandbox_recovers() {
+    let server = TestServer::start().await;
+    let sid = server.offline_sandbox().await;
+    server
+        .write_files(
+            &sid,
+            json!([{"path": "kept.txt", "contentBase64": harness::b64(b"kept")}]),
+        )
+        .await;
+    let cid = server
+        .start_command(
+            &sid,
+            json!({"command": "echo running; sleep 600", "timeoutMs": 600000}),
+        )
+        .await;
+    // The sandbox user kills the agent (it runs as that user).
+    let killed = server
+        .sh(&sid, "pkill -KILL -f '^/.sandboxd/sandboxd-agent serve'")
+        .await;
+    assert_eq!(
+        killed["exitCode"], 137,
+        "the killing command went with it: {killed}"
+    );
+    let w = server.wait_command(&sid, &cid).await;
+    assert_eq!(
+        (w["exitCode"].clone(), w["killed"].clone()),
+        (json!(137), json!(false)),
+        "{w}"
+    );
+    let records = server.log_records(&sid, &cid, "").await;
+    let n = records.len();
+    assert!(n >= 2, "{records:?}");
+    assert_eq!(records[n - 2]["stream"], "error");
+    assert!(
+        records[n - 2]["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("agent"),
+        "the reason names the agent: {}",
+        records[n - 2]
+    );
+    assert_eq!(records[n - 1]["stream"], "exit");
+    // The sandbox recovers: same workspace, new commands run.
+    let ok = server.sh(&sid, "cat kept.txt").await;
+    assert_eq!(ok["stdout"], "kept");
+    let (s, _) = server.get("/v1/health").await;
+    assert_eq!(s, 200, "sandboxd stays healthy");
+}
+
+#[tokio::test]
+async fn commands_survive_a_sandboxd_kill_and_report_their_own_exit_code() {
+    let mut server = TestServer::start().await;
+    let sid = server.offline_sandbox().await;
+    let cid = server
+        .start_command(
+            &sid,
+            json!({"command": "echo one; while [ ! -e go ]; do sleep 0.05; done; echo two; exit 5", "timeoutMs": 600000}),
+        )
+        .await;
+    eventually(Duration::from_secs(5), "it runs", || async {
+        listed(&server, &sid, &cid).await["state"] == "running"
+    })
+    .await;
+    server.crash_and_restart().await;
+    assert_eq!(listed(&server, &sid, &cid).await["state"], "running");
+    server.sh(&sid, "touch go").await;
+    let w = server.wait_command(&sid, &cid).await;
+    assert_eq!(w["exitCode"], 5, "{w}");
+    let out: String = server
+        .log_records(&sid, &cid, "")
+        .await
+        .iter()
+        .filter(|r| r["stream"] == "stdout")
+        .filter_map(|r| r["data"].as_str().map(str::to_string))
+        .collect();
+    assert_eq!(out, "one\ntwo\n");
+}

@@ -159,8 +159,9 @@ async fn timeout_and_kill_end_the_whole_tree_but_spare_earlier_servers() {
         .start_command(&sid, json!({"command": "sleep 4343"}))
         .await;
 
-    let tree =
-        "sleep 1001 & setsid sleep 1002 & nohup sleep 1003 >/dev/null 2>&1 & (sleep 1004 &) ; wait";
+    // Every way out of a tree: the background, a new session, nohup, a
+    // double fork, and a cleared environment.
+    let tree = "sleep 1001 & setsid sleep 1002 & nohup sleep 1003 >/dev/null 2>&1 & (sleep 1004 &) ; env -i /bin/sleep 1005 & wait";
     let timed = server
         .run(&sid, json!({"command": tree, "timeoutMs": 1500}))
         .await;
@@ -169,7 +170,13 @@ async fn timeout_and_kill_end_the_whole_tree_but_spare_earlier_servers() {
         .as_str()
         .expect("ps")
         .to_string();
-    for n in ["sleep 1001", "sleep 1002", "sleep 1003", "sleep 1004"] {
+    for n in [
+        "sleep 1001",
+        "sleep 1002",
+        "sleep 1003",
+        "sleep 1004",
+        "/bin/sleep 1005",
+    ] {
         assert!(
             pids_matching(&ps, n).is_empty(),
             "{n} survived the timeout:\n{ps}"
@@ -180,6 +187,7 @@ async fn timeout_and_kill_end_the_whole_tree_but_spare_earlier_servers() {
         .await;
     eventually(Duration::from_secs(5), "the tree is up", || async {
         has_process(&server, &sid, "sleep 2004").await
+            && has_process(&server, &sid, "/bin/sleep 2005").await
     })
     .await;
     server
@@ -188,11 +196,19 @@ async fn timeout_and_kill_end_the_whole_tree_but_spare_earlier_servers() {
             json!(null),
         )
         .await;
+    // :kill answers once SIGTERM is sent; the end follows.
+    server.wait_command(&sid, &cid).await;
     let ps = server.sh(&sid, "ps -eo args").await["stdout"]
         .as_str()
         .expect("ps")
         .to_string();
-    for n in ["sleep 2001", "sleep 2002", "sleep 2003", "sleep 2004"] {
+    for n in [
+        "sleep 2001",
+        "sleep 2002",
+        "sleep 2003",
+        "sleep 2004",
+        "/bin/sleep 2005",
+    ] {
         assert!(
             pids_matching(&ps, n).is_empty(),
             "{n} survived the kill:\n{ps}"
