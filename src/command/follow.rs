@@ -19,6 +19,7 @@ use tokio_util::sync::CancellationToken;
 use super::Command;
 use super::log::{check_order, error_line, exit_line, heartbeat_line, render};
 use crate::agent::AgentError;
+use crate::config::Config;
 use crate::sandbox::registry::OpenRequest;
 use crate::sandbox::{Sandbox, Sandboxes};
 
@@ -51,8 +52,7 @@ impl Follow {
         cmd: Arc<Command>,
         after: u64,
         past_exit: bool,
-        heartbeat: Duration,
-        agent_timeout: Duration,
+        config: &Config,
         shutdown: CancellationToken,
     ) -> Follow {
         let mut id = [0u8; 8];
@@ -63,8 +63,8 @@ impl Follow {
             cmd,
             after,
             past_exit,
-            heartbeat,
-            agent_timeout,
+            heartbeat: config.log_heartbeat,
+            agent_timeout: config.agent_timeout,
             shutdown,
             follower: u64::from_le_bytes(id),
             done: false,

@@ -369,14 +369,14 @@ async fn a_bare_image_runs_commands_files_and_ports() {
     let (s, v) = server
         .write_files(
             &sid,
-            json!([{"path": "dir/a.bin", "contentBase64": harness::b64(&[0, 1, 255])}]),
+            json!([{"path": "dir/a.bin", "contentBase64": harness::b64([0, 1, 255])}]),
         )
         .await;
     assert_eq!(s, 200, "{v}");
     let (_, v) = server
         .read_file(&sid, "/vercel/sandbox/workspace/dir/a.bin")
         .await;
-    assert_eq!(v["contentBase64"], harness::b64(&[0, 1, 255]));
+    assert_eq!(v["contentBase64"], harness::b64([0, 1, 255]));
     let (_, v) = server.get(&format!("/v1/sandboxes/{sid}/files:list")).await;
     let names: Vec<&str> = v["entries"]
         .as_array()
