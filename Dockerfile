@@ -29,10 +29,13 @@ COPY target/release/sandboxd /usr/local/bin/sandboxd
 
 FROM ${RUST_IMAGE} AS builder
 WORKDIR /src
-COPY Cargo.toml Cargo.lock ./
+COPY Cargo.toml Cargo.lock build.rs ./
 COPY src ./src
+COPY proto ./proto
+COPY agent ./agent
 COPY sandbox-images ./sandbox-images
-RUN cargo build --release --locked && cp target/release/sandboxd /sandboxd
+# build.rs builds the agent (statically) and embeds it in sandboxd.
+RUN cargo build --release --locked --bin sandboxd && cp target/release/sandboxd /sandboxd
 
 FROM base AS runtime
 COPY --from=builder /sandboxd /usr/local/bin/sandboxd

@@ -1,7 +1,7 @@
 //! Processes in a running container: start one with its output attached
-//! (stdout and stderr demultiplexed) and its stdin held open, and read its
-//! exit code once it ends. The engine has no way to kill an exec; ending
-//! one is the domain's job (see `command`).
+//! (stdout and stderr demultiplexed) and its stdin held open. sandboxd
+//! starts one per connection to a sandbox's agent (its bridge); everything
+//! else runs under the agent.
 
 use std::pin::Pin;
 
@@ -39,14 +39,13 @@ pub type ExecOutput = Pin<Box<dyn Stream<Item = EngineResult<(OutputStream, Byte
 
 /// A started process: its output until it ends, and its stdin.
 pub struct ExecSession {
-    pub id: String,
     pub output: ExecOutput,
     pub stdin: Pin<Box<dyn AsyncWrite + Send>>,
 }
 
 impl std::fmt::Debug for ExecSession {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ExecSession").field("id", &self.id).finish()
+        f.debug_struct("ExecSession").finish_non_exhaustive()
     }
 }
 
@@ -83,7 +82,6 @@ pub(super) async fn start(
         .await?;
     match started {
         StartExecResults::Attached { output, input } => Ok(ExecSession {
-            id: created.id,
             output: Box::pin(output.filter_map(|item| async move {
                 match item {
                     Ok(LogOutput::StdOut { message }) => Some(Ok((OutputStream::Stdout, message))),
@@ -98,13 +96,4 @@ pub(super) async fn start(
             "the engine started the process detached".into(),
         )),
     }
-}
-
-/// The exit code of an ended process; `None` while it still runs.
-pub(super) async fn exit_code(docker: &Docker, exec_id: &str) -> EngineResult<Option<i64>> {
-    let info = docker.inspect_exec(exec_id).await?;
-    if info.running.unwrap_or(false) {
-        return Ok(None);
-    }
-    Ok(info.exit_code)
 }

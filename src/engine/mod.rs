@@ -413,14 +413,6 @@ impl Engine {
         gvisor
     }
 
-    /// Unpacks `entries` at `/` of a created container (volumes mounted in
-    /// it included): how a workspace volume's root comes to belong to the
-    /// sandbox user before the container starts.
-    pub async fn upload(&self, container: &str, entries: &[Entry<'_>]) -> EngineResult<()> {
-        let docker = self.docker()?;
-        archive::upload(&docker, container, entries).await
-    }
-
     /// Whether a volume exists.
     pub async fn volume_exists(&self, name: &str) -> EngineResult<bool> {
         let docker = self.docker()?;
@@ -701,11 +693,6 @@ impl Engine {
         exec::start(&docker, container, req).await
     }
 
-    /// Exit code of a process started by [`Engine::exec`]; `None` while running.
-    pub async fn exec_exit_code(&self, exec_id: &str) -> EngineResult<Option<i64>> {
-        let docker = self.docker()?;
-        exec::exit_code(&docker, exec_id).await
-    }
 }
 
 impl Engine {

@@ -19,12 +19,10 @@ use std::time::Duration;
 use tokio::sync::watch;
 
 use crate::config::Config;
-use futures_util::StreamExt;
-
 use crate::agent::AgentError;
 use crate::clock::now_ms;
 use crate::engine::{
-    ContainerStatus, Engine, EngineError, ExecRequest, ExecSession, OutputStream, SandboxContainer,
+    ContainerStatus, Engine, EngineError, ExecRequest, ExecSession, SandboxContainer,
 };
 use crate::field_error::FieldError;
 pub use reaper::run_reaper;
@@ -87,15 +85,6 @@ impl From<EngineError> for SandboxError {
 
 /// Result of sandbox operations.
 pub type SandboxResult<T> = Result<T, SandboxError>;
-
-/// A process that ran to its end: see [`Sandboxes::exec_to_end`].
-#[derive(Debug, Clone)]
-pub struct ExecEnded {
-    /// `None` when the engine could not say.
-    pub code: Option<i64>,
-    pub stdout: Vec<u8>,
-    pub stderr: Vec<u8>,
-}
 
 /// The answer to a create.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -608,60 +597,6 @@ impl Sandboxes {
             SandboxError::Engine(_) | SandboxError::EngineUnavailable(_) => self.gone_or(s, e),
             other => other,
         })
-    }
-
-    /// Runs a process in the sandbox to its end, or until `limit` passes,
-    /// and returns what it printed and its exit code. `None`: it could not
-    /// start or did not end in time.
-    pub async fn exec_to_end(
-        &self,
-        s: &Arc<Sandbox>,
-        req: &ExecRequest,
-        limit: Duration,
-    ) -> SandboxResult<Option<ExecEnded>> {
-        let ExecSession {
-            id,
-            mut output,
-            stdin,
-        } = self.exec(s, req).await?;
-        let collect = async {
-            let (mut stdout, mut stderr) = (Vec::new(), Vec::new());
-            while let Some(Ok((stream, bytes))) = output.next().await {
-                match stream {
-                    OutputStream::Stdout => stdout.extend_from_slice(&bytes),
-                    OutputStream::Stderr => stderr.extend_from_slice(&bytes),
-                }
-            }
-            (stdout, stderr)
-        };
-        let collected = tokio::time::timeout(limit, collect).await;
-        drop(stdin);
-        let Ok((stdout, stderr)) = collected else {
-            return Ok(None);
-        };
-        Ok(Some(ExecEnded {
-            code: self.exit_code(&id).await,
-            stdout,
-            stderr,
-        }))
-    }
-
-    /// The exit code of a process started by [`Sandboxes::exec`]. The engine
-    /// records it before it closes the output, so this normally answers at
-    /// once; it retries briefly in case not. `None`: the engine could not
-    /// say (it restarted, the container vanished).
-    pub async fn exit_code(&self, exec_id: &str) -> Option<i64> {
-        for _ in 0..40 {
-            match self.engine.exec_exit_code(exec_id).await {
-                Ok(Some(code)) => return Some(code),
-                Ok(None) => tokio::time::sleep(Duration::from_millis(25)).await,
-                Err(e) => {
-                    tracing::warn!(exec_id, error = %e, "the engine could not say how a process ended");
-                    return None;
-                }
-            }
-        }
-        None
     }
 
     /// The state of a sandbox's container, `None` when it is gone.
