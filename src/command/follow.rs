@@ -110,6 +110,9 @@ impl Follow {
             );
             let reply = tokio::select! {
                 r = read => r,
+                // The sandbox died under the command: what its agent held
+                // went with it, and sandboxd says how it ended.
+                _ = ended_by_sandboxd(&self.cmd) => continue,
                 _ = self.shutdown.cancelled() => return None,
             };
             match reply {
@@ -161,6 +164,14 @@ impl Follow {
         buf.extend_from_slice(&error_line(&why, self.after + 1));
         buf.extend_from_slice(&exit_line(f.exit, f.oom_killed, f.usage, self.after + 2));
         buf.freeze()
+    }
+}
+
+/// Resolves when sandboxd has ended `cmd` itself; never otherwise.
+async fn ended_by_sandboxd(cmd: &Command) {
+    cmd.ended().await;
+    if cmd.ended_by_sandboxd().is_none() {
+        std::future::pending::<()>().await;
     }
 }
 

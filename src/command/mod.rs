@@ -42,8 +42,6 @@ const REPORT_SLACK: Duration = Duration::from_secs(15);
 const RETRY_EVERY: Duration = Duration::from_millis(200);
 /// How often a running command's sandbox is looked at.
 const LIVENESS_EVERY: Duration = Duration::from_secs(2);
-/// How long that look may take before the sandbox counts as alive.
-const LIVENESS_TIMEOUT: Duration = Duration::from_secs(1);
 /// Longest summary kept from an agent's listing.
 const SUMMARY_CHARS: usize = 120;
 
@@ -758,22 +756,7 @@ impl Drive {
     /// stopped or restarted by sandboxd, its container running. An engine
     /// that does not answer within a second counts as alive.
     async fn sandbox_alive(&self) -> bool {
-        if self.sandbox.stops() != self.stops {
-            return false;
-        }
-        let status = tokio::time::timeout(
-            LIVENESS_TIMEOUT,
-            self.sandboxes.container_status(&self.sandbox),
-        )
-        .await;
-        !matches!(
-            status,
-            Ok(Ok(None))
-                | Ok(Ok(Some(crate::engine::ContainerStatus {
-                    running: false,
-                    ..
-                })))
-        )
+        self.sandbox.stops() == self.stops && self.sandboxes.container_alive(&self.sandbox).await
     }
 
     /// Past the deadline: ask the agent to end it (once).

@@ -692,7 +692,6 @@ impl Engine {
         let docker = self.docker()?;
         exec::start(&docker, container, req).await
     }
-
 }
 
 impl Engine {

@@ -20,6 +20,8 @@ use super::{SandboxError, SandboxResult, Sandboxes};
 use crate::agent::{AgentConn, AgentError};
 use crate::engine::{ExecRequest, ExecSession, OutputStream};
 
+/// How often a long call looks at its sandbox's container.
+const LIVENESS_EVERY: Duration = Duration::from_secs(2);
 /// How long connecting may keep trying while the agent starts up.
 const CONNECT_WITHIN: Duration = Duration::from_secs(10);
 /// Lines of the bridge's stderr logged per connection, at most.
@@ -78,14 +80,59 @@ impl Sandboxes {
         Fut: std::future::Future<Output = Result<T, AgentError>>,
     {
         let conn = self.agent(s).await?;
-        match call(conn).await {
+        match self.watched(s, &conn, call(Arc::clone(&conn))).await {
             Err(AgentError::Closed(why)) => {
                 tracing::debug!(sandbox_id = %s.id, why, "the agent's connection closed; trying a new one");
                 let conn = self.agent(s).await?;
-                call(conn).await.map_err(Into::into)
+                self.watched(s, &conn, call(Arc::clone(&conn)))
+                    .await
+                    .map_err(Into::into)
             }
             other => other.map_err(Into::into),
         }
+    }
+
+    /// Runs `call` while looking at the sandbox's container every
+    /// [`LIVENESS_EVERY`]: a sandbox that died under a call (gVisor's kernel
+    /// out of memory, say) can leave the connection open, so its death
+    /// closes the connection and the call fails as closed.
+    async fn watched<T>(
+        &self,
+        s: &Sandbox,
+        conn: &AgentConn,
+        call: impl std::future::Future<Output = Result<T, AgentError>>,
+    ) -> Result<T, AgentError> {
+        tokio::pin!(call);
+        let mut tick =
+            tokio::time::interval_at(tokio::time::Instant::now() + LIVENESS_EVERY, LIVENESS_EVERY);
+        loop {
+            tokio::select! {
+                r = &mut call => return r,
+                _ = tick.tick() => {
+                    if !self.container_alive(s).await {
+                        conn.close("the sandbox stopped".into());
+                    }
+                }
+            }
+        }
+    }
+
+    /// Whether the sandbox's container runs; an engine that does not
+    /// answer within a second counts as alive.
+    pub async fn container_alive(&self, s: &Sandbox) -> bool {
+        let status = tokio::time::timeout(
+            Duration::from_secs(1),
+            self.engine.container_status(&s.container),
+        )
+        .await;
+        !matches!(
+            status,
+            Ok(Ok(None))
+                | Ok(Ok(Some(crate::engine::ContainerStatus {
+                    running: false,
+                    ..
+                })))
+        )
     }
 
     /// Connects in the background, so a new sandbox's first command does

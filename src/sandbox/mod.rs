@@ -18,9 +18,9 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
-use crate::config::Config;
 use crate::agent::AgentError;
 use crate::clock::now_ms;
+use crate::config::Config;
 use crate::engine::{
     ContainerStatus, Engine, EngineError, ExecRequest, ExecSession, SandboxContainer,
 };
