@@ -34,6 +34,9 @@ COPY src ./src
 COPY proto ./proto
 COPY agent ./agent
 COPY sandbox-images ./sandbox-images
+# The manifest names the test and bench targets; cargo wants their files.
+COPY tests ./tests
+COPY bench ./bench
 # build.rs builds the agent (statically) and embeds it in sandboxd.
 RUN cargo build --release --locked --bin sandboxd && cp target/release/sandboxd /sandboxd
 

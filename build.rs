@@ -5,7 +5,7 @@
 //! A nested `cargo build` of the `agent` package, for the target sandboxd
 //! is built for, with `-C target-feature=+crt-static` and the `agent`
 //! profile, in its own target directory (no lock is shared with the outer
-//! build). The binary lands in `OUT_DIR`, where `src/sandbox/agent_image.rs`
+//! build). The binary lands in `OUT_DIR`, where `src/sandbox/agent_delivery.rs`
 //! includes it, with a version derived from its bytes.
 //!
 //! `SANDBOXD_AGENT_BIN` names a prebuilt agent instead (a packaging step

@@ -32,7 +32,7 @@ if cargo nextest --version >/dev/null 2>&1; then
     -E 'binary(it) and not test(/^(engine_restart|gvisor|http_contract)::/)' "$@"
 else
   # libtest filters match substrings of the test path (module::test).
-  cargo test --no-fail-fast --lib --test it "$@" -- --skip engine_restart::
+  cargo test --no-fail-fast --workspace "$@" -- --skip engine_restart::
   cargo test --no-fail-fast --test it "$@" -- engine_restart::
   "${under_gvisor[@]}" cargo test --no-fail-fast --test it "$@" -- \
     --skip engine_restart:: --skip gvisor:: --skip http_contract::

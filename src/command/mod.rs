@@ -551,8 +551,9 @@ impl Commands {
             self.all.insert(cmd.id.clone(), Arc::clone(&cmd));
             n += 1;
             if state.ended.is_none() {
-                let max = self.config.max_running_commands;
-                let Some(running) = sandbox.command_started(max) else {
+                // It runs already: it is followed (and counted) whatever
+                // the limit, which may have been lowered meanwhile.
+                let Some(running) = sandbox.command_started(usize::MAX) else {
                     continue;
                 };
                 let left = Duration::from_millis(

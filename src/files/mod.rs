@@ -157,10 +157,16 @@ impl Files {
 
     /// Runs one file operation in the sandbox's agent; answers in parts go
     /// to `part`.
+    ///
+    /// Parts are held until the answer is complete, at most `budget` bytes
+    /// of them (see [`part_bytes`]): past that the answer is `TooLarge`,
+    /// whatever the agent goes on sending. A budget of 0 is an operation
+    /// that answers in one part.
     async fn call(
         &self,
         sandbox_id: &str,
         op: Op,
+        budget: usize,
         part: impl FnMut(Reply) -> Result<(), String>,
     ) -> FileResult<Reply> {
         let sandbox = self.sandboxes.lookup(sandbox_id).await?;
@@ -177,8 +183,16 @@ impl Files {
                 let part = &part;
                 async move {
                     let mut parts = Vec::new();
+                    let mut held = 0usize;
                     let last = conn
                         .call_parts_within(op, limit, |p| {
+                            held = held.saturating_add(part_bytes(&p));
+                            if budget == 0 {
+                                return Err(format!("{} where one answer was due", reply_name(&p)));
+                            }
+                            if held > budget {
+                                return Err(OVER_BUDGET.into());
+                            }
                             parts.push(p);
                             Ok(())
                         })
@@ -195,6 +209,9 @@ impl Files {
             .await;
         answer.map_err(|e| match e {
             SandboxError::Agent(a @ AgentError::Refused(_)) => FileError::from(a),
+            SandboxError::Agent(AgentError::Protocol(m)) if m == OVER_BUDGET => {
+                FileError::TooLarge(format!("the answer is larger than {budget} bytes"))
+            }
             other => self.sandboxes.gone_or(&sandbox, FileError::from(other)),
         })
     }
@@ -216,6 +233,7 @@ impl Files {
                     path: path.relative(),
                     max_bytes: max,
                 },
+                usize::try_from(max).unwrap_or(usize::MAX),
                 |part| match part {
                     Reply::Data(d) if (content.len() + d.len()) as u64 <= max => {
                         content.extend_from_slice(&d);
@@ -275,7 +293,7 @@ impl Files {
                 content: f.content,
             });
         }
-        self.call(sandbox_id, Op::WriteFiles { files: checked }, no_parts)
+        self.call(sandbox_id, Op::WriteFiles { files: checked }, 0, |_| Ok(()))
             .await?;
         Ok(())
     }
@@ -289,16 +307,27 @@ impl Files {
             Op::ListDir {
                 path: path.relative(),
             },
+            MAX_ENTRIES * (ENTRY_BYTES + NAME_MAX),
             |part| match part {
                 Reply::Entries(list) if entries.len() + list.len() <= MAX_ENTRIES => {
                     entries.extend(list.into_iter().filter_map(Entry::from_agent));
                     Ok(())
                 }
-                Reply::Entries(_) => Err(format!("a directory of more than {MAX_ENTRIES} entries")),
+                Reply::Entries(_) => Err(TOO_MANY_ENTRIES.into()),
                 other => Err(format!("{} in a listing", reply_name(&other))),
             },
         )
-        .await?;
+        .await
+        .map_err(|e| match e {
+            FileError::Sandbox(SandboxError::Agent(AgentError::Protocol(m)))
+                if m == TOO_MANY_ENTRIES =>
+            {
+                FileError::TooLarge(format!(
+                    "{p} has more than {MAX_ENTRIES} entries, more than a listing holds"
+                ))
+            }
+            e => e,
+        })?;
         entries.sort_by(|a, b| a.name.cmp(&b.name));
         Ok(entries)
     }
@@ -331,17 +360,32 @@ impl Files {
                 paths: rel,
                 recursive,
             },
-            no_parts,
+            0,
+            |_| Ok(()),
         )
         .await?;
         Ok(())
     }
 }
 
-/// For operations that answer in one part.
-fn no_parts(part: Reply) -> Result<(), String> {
-    Err(format!("{} where one answer was due", reply_name(&part)))
+/// What a part is taken to weigh against a call's budget: its bytes, and
+/// for entries a fixed share each, so many empty names weigh too.
+fn part_bytes(part: &Reply) -> usize {
+    match part {
+        Reply::Data(d) => d.len(),
+        Reply::Entries(list) => list.iter().map(|e| ENTRY_BYTES + e.name.len()).sum(),
+        _ => ENTRY_BYTES,
+    }
 }
+
+/// What a listing entry weighs besides its name, and the longest name a
+/// Linux directory holds.
+const ENTRY_BYTES: usize = 64;
+const NAME_MAX: usize = 255;
+/// The part handler's refusals that become `TooLarge` rather than a
+/// broken agent.
+const OVER_BUDGET: &str = "parts past the call's budget";
+const TOO_MANY_ENTRIES: &str = "a directory of more than MAX_ENTRIES entries";
 
 #[cfg(test)]
 mod tests {
@@ -363,5 +407,24 @@ mod tests {
         for bad in ["", ".", "..", "a/b", "a\0b", &"x".repeat(256)] {
             assert!(Entry::from_agent(e(bad)).is_none(), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn parts_weigh_their_bytes_and_empty_names_weigh_too() {
+        let e = |name: &str| DirEntry {
+            name: name.into(),
+            kind: sandboxd_proto::EntryKind::File,
+            size: 0,
+            mtime_ms: 0,
+            mode: 0,
+        };
+        assert_eq!(part_bytes(&Reply::Data(vec![0; 1000])), 1000);
+        assert_eq!(
+            part_bytes(&Reply::Entries(vec![e(""), e("abc")])),
+            2 * ENTRY_BYTES + 3
+        );
+        // A listing's budget holds the limit's worth of the longest names.
+        let full: Vec<DirEntry> = (0..MAX_ENTRIES).map(|_| e(&"x".repeat(NAME_MAX))).collect();
+        assert!(part_bytes(&Reply::Entries(full)) <= MAX_ENTRIES * (ENTRY_BYTES + NAME_MAX));
     }
 }

@@ -1,16 +1,18 @@
 //! Ports: a web server running in a sandbox becomes a URL the chat user can
 //! open. Path of a connection: host port (published by a proxy container) ->
-//! proxy (socat) -> relay inside the sandbox (socat on a port derived from
-//! the target) -> 127.0.0.1:PORT, so servers bound to loopback work too.
+//! proxy (socat) -> relay inside the sandbox (the agent's, on a port derived
+//! from the target) -> 127.0.0.1:PORT, so servers bound to loopback work too.
 //!
 //! The instance network has inter-container traffic off, so sandboxes cannot
 //! reach each other. A proxy lives on its sandbox's link network instead: a
 //! small bridge holding only that sandbox and its proxies (the engine keeps
-//! bridge networks apart from each other). Link networks get explicit /29
-//! subnets from `link_subnet_pool`, so they do not use up the engine's
-//! address pools. The ports a sandbox allowlists are published in the
-//! background right after create (or a reconnect that adds some), so the
-//! first GET of a port is a quick check, not a container start.
+//! bridge networks apart from each other). Link networks get explicit
+//! subnets from `link_subnet_pool`, each just big enough for `max_ports`
+//! proxies (/29 for the default four; see `subnet::link_prefix`), so they
+//! do not use up the engine's address pools. The ports a sandbox allowlists
+//! are published in the background right after create (or a reconnect that
+//! adds some), so the first GET of a port is a quick check, not a container
+//! start.
 
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -372,7 +374,7 @@ impl Ports {
             }
         }
         Err(PortError::Failed(format!(
-            "no free /29 left in link_subnet_pool {}",
+            "no free /{prefix} left in link_subnet_pool {}",
             self.config.link_subnet_pool
         )))
     }

@@ -712,9 +712,28 @@ impl Sandboxes {
         why.record(id, s.map(|s| s.session_key.as_str()).unwrap_or(""));
     }
 
-    /// Removes proxies, container and volume of `id`, found by label as well
-    /// as by name so nothing of ours is left.
+    /// Removes proxies, container, volume and link network of `id`, found
+    /// by label as well as by name so nothing of ours is left. A port being
+    /// published meanwhile can attach a proxy to the link network after the
+    /// containers were listed: the network then has active endpoints, and
+    /// another round removes the newcomer (its publisher sweeps after
+    /// itself too, see `Ports::prepare`).
     async fn remove_objects_checked(&self, id: &str) -> SandboxResult<()> {
+        const ROUNDS: usize = 5;
+        for round in 1.. {
+            match self.remove_objects_once(id).await {
+                Err(SandboxError::Engine(EngineError::Failed(m)))
+                    if m.contains("active endpoints") && round < ROUNDS =>
+                {
+                    tracing::debug!(sandbox_id = %id, round, "a proxy joined the link network meanwhile");
+                }
+                other => return other,
+            }
+        }
+        Ok(())
+    }
+
+    async fn remove_objects_once(&self, id: &str) -> SandboxResult<()> {
         let inst = self.config.instance.as_str();
         let filter = [(labels::INSTANCE, inst), (labels::SANDBOX_ID, id)];
         let mut containers: BTreeSet<String> = self

@@ -412,3 +412,38 @@ async fn a_flood_to_a_slow_reader_waits_for_it_stays_bounded_and_times_out() {
     assert_eq!(w["timedOut"], true);
     assert_eq!(server.get("/v1/health").await.0, 200);
 }
+
+/// A directory of more entries than a listing holds (100,000) is a clear
+/// 413, not a broken agent; a directory of exactly that many lists in full.
+#[tokio::test]
+async fn a_directory_past_the_listing_limit_is_413() {
+    let server = TestServer::start().await;
+    let sid = server
+        .create(json!({"sessionKey": "crowded", "network": {"mode": "none"}}))
+        .await;
+    let made = server
+        .sh_with_timeout(
+            &sid,
+            "mkdir d && cd d && seq 100000 | xargs touch && ls | wc -l",
+            120000,
+        )
+        .await;
+    assert_eq!(made["stdout"], "100000\n", "{made}");
+    let (s, v) = server
+        .get(&format!("/v1/sandboxes/{sid}/files:list?path=d"))
+        .await;
+    assert_eq!(s, 200, "positive control: the limit itself lists");
+    assert_eq!(v["entries"].as_array().map(Vec::len), Some(100000));
+    // One more: past the limit.
+    let more = server.sh(&sid, "touch d/x && ls d | wc -l").await;
+    assert_eq!(more["stdout"], "100001\n", "{more}");
+    let (s, v) = server
+        .get(&format!("/v1/sandboxes/{sid}/files:list?path=d"))
+        .await;
+    assert_eq!(
+        (s, v["code"].clone()),
+        (413, json!("file_too_large")),
+        "{v}"
+    );
+    assert!(v["error"].as_str().unwrap_or("").contains("100000"), "{v}");
+}

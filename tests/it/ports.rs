@@ -175,18 +175,52 @@ async fn a_loopback_server_becomes_a_url_that_works_from_the_host() {
             .await
             .is_empty()
     );
-    let nets = server
-        .docker
-        .list_networks(Some(bollard::query_parameters::ListNetworksOptions {
-            filters: Some(std::collections::HashMap::from([(
-                "label".to_string(),
-                vec![format!("sandboxd.sandbox_id={sid}")],
-            )])),
-        }))
-        .await
-        .expect("networks");
-    assert!(nets.is_empty(), "link network removed");
+    let nets = server.networks_with("sandboxd.sandbox_id", &sid).await;
+    assert!(nets.is_empty(), "link network removed: {nets:?}");
     assert_eq!(fetch(&url).await, None);
+}
+
+/// A stop that lands while the allowlisted ports are still being published
+/// in the background answers 200, and nothing of the sandbox stays: a proxy
+/// that joins the link network meanwhile is removed with it.
+#[tokio::test]
+async fn a_stop_during_background_publishing_succeeds_and_leaves_nothing() {
+    let server = TestServer::start().await;
+    for round in 0..3 {
+        let sid = server
+            .create(
+                json!({"sessionKey": format!("hasty-{round}"), "ports": [3000, 4000, 5000, 6000]}),
+            )
+            .await;
+        // Positive control: publishing is under way or done, so the stop
+        // can meet it (the link network is the first thing it makes).
+        eventually(Duration::from_secs(10), "publishing began", || async {
+            !server
+                .networks_with("sandboxd.sandbox_id", &sid)
+                .await
+                .is_empty()
+        })
+        .await;
+        let (s, v) = server
+            .post(&format!("/v1/sandboxes/{sid}:stop"), json!(null))
+            .await;
+        assert_eq!(s, 200, "round {round}: {v}");
+        eventually(
+            Duration::from_secs(20),
+            "nothing of the sandbox left",
+            || async {
+                server
+                    .containers_with("sandboxd.sandbox_id", &sid)
+                    .await
+                    .is_empty()
+                    && server
+                        .networks_with("sandboxd.sandbox_id", &sid)
+                        .await
+                        .is_empty()
+            },
+        )
+        .await;
+    }
 }
 
 #[tokio::test]
@@ -318,14 +352,12 @@ async fn urls_survive_a_sandboxd_restart_and_relays_come_back_after_a_sandbox_re
     // The relay is the agent's: killing the agent from inside ends the
     // sandbox's processes; the next GET starts it again with its relay, and
     // the URL works once the server runs again.
-    // (The exec itself may end with the container: its output counts.)
-    let (_, out) = server
-        .docker_exec(
-            &sid,
-            "pkill -KILL -f '^/.sandboxd/sandboxd-agent serve' && echo killed",
-        )
+    // The killing command goes with the agent (an exec's output could be
+    // lost with its container, so its end is what says the kill happened).
+    let killed = server
+        .sh(&sid, "pkill -KILL -f '^/.sandboxd/sandboxd-agent serve'")
         .await;
-    assert_eq!(out, "killed\n");
+    assert_eq!(killed["exitCode"], 137, "{killed}");
     let (s, v) = port(&server, &sid, 3000, "").await;
     assert_eq!((s, v["url"].clone()), (200, json!(url)), "{v}");
     start_server(

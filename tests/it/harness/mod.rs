@@ -440,6 +440,26 @@ impl TestServer {
             .expect("list containers")
     }
 
+    /// The names of this instance's networks that carry `label=value`.
+    pub(crate) async fn networks_with(&self, label: &str, value: &str) -> Vec<String> {
+        let filter = HashMap::from([(
+            "label".to_string(),
+            vec![
+                format!("{INSTANCE_LABEL}={}", self.instance),
+                format!("{label}={value}"),
+            ],
+        )]);
+        self.docker
+            .list_networks(Some(bollard::query_parameters::ListNetworksOptions {
+                filters: Some(filter),
+            }))
+            .await
+            .expect("list networks")
+            .into_iter()
+            .filter_map(|n| n.name)
+            .collect()
+    }
+
     /// Every container of this instance.
     pub(crate) async fn containers(&self) -> Vec<bollard::models::ContainerSummary> {
         self.containers_with(INSTANCE_LABEL, &self.instance.clone())
