@@ -211,8 +211,16 @@ impl Commands {
         let cmd = self.get(id)?;
         if cmd.ended().is_none() {
             return Err(Failure::new(
-                FailureKind::Invalid,
+                FailureKind::StillRunning,
                 format!("command {id} is still running"),
+            ));
+        }
+        // What it left stays killable through it while it runs.
+        let left = cmd.processes();
+        if left > 0 {
+            return Err(Failure::new(
+                FailureKind::StillRunning,
+                format!("command {id} left {left} processes running"),
             ));
         }
         self.table.borrow_mut().remove(id);

@@ -369,6 +369,8 @@ pub enum FailureKind {
     PermissionDenied,
     NoSuchCommand,
     DuplicateCommand,
+    /// The command, or processes it left, still run.
+    StillRunning,
     /// No process could be started: the sandbox is at its pids limit.
     NoProcesses,
     /// Something else listens on the relay's port.

@@ -577,7 +577,9 @@ impl Commands {
 
     /// Drops finished commands past their retention, past the per-sandbox
     /// count, or of sandboxes that are gone; their agents forget them too.
-    pub fn prune(&self) {
+    /// A command whose leftover processes still run stays (its agent
+    /// refuses to forget it), so they stay listed and killable.
+    pub async fn prune(&self) {
         let now = now_ms();
         let retention =
             u64::try_from(self.config.command_retention.as_millis()).unwrap_or(u64::MAX);
@@ -588,7 +590,7 @@ impl Commands {
             let gone = self.sandboxes.registry().get(&c.sandbox_id).is_none();
             match c.finished() {
                 Some(f) if gone || now.saturating_sub(f.finished_at) > retention => {
-                    remove.push(c.id.clone())
+                    remove.push(Arc::clone(c.value()))
                 }
                 Some(f) => per_sandbox
                     .entry(c.sandbox_id.clone())
@@ -601,34 +603,43 @@ impl Commands {
             if done.len() > self.config.max_finished_commands {
                 done.sort();
                 let extra = done.len() - self.config.max_finished_commands;
-                remove.extend(done.into_iter().take(extra).map(|(_, id)| id));
+                remove.extend(
+                    done.into_iter()
+                        .take(extra)
+                        .filter_map(|(_, id)| self.all.get(&id).map(|c| Arc::clone(c.value()))),
+                );
             }
         }
-        for id in remove {
-            let Some((_, cmd)) = self.all.remove(&id) else {
-                continue;
-            };
-            if let Some(conn) = self
+        // One round trip each, all at once: a stuck agent holds up only
+        // its own commands, for at most FORGET_WITHIN.
+        let forgotten = futures_util::future::join_all(remove.into_iter().map(|cmd| async move {
+            let conn = self
                 .sandboxes
                 .registry()
                 .get(&cmd.sandbox_id)
                 .and_then(|s| s.live_agent())
-                .filter(|c| c.boot() == cmd.boot)
-            {
-                tokio::spawn(async move {
-                    let _ = conn
-                        .call_within(
-                            Op::Forget {
-                                command: cmd.id.clone(),
-                            },
-                            Duration::from_secs(5),
-                        )
-                        .await;
-                });
+                .filter(|c| c.boot() == cmd.boot);
+            let Some(conn) = conn else {
+                // No agent that knows it: nothing of it can run any more.
+                return Some(cmd);
+            };
+            let forget = Op::Forget {
+                command: cmd.id.clone(),
+            };
+            match conn.call_within(forget, FORGET_WITHIN).await {
+                Err(AgentError::Refused(f)) if f.kind == FailureKind::StillRunning => None,
+                _ => Some(cmd),
             }
+        }))
+        .await;
+        for cmd in forgotten.into_iter().flatten() {
+            self.all.remove(&cmd.id);
         }
     }
 }
+
+/// How long the pruner waits for an agent to forget a command.
+const FORGET_WITHIN: Duration = Duration::from_secs(5);
 
 /// Prunes finished commands until `shutdown`.
 pub async fn run_pruner(commands: Arc<Commands>, shutdown: CancellationToken) {
@@ -636,7 +647,7 @@ pub async fn run_pruner(commands: Arc<Commands>, shutdown: CancellationToken) {
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => return,
-            _ = tick.tick() => commands.prune(),
+            _ = tick.tick() => commands.prune().await,
         }
     }
 }

@@ -691,3 +691,74 @@ async fn commands_keep_running_across_a_sandboxd_restart_and_leftovers_stay_kill
     })
     .await;
 }
+
+/// Past its retention a finished command is forgotten, unless processes it
+/// left still run: then it stays listed and killable, and goes once they end.
+#[tokio::test]
+async fn a_command_whose_leftovers_run_outlives_its_retention_and_stays_killable() {
+    let server = TestServer::start_with(
+        ServerOptions::default().env("SANDBOXD_COMMAND_RETENTION_MS", "1000"),
+    )
+    .await;
+    let sid = server.offline_sandbox().await;
+    let plain = server.start_command(&sid, json!({"command": "true"})).await;
+    let left = server
+        .start_command(
+            &sid,
+            json!({"command": "nohup sleep 5353 >/dev/null 2>&1 & exit 0"}),
+        )
+        .await;
+    server.wait_command(&sid, &plain).await;
+    server.wait_command(&sid, &left).await;
+    let status = |cid: String| {
+        let server = &server;
+        let sid = sid.clone();
+        async move {
+            server
+                .get(&format!("/v1/sandboxes/{sid}/commands/{cid}/wait"))
+                .await
+                .0
+        }
+    };
+    // Positive control: retention and pruning work, the plain one goes.
+    eventually(
+        Duration::from_secs(15),
+        "the plain command is forgotten",
+        || {
+            let plain = plain.clone();
+            async { status(plain).await == 404 }
+        },
+    )
+    .await;
+    assert_eq!(
+        status(left.clone()).await,
+        200,
+        "the one with leftovers stays"
+    );
+    let (_, v) = server.get(&format!("/v1/sandboxes/{sid}/commands")).await;
+    let listed = v["commands"]
+        .as_array()
+        .and_then(|l| l.iter().find(|c| c["commandId"] == json!(left)).cloned())
+        .unwrap_or_else(|| panic!("{left} listed: {v}"));
+    assert_eq!(listed["processes"], 1, "{listed}");
+    let (s, _) = server
+        .post(
+            &format!("/v1/sandboxes/{sid}/commands/{left}:kill"),
+            json!(null),
+        )
+        .await;
+    assert_eq!(s, 200);
+    eventually(Duration::from_secs(5), "the leftover ends", || async {
+        !has_process(&server, &sid, "sleep 5353").await
+    })
+    .await;
+    eventually(
+        Duration::from_secs(15),
+        "forgotten once its leftovers ended",
+        || {
+            let left = left.clone();
+            async { status(left).await == 404 }
+        },
+    )
+    .await;
+}
