@@ -1,14 +1,55 @@
 //! sandboxd benchmark (`bench/run.sh`): starts its own release sandboxd
-//! against the local engine and measures it, and in the same run the engine
-//! floor for the same work done with direct Engine API calls (`docker exec`
-//! into the very container the sandbox runs in, volume + container create),
-//! then prints a markdown table with sandboxd/floor ratios and targets, and
-//! writes JSON (default `bench/last-run.json`).
+//! (at its default log level, logging to a file) against the local engine
+//! and measures it, and in the same run the engine floor for the same work
+//! done with direct Engine API calls (`docker exec` into the very container
+//! the sandbox runs in; volume + container create + start), then prints a
+//! markdown table (measure | sandboxd | floor | ratio | target | ok/MISSED)
+//! and writes JSON (default `bench/last-run.json`).
 //!
 //! `--runs N` (default 3) repeats the whole measurement set N times, each
 //! with a fresh sandboxd (own instance); every line shows the median over
-//! the runs of its per-run figure (a median of samples unless the line says
-//! p95), and the JSON keeps each run's figures and samples.
+//! the runs of that run's own figure (the median of its samples unless the
+//! line says p95), and the JSON keeps each run's figures and samples. The
+//! output and the JSON name the commit (and whether the tree was dirty),
+//! the date, the engine version and whether runsc is registered.
+//!
+//! What the lines measure (ratio = sandboxd / floor column):
+//! - `exec true` round trip: `POST …/commands` `{"cmd":"true","login":false}`
+//!   plus `GET …/wait`, 40 samples after 5 warm-ups; floor: `docker exec
+//!   true` (exec create, attached start read to the end, inspect).
+//! - `bash -lc true`: RemcoChat's `{"cmd":"bash","args":["-lc","true"]}`;
+//!   floor: `docker exec bash -lc true`.
+//! - under gVisor: the same `exec true` in a sandbox of a runtime with
+//!   `oci_runtime = "runsc"` (`"runtime": "gvisor"`), 20 samples; floor:
+//!   `docker exec true` in that runsc container.
+//! - log stream: 64 MB of base64 text, timed from sending `POST …/commands`
+//!   to the `exit` record of `GET …/logs` (NDJSON parsed, every byte
+//!   counted); floor: `docker exec` of the same script, from exec create to
+//!   the end of its attached stream. 3 samples each; also under gVisor.
+//! - background-server command: `cd /tmp && python3 -m http.server PORT
+//!   --bind 127.0.0.1 >/dev/null 2>&1 &` (start + wait), and a plain
+//!   `{"command":"true"}` right after it; floor column: the plain command
+//!   alone, measured in the same loop. The same three by `docker exec` in
+//!   the same container are reported next to them (on Docker 20.10 an exec
+//!   that leaves a process behind, and the exec after it, take about 2 s:
+//!   the engine waits for the leftover's I/O). 10 samples after 2 warm-ups.
+//! - files: `files:write` then `files:read` of 4 MiB of random bytes, 10
+//!   samples; the first 4 MiB write into a sandbox created just before (5
+//!   samples), against the warm write.
+//! - kill answered: time until `POST …:kill` answers for `trap '' TERM;
+//!   sleep 600` (which then ends only by SIGKILL after the grace period:
+//!   checked, 137 and killed), 10 samples.
+//! - create: `POST /v1/sandboxes` for a new session key, 10 samples;
+//!   reconnect: the same key again; stop: `POST …:stop` (floor: container +
+//!   volume removal).
+//! - port publish: the first `GET …/ports/3000` right after a create with
+//!   `"ports": [3000]` (the publish work happens there); and the lookup on a
+//!   sandbox created 1 s earlier. 5 samples each.
+//! - agent: VmRSS of `/.sandboxd/sandboxd-agent serve` (and of its
+//!   `bridge`) in a sandbox left idle after one command, and the size of
+//!   the agent binary in it, read by `docker exec`. MB here is 2^20 bytes.
+//! - memory: sandboxd's RSS at start, after the run, and its growth while a
+//!   command prints 1 GB that nobody reads.
 //!
 //! `--profile` also prints where the time of an exec round trip goes.
 //! Not part of `cargo test`.
@@ -663,8 +704,7 @@ async fn measure(
     // A command that leaves a server running in the background, and the
     // plain command right after it, against the plain command alone (the
     // same form: a `command` script, so a login shell). The same three
-    // through `docker exec` in the same container show what the machine
-    // itself makes of it (python starting up takes CPU).
+    // through `docker exec` in the same container, for comparison.
     let (mut bg, mut after, mut reference) = (vec![], vec![], vec![]);
     let (mut fbg, mut fafter, mut freference) = (vec![], vec![], vec![]);
     let plain_script = json!({"command": "true"});
