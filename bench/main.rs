@@ -492,6 +492,11 @@ async fn run(runs: usize, profile: bool, json_out: PathBuf) -> Res<()> {
         "\nEach figure: the median over {runs} run(s) of the run's own figure; ratio = sandboxd / floor column.\n"
     );
     println!("{table}");
+    for (r, figures) in all.iter().enumerate() {
+        for note in &figures.notes {
+            println!("note (run {}): {note}", r + 1);
+        }
+    }
     let out = json!({
         "meta": meta,
         "lines": lines_json,
