@@ -2,7 +2,9 @@
 //! sandboxd, 20 sandboxes, 50 concurrent clients for 60 s mixing reconnects,
 //! commands read through their log streams, file writes and reads, port
 //! lookups and command lists. Reports throughput, p50/p99 latency per route,
-//! the count of 5xx answers (must be 0) and sandboxd's peak RSS.
+//! the count of 5xx answers (must be 0), of log streams cut before their
+//! `exit` record and of commands that did not exit 0 (both must be 0), and
+//! sandboxd's peak RSS.
 //! Not part of `cargo test`.
 
 use std::collections::BTreeMap;
@@ -21,11 +23,73 @@ use support::{Res, Server, cleanup, ms, pct};
 const SANDBOXES: usize = 20;
 const CLIENTS: usize = 50;
 
+const LOGS: &str = "GET …/logs (start to exit record)";
+
 #[derive(Default)]
 struct Tally {
     latencies: BTreeMap<&'static str, Vec<f64>>,
     server_errors: BTreeMap<&'static str, usize>,
     client_errors: BTreeMap<&'static str, usize>,
+    /// Log streams (answered 200) that ended before their `exit` record:
+    /// cut short, an error.
+    cut_streams: usize,
+    /// Log streams whose `exit` record gave an exit code other than 0
+    /// (`echo load; seq 1 200` exits 0): an error.
+    bad_exits: usize,
+}
+
+/// How a log stream ended.
+enum StreamEnd {
+    /// Not a 200 answer (599: the request failed).
+    Status(u16),
+    /// Its `exit` record came, with this exit code.
+    Exit(Option<i64>),
+    /// It ended (or broke, or sent a line that is not JSON) before its
+    /// `exit` record.
+    Cut,
+}
+
+/// Reads a command's log stream until its `exit` record.
+async fn read_to_exit(server: &Server, sid: &str, cid: &str) -> StreamEnd {
+    let r = match server
+        .client
+        .get(format!(
+            "{}/v1/sandboxes/{sid}/commands/{cid}/logs",
+            server.base
+        ))
+        .send()
+        .await
+    {
+        Ok(r) => r,
+        Err(_) => return StreamEnd::Status(599),
+    };
+    if r.status() != 200 {
+        return StreamEnd::Status(r.status().as_u16());
+    }
+    let mut body = r.bytes_stream();
+    let mut buf: Vec<u8> = Vec::new();
+    let mut exit = None;
+    while let Some(chunk) = body.next().await {
+        let Ok(chunk) = chunk else {
+            return exit.map_or(StreamEnd::Cut, StreamEnd::Exit);
+        };
+        buf.extend_from_slice(&chunk);
+        let mut start = 0;
+        while let Some(i) = buf[start..].iter().position(|b| *b == b'\n') {
+            let Ok(line) = serde_json::from_slice::<serde_json::Value>(&buf[start..start + i])
+            else {
+                return StreamEnd::Cut;
+            };
+            start += i + 1;
+            // The stream ends after it (read on to its end, so the
+            // connection is reused).
+            if line["stream"] == "exit" && exit.is_none() {
+                exit = Some(line["exitCode"].as_i64());
+            }
+        }
+        buf.drain(..start);
+    }
+    exit.map_or(StreamEnd::Cut, StreamEnd::Exit)
 }
 
 impl Tally {
@@ -104,32 +168,23 @@ async fn client(
                 let mut total = d;
                 if let Some(cid) = v["commandId"].as_str() {
                     let t = Instant::now();
-                    let ok = match server
-                        .client
-                        .get(format!(
-                            "{}/v1/sandboxes/{sid}/commands/{cid}/logs",
-                            server.base
-                        ))
-                        .send()
-                        .await
-                    {
-                        Ok(r) => {
-                            let code = r.status().as_u16();
-                            let mut body = r.bytes_stream();
-                            while let Some(chunk) = body.next().await {
-                                if chunk.is_err() {
-                                    break;
+                    let end = read_to_exit(&server, sid, cid).await;
+                    total += t.elapsed();
+                    if let Ok(mut t) = tally.lock() {
+                        match end {
+                            StreamEnd::Status(code) => t.record(LOGS, code, total),
+                            StreamEnd::Exit(code) => {
+                                t.record(LOGS, 200, total);
+                                if code != Some(0) {
+                                    t.bad_exits += 1;
                                 }
                             }
-                            code
+                            StreamEnd::Cut => {
+                                t.record(LOGS, 200, total);
+                                t.cut_streams += 1;
+                            }
                         }
-                        Err(_) => 599,
-                    };
-                    total += t.elapsed();
-                    tally
-                        .lock()
-                        .map(|mut t| t.record("GET …/logs (to the end)", ok, total))
-                        .ok();
+                    }
                 }
                 ("POST …/commands", s, d)
             }
@@ -173,7 +228,8 @@ async fn run(seconds: u64) -> Res<()> {
         .negotiate_version()
         .await?;
     let instance = format!("load-{}", std::process::id());
-    let server = Arc::new(Server::start(&instance).await?);
+    let server = Arc::new(Server::start(&instance, None).await?);
+    println!("sandboxd log: {}", server.log.display());
     let result = drive(&server, seconds).await;
     cleanup(&docker, &instance).await;
     result
@@ -231,8 +287,9 @@ async fn drive(server: &Arc<Server>, seconds: u64) -> Res<()> {
     let tally = tally.lock().map_err(|_| "tally poisoned")?;
     let total: usize = tally.latencies.values().map(Vec::len).sum();
     let server_errors: usize = tally.server_errors.values().sum();
+    let (cut, bad_exits) = (tally.cut_streams, tally.bad_exits);
     println!(
-        "\n{CLIENTS} clients, {SANDBOXES} sandboxes, {elapsed:.0} s: {total} requests, {:.1} req/s, 5xx: {server_errors}, peak RSS {:.1} MB",
+        "\n{CLIENTS} clients, {SANDBOXES} sandboxes, {elapsed:.0} s: {total} requests, {:.1} req/s, 5xx: {server_errors}, log streams cut before their exit record: {cut}, exit code not 0: {bad_exits}, peak RSS {:.1} MB",
         total as f64 / elapsed,
         *peak.lock().map_err(|_| "peak poisoned")? as f64 / 1024.0
     );
@@ -250,8 +307,18 @@ async fn drive(server: &Arc<Server>, seconds: u64) -> Res<()> {
             tally.server_errors.get(route).copied().unwrap_or(0)
         );
     }
+    let mut errors = Vec::new();
     if server_errors > 0 {
-        return Err(format!("{server_errors} answers were 5xx").into());
+        errors.push(format!("{server_errors} answers were 5xx"));
+    }
+    if cut > 0 {
+        errors.push(format!("{cut} log streams ended before their exit record"));
+    }
+    if bad_exits > 0 {
+        errors.push(format!("{bad_exits} commands exited other than 0"));
+    }
+    if !errors.is_empty() {
+        return Err(errors.join("; ").into());
     }
     Ok(())
 }

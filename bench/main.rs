@@ -1,12 +1,61 @@
 //! sandboxd benchmark (`bench/run.sh`): starts its own release sandboxd
-//! against the local engine and measures it, and in the same run the engine
-//! floor for the same work done with direct Engine API calls, then prints a
-//! table with sandboxd/floor ratios and targets, and writes JSON.
+//! (at its default log level, logging to a file) against the local engine
+//! and measures it, and in the same run the engine floor for the same work
+//! done with direct Engine API calls (`docker exec` into the very container
+//! the sandbox runs in; volume + container create + start), then prints a
+//! markdown table (measure | sandboxd | floor | ratio | target | ok/MISSED)
+//! and writes JSON (default `bench/last-run.json`).
 //!
-//! `--profile` also prints where the time of each sandboxd operation goes.
+//! `--runs N` (default 3) repeats the whole measurement set N times, each
+//! with a fresh sandboxd (own instance); every line shows the median over
+//! the runs of that run's own figure (the median of its samples unless the
+//! line says p95), and the JSON keeps each run's figures and samples. The
+//! output and the JSON name the commit (and whether the tree was dirty),
+//! the date, the engine version and whether runsc is registered.
+//!
+//! What the lines measure (ratio = sandboxd / floor column):
+//! - `exec true` round trip: `POST …/commands` `{"cmd":"true","login":false}`
+//!   plus `GET …/wait`, 40 samples after 5 warm-ups; floor: `docker exec
+//!   true` (exec create, attached start read to the end, inspect).
+//! - `bash -lc true`: RemcoChat's `{"cmd":"bash","args":["-lc","true"]}`;
+//!   floor: `docker exec bash -lc true`.
+//! - under gVisor: the same `exec true` in a sandbox of a runtime with
+//!   `oci_runtime = "runsc"` (`"runtime": "gvisor"`), 20 samples; floor:
+//!   `docker exec true` in that runsc container.
+//! - log stream: 64 MB of base64 text, timed from sending `POST …/commands`
+//!   to the `exit` record of `GET …/logs` (NDJSON parsed, every byte
+//!   counted); floor: `docker exec` of the same script, from exec create to
+//!   the end of its attached stream. 3 samples each; also under gVisor.
+//! - background-server command: `cd /tmp && python3 -m http.server PORT
+//!   --bind 127.0.0.1 >/dev/null 2>&1 &` (start + wait), and a plain
+//!   `{"command":"true"}` right after it; floor column: the plain command
+//!   alone, measured in the same loop. The same three by `docker exec` in
+//!   the same container are reported next to them (on Docker 20.10 an exec
+//!   that leaves a process behind, and the exec after it, take about 2 s:
+//!   the engine waits for the leftover's I/O). 10 samples after 2 warm-ups.
+//! - files: `files:write` then `files:read` of 4 MiB of random bytes, 10
+//!   samples; the first 4 MiB write into a sandbox created just before (5
+//!   samples), against the warm write.
+//! - kill answered: time until `POST …:kill` answers for `trap '' TERM;
+//!   sleep 600` (which then ends only by SIGKILL after the grace period:
+//!   checked, 137 and killed), 10 samples.
+//! - create: `POST /v1/sandboxes` for a new session key, 10 samples;
+//!   reconnect: the same key again; stop: `POST …:stop` (floor: container +
+//!   volume removal).
+//! - port publish: the first `GET …/ports/3000` right after a create with
+//!   `"ports": [3000]` (the publish work happens there); and the lookup on a
+//!   sandbox created 1 s earlier. 5 samples each.
+//! - agent: VmRSS of `/.sandboxd/sandboxd-agent serve` (and of its
+//!   `bridge`) in a sandbox left idle after one command, and the size of
+//!   the agent binary in it, read by `docker exec`. MB here is 2^20 bytes.
+//! - memory: sandboxd's RSS at start, after the run, and its growth while a
+//!   command prints 1 GB that nobody reads.
+//!
+//! `--profile` also prints where the time of an exec round trip goes.
 //! Not part of `cargo test`.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use bollard::Docker;
@@ -17,21 +66,39 @@ use bollard::query_parameters::{
 };
 use futures_util::StreamExt;
 use sandboxd::engine::{SandboxContainer, sandbox_container_body};
+use sandboxd::sandbox::agent_delivery;
 
 #[path = "support.rs"]
 mod support;
 use serde_json::{Value, json};
-use support::{Res, Server, cleanup, ms, pct};
+use support::{Res, Server, cleanup, median, ms, pct};
 
 const LOG_BYTES: u64 = 64 * 1024 * 1024;
 const FILE_BYTES: usize = 4 * 1024 * 1024;
 const FLOOD_BYTES: u64 = 1024 * 1024 * 1024;
+const MIB: f64 = 1024.0 * 1024.0;
+
+/// The command `kill answered` kills: it ignores SIGTERM (so does `sleep`,
+/// which inherits the ignored signal), so the tree ends only by SIGKILL
+/// after the grace period; the answer must not wait for that.
+const KILL_TARGET: &str = "trap '' TERM; sleep 600";
 
 /// The engine floor: the same work through direct Engine API calls.
 struct Floor {
     docker: Docker,
     instance: String,
     network: String,
+}
+
+/// One exec of the floor: until the end of its attached stream, until its
+/// inspect answered (the exit code: what `wait` gives), the output bytes,
+/// and the exit code.
+struct FloorExec {
+    stream: Duration,
+    total: Duration,
+    bytes: u64,
+    output: Vec<u8>,
+    exit: Option<i64>,
 }
 
 impl Floor {
@@ -44,9 +111,10 @@ impl Floor {
             workspace_dir: "/workspace".into(),
             workspace_aliases: vec!["/vercel/sandbox/workspace".into()],
             workspace_nocopy: false,
-            // The same mounts as a sandbox; the floor's process is `sleep`.
-            agent_volume: format!("{}-floor-agent", self.instance),
-            agent_dir: "/.sandboxd".into(),
+            // The same mounts as a sandbox (the agent volume sandboxd made
+            // exists by now); the floor's process is `sleep`.
+            agent_volume: agent_delivery::agent_volume(&self.instance),
+            agent_dir: agent_delivery::AGENT_DIR.into(),
             command: vec!["sleep".into(), "infinity".into()],
             volume: format!("{name}-workspace"),
             network: Some(self.network.clone()),
@@ -55,7 +123,7 @@ impl Floor {
             pids_limit: 512,
             tmp_size_mb: 512,
             file_size_limit_mb: 1024,
-            labels: HashMap::from([("sandboxd.instance".to_string(), self.instance.clone())]),
+            labels: [("sandboxd.instance".to_string(), self.instance.clone())].into(),
         }
     }
 
@@ -109,9 +177,9 @@ impl Floor {
         Ok(t.elapsed())
     }
 
-    /// exec create/start (attached, read to the end)/inspect; returns the
-    /// time and the bytes read.
-    async fn exec(&self, container: &str, cmd: &[&str]) -> Res<(Duration, u64)> {
+    /// exec create, start (attached, read to the end), inspect. `keep`
+    /// keeps the output (small outputs only).
+    async fn exec(&self, container: &str, cmd: &[&str], keep: bool) -> Res<FloorExec> {
         let t = Instant::now();
         let exec = self
             .docker
@@ -126,7 +194,8 @@ impl Floor {
             )
             .await?;
         let mut bytes = 0u64;
-        if let StartExecResults::Attached { mut output, .. } = self
+        let mut output = Vec::new();
+        if let StartExecResults::Attached { output: mut o, .. } = self
             .docker
             .start_exec(
                 &exec.id,
@@ -138,71 +207,386 @@ impl Floor {
             )
             .await?
         {
-            while let Some(chunk) = output.next().await {
-                bytes += chunk?.into_bytes().len() as u64;
+            while let Some(chunk) = o.next().await {
+                let chunk = chunk?.into_bytes();
+                bytes += chunk.len() as u64;
+                if keep {
+                    output.extend_from_slice(&chunk);
+                }
             }
         }
-        self.docker.inspect_exec(&exec.id).await?;
-        Ok((t.elapsed(), bytes))
+        let stream = t.elapsed();
+        let inspect = self.docker.inspect_exec(&exec.id).await?;
+        Ok(FloorExec {
+            stream,
+            total: t.elapsed(),
+            bytes,
+            output,
+            exit: inspect.exit_code,
+        })
+    }
+
+    /// A round trip that must exit 0; returns its time in ms.
+    async fn round_trip(&self, container: &str, cmd: &[&str]) -> Res<f64> {
+        let e = self.exec(container, cmd, false).await?;
+        if e.exit != Some(0) {
+            return Err(format!("floor exec {cmd:?}: exit {:?}", e.exit).into());
+        }
+        Ok(ms(e.total))
     }
 }
 
+/// One line of one run.
+#[derive(Clone, Debug)]
+struct Figure {
+    value: f64,
+    floor: Option<f64>,
+    samples: Vec<f64>,
+    floor_samples: Vec<f64>,
+}
+
+/// Everything one run measured.
 #[derive(Default)]
-struct Report {
-    rows: Vec<(String, f64, Option<f64>, String, bool)>,
-    json: BTreeMap<String, Value>,
+struct RunFigures {
+    lines: BTreeMap<&'static str, Figure>,
+    notes: Vec<String>,
 }
 
-impl Report {
-    fn row(&mut self, name: &str, value: f64, floor: Option<f64>, target: &str, ok: bool) {
-        self.rows
-            .push((name.to_string(), value, floor, target.to_string(), ok));
+impl RunFigures {
+    /// A line whose figure is the median of `samples` (floor: of
+    /// `floor_samples`, when there are any).
+    fn p50(&mut self, key: &'static str, samples: &[f64], floor_samples: &[f64]) {
+        self.lines.insert(
+            key,
+            Figure {
+                value: median(samples),
+                floor: (!floor_samples.is_empty()).then(|| median(floor_samples)),
+                samples: samples.to_vec(),
+                floor_samples: floor_samples.to_vec(),
+            },
+        );
+    }
+
+    fn p95(&mut self, key: &'static str, samples: &[f64], floor_samples: &[f64]) {
+        self.lines.insert(
+            key,
+            Figure {
+                value: pct(samples, 0.95),
+                floor: (!floor_samples.is_empty()).then(|| pct(floor_samples, 0.95)),
+                samples: samples.to_vec(),
+                floor_samples: floor_samples.to_vec(),
+            },
+        );
+    }
+
+    fn value(&mut self, key: &'static str, value: f64, floor: Option<f64>) {
+        self.lines.insert(
+            key,
+            Figure {
+                value,
+                floor,
+                samples: vec![],
+                floor_samples: vec![],
+            },
+        );
+    }
+
+    fn note(&mut self, note: String) {
+        println!("note: {note}");
+        self.notes.push(note);
     }
 }
 
-async fn run(profile: bool, json_out: Option<String>) -> Res<()> {
+type Check = fn(f64, Option<f64>) -> bool;
+
+/// A line of the table: key, target, check (none: reported only).
+struct Line {
+    key: &'static str,
+    target: &'static str,
+    check: Option<Check>,
+}
+
+const EXEC: &str = "`exec true` round trip (start + wait) p50 (ms)";
+const EXEC_P95: &str = "`exec true` round trip p95 (ms)";
+const EXEC_LOGIN: &str = "`bash -lc true` round trip p50 (ms)";
+const EXEC_GVISOR: &str = "`exec true` round trip under gVisor p50 (ms)";
+const LOGS: &str = "log stream, 64 MB (MB/s)";
+const LOGS_GVISOR: &str = "log stream under gVisor, 64 MB (MB/s)";
+const BG: &str = "background-server command round trip p50 (ms)";
+const BG_AFTER: &str = "plain command right after it p50 (ms)";
+const BG_FLOOR: &str = "background-server command by `docker exec` p50 (ms)";
+const BG_AFTER_FLOOR: &str = "plain `docker exec` right after it p50 (ms)";
+const WRITE: &str = "file write 4 MiB p50 (ms)";
+const READ: &str = "file read 4 MiB p50 (ms)";
+const FIRST_WRITE: &str = "first 4 MiB write after create p50 (ms)";
+const KILL: &str = "kill answered p50 (ms)";
+const CREATE: &str = "create p50 (ms)";
+const CREATE_P95: &str = "create p95 (ms)";
+const RECONNECT: &str = "reconnect p50 (ms)";
+const STOP: &str = "stop p50 (ms)";
+const PUBLISH: &str = "port publish: first GET right after create p50 (ms)";
+const PUBLISH_LATER: &str = "port lookup 1 s after create p50 (ms)";
+const AGENT_RSS: &str = "agent idle RSS (MB)";
+const BRIDGE_RSS: &str = "agent bridge RSS (MB)";
+const AGENT_SIZE: &str = "agent binary size (MB)";
+const IDLE_RSS: &str = "sandboxd idle RSS (MB)";
+const AFTER_RSS: &str = "sandboxd RSS after the run (MB)";
+const GROWTH: &str = "sandboxd RSS growth, 1 GB unread (MB)";
+const DRAINED: &str = "1 GB unread drained (MB/s)";
+
+fn ratio_at_most(v: f64, f: Option<f64>, r: f64) -> bool {
+    f.is_some_and(|f| v <= f * r)
+}
+
+fn lines() -> Vec<Line> {
+    fn line(key: &'static str, target: &'static str, check: Option<Check>) -> Line {
+        Line { key, target, check }
+    }
+    vec![
+        line(
+            EXEC,
+            "≤ 5 ms and ≤ 0.15× floor",
+            Some(|v, f| v <= 5.0 && ratio_at_most(v, f, 0.15)),
+        ),
+        line(EXEC_P95, "", None),
+        line(
+            EXEC_LOGIN,
+            "≤ 0.5× floor",
+            Some(|v, f| ratio_at_most(v, f, 0.5)),
+        ),
+        line(EXEC_GVISOR, "≤ 10 ms", Some(|v, _| v <= 10.0)),
+        line(
+            LOGS,
+            "≥ 1.0× raw exec stream",
+            Some(|v, f| f.is_some_and(|f| v >= f)),
+        ),
+        line(LOGS_GVISOR, "", None),
+        line(
+            BG,
+            "≤ 1.2× plain command (floor column)",
+            Some(|v, f| ratio_at_most(v, f, 1.2)),
+        ),
+        line(
+            BG_AFTER,
+            "≤ 1.2× plain command (floor column)",
+            Some(|v, f| ratio_at_most(v, f, 1.2)),
+        ),
+        line(BG_FLOOR, "report (floor column: plain `docker exec`)", None),
+        line(
+            BG_AFTER_FLOOR,
+            "report (floor column: plain `docker exec`)",
+            None,
+        ),
+        line(WRITE, "≤ 25 ms", Some(|v, _| v <= 25.0)),
+        line(READ, "≤ 25 ms", Some(|v, _| v <= 25.0)),
+        line(
+            FIRST_WRITE,
+            "≤ 1.5× warm write (floor column)",
+            Some(|v, f| ratio_at_most(v, f, 1.5)),
+        ),
+        line(KILL, "≤ 20 ms", Some(|v, _| v <= 20.0)),
+        line(
+            CREATE,
+            "≤ 1.26× floor (before: 1.04–1.26×)",
+            Some(|v, f| ratio_at_most(v, f, 1.26)),
+        ),
+        line(CREATE_P95, "", None),
+        line(RECONNECT, "", None),
+        line(STOP, "", None),
+        line(PUBLISH, "≤ 250 ms", Some(|v, _| v <= 250.0)),
+        line(PUBLISH_LATER, "", None),
+        line(AGENT_RSS, "≤ 4 MB", Some(|v, _| v <= 4.0)),
+        line(BRIDGE_RSS, "", None),
+        line(AGENT_SIZE, "≤ 5 MB", Some(|v, _| v <= 5.0)),
+        line(IDLE_RSS, "≤ 20 MB", Some(|v, _| v <= 20.0)),
+        line(AFTER_RSS, "", None),
+        line(GROWTH, "< 64 MB", Some(|v, _| v < 64.0)),
+        line(DRAINED, "", None),
+    ]
+}
+
+/// Where the run comes from and what it ran on.
+fn meta(docker_version: &bollard::models::SystemVersion, runsc: bool, runs: usize) -> Value {
+    let repo = env!("CARGO_MANIFEST_DIR");
+    let git = |args: &[&str]| {
+        std::process::Command::new("git")
+            .arg("-C")
+            .arg(repo)
+            .args(args)
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+    };
+    let commit = git(&["rev-parse", "--short", "HEAD"]).unwrap_or_else(|| "unknown".into());
+    let changed = git(&["status", "--porcelain", "--untracked-files=no"]);
+    let dirty = changed.as_ref().map(|c| !c.is_empty());
+    let date = std::process::Command::new("date")
+        .args(["-u", "+%Y-%m-%dT%H:%M:%SZ"])
+        .output()
+        .ok()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default();
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default();
+    json!({
+        "commit": commit,
+        "dirty": dirty,
+        "changedFiles": changed.map(|c| c.lines().map(str::to_string).collect::<Vec<_>>()),
+        "date": date,
+        "docker": {
+            "version": docker_version.version,
+            "apiVersion": docker_version.api_version,
+            "runsc": runsc,
+        },
+        "kernel": kernel,
+        "cores": num_cpus(),
+        "runs": runs,
+        "sandboxdLogLevel": "default (RUST_LOG unset: info)",
+    })
+}
+
+async fn run(runs: usize, profile: bool, json_out: PathBuf) -> Res<()> {
     let docker = Docker::connect_with_local_defaults()?
         .negotiate_version()
         .await?;
-    let instance = format!("bench-{}", std::process::id());
-    let server = Server::start(&instance).await?;
-    let floor = Floor {
-        docker: docker.clone(),
-        instance: instance.clone(),
-        network: format!("{instance}-net"),
-    };
-    let mut report = Report::default();
-    let result = measure(&server, &floor, &mut report, profile).await;
-    cleanup(&docker, &instance).await;
-    result?;
+    let version = docker.version().await?;
+    let runsc = docker
+        .info()
+        .await?
+        .runtimes
+        .unwrap_or_default()
+        .contains_key("runsc");
+    let meta = meta(&version, runsc, runs);
+    print_meta(&meta);
 
-    println!(
-        "\nsandboxd benchmark ({} cores, engine {})",
-        num_cpus(),
-        docker.version().await?.version.unwrap_or_default()
-    );
-    println!(
-        "{:<34} {:>12} {:>12} {:>8}  {:<22}",
-        "measure", "sandboxd", "floor", "ratio", "target"
-    );
-    for (name, v, f, target, ok) in &report.rows {
-        let (fs, rs) = match f {
-            Some(f) => (format!("{f:.1}"), format!("{:.2}", v / f)),
-            None => ("-".into(), "-".into()),
+    let mut all: Vec<RunFigures> = Vec::new();
+    for r in 1..=runs {
+        println!("\nrun {r} of {runs}");
+        let instance = format!("bench-{}-{r}", std::process::id());
+        let config = std::env::temp_dir().join(format!("{instance}.toml"));
+        std::fs::write(&config, "[runtimes.gvisor]\noci_runtime = \"runsc\"\n")?;
+        let server = Server::start(&instance, Some(&config)).await?;
+        println!("sandboxd log: {}", server.log.display());
+        let floor = Floor {
+            docker: docker.clone(),
+            instance: instance.clone(),
+            network: format!("{instance}-net"),
         };
-        println!(
-            "{name:<34} {v:>12.1} {fs:>12} {rs:>8}  {target:<22} {}",
-            if *ok { "ok" } else { "MISS" }
-        );
+        let mut figures = RunFigures::default();
+        let result = measure(&server, &floor, &mut figures, profile, runsc).await;
+        drop(server);
+        cleanup(&docker, &instance).await;
+        let _ = std::fs::remove_file(&config);
+        if let Err(e) = result {
+            return Err(format!("run {r}: {e}").into());
+        }
+        all.push(figures);
     }
-    let json = serde_json::to_string_pretty(&report.json)?;
-    if let Some(path) = json_out {
-        std::fs::write(&path, &json)?;
-        println!("\nJSON written to {path}");
-    } else {
-        println!("\n{json}");
+
+    let (table, lines_json) = report(&all);
+    println!();
+    print_meta(&meta);
+    println!(
+        "\nEach figure: the median over {runs} run(s) of the run's own figure; ratio = sandboxd / floor column.\n"
+    );
+    println!("{table}");
+    for (r, figures) in all.iter().enumerate() {
+        for note in &figures.notes {
+            println!("note (run {}): {note}", r + 1);
+        }
     }
+    let out = json!({
+        "meta": meta,
+        "lines": lines_json,
+        "notes": all.iter().map(|f| f.notes.clone()).collect::<Vec<_>>(),
+    });
+    std::fs::write(&json_out, serde_json::to_string_pretty(&out)?)?;
+    println!("JSON written to {}", json_out.display());
     Ok(())
+}
+
+fn print_meta(meta: &Value) {
+    let dirty = match meta["dirty"].as_bool() {
+        Some(true) => " (dirty tree)",
+        Some(false) => " (clean tree)",
+        None => " (tree state unknown)",
+    };
+    println!(
+        "sandboxd benchmark: commit {}{dirty}, {}, Docker {} (API {}{}), kernel {}, {} cores, {} run(s), sandboxd at its default log level",
+        meta["commit"].as_str().unwrap_or("?"),
+        meta["date"].as_str().unwrap_or("?"),
+        meta["docker"]["version"].as_str().unwrap_or("?"),
+        meta["docker"]["apiVersion"].as_str().unwrap_or("?"),
+        if meta["docker"]["runsc"] == json!(true) {
+            ", runsc registered"
+        } else {
+            ", NO runsc"
+        },
+        meta["kernel"].as_str().unwrap_or("?"),
+        meta["cores"],
+        meta["runs"],
+    );
+}
+
+/// The markdown table and the JSON of every line over all runs.
+fn report(all: &[RunFigures]) -> (String, Value) {
+    let mut table = String::from(
+        "| measure | sandboxd | floor | ratio | target | |\n|---|---:|---:|---:|---|---|\n",
+    );
+    let mut out = Vec::new();
+    for line in lines() {
+        let figs: Vec<&Figure> = all.iter().filter_map(|r| r.lines.get(line.key)).collect();
+        let missing = figs.len() < all.len();
+        let value =
+            (!figs.is_empty()).then(|| median(&figs.iter().map(|f| f.value).collect::<Vec<_>>()));
+        let floors: Vec<f64> = figs.iter().filter_map(|f| f.floor).collect();
+        let floor = (!floors.is_empty() && floors.len() == figs.len()).then(|| median(&floors));
+        let ratio = value.zip(floor).map(|(v, f)| v / f);
+        let ok = match (line.check, value) {
+            (Some(check), Some(v)) if !missing => Some(check(v, floor)),
+            (Some(_), _) => Some(false),
+            (None, _) => None,
+        };
+        let cell =
+            |x: Option<f64>, digits: usize| x.map_or("–".into(), |x| format!("{x:.digits$}"));
+        let digits = if line.key.contains("(MB)") { 2 } else { 1 };
+        table.push_str(&format!(
+            "| {} | {} | {} | {} | {} | {} |\n",
+            line.key,
+            if missing && value.is_none() {
+                "not measured".into()
+            } else {
+                cell(value, digits)
+            },
+            cell(floor, digits),
+            cell(ratio, 2),
+            line.target,
+            match ok {
+                Some(true) => "ok",
+                Some(false) => "MISSED",
+                None => "",
+            }
+        ));
+        out.push(json!({
+                "measure": line.key,
+                "value": value,
+                "floor": floor,
+                "ratio": ratio,
+                "target": line.target,
+                "ok": ok,
+                "measuredInRuns": figs.len(),
+                "runs": all.iter().map(|r| r.lines.get(line.key).map(|f| json!({
+                    "value": f.value,
+                    "floor": f.floor,
+                    "ratio": f.floor.map(|fl| f.value / fl),
+                    "samples": f.samples,
+                    "floorSamples": f.floor_samples,
+                }))).collect::<Vec<_>>(),
+        }));
+    }
+    (table, Value::Array(out))
 }
 
 fn num_cpus() -> usize {
@@ -211,22 +595,46 @@ fn num_cpus() -> usize {
         .unwrap_or(1)
 }
 
-async fn measure(server: &Server, floor: &Floor, report: &mut Report, profile: bool) -> Res<()> {
+fn id_of(v: &Value, field: &str) -> Res<String> {
+    Ok(v[field]
+        .as_str()
+        .ok_or_else(|| format!("no {field} in {v}"))?
+        .to_string())
+}
+
+async fn measure(
+    server: &Server,
+    floor: &Floor,
+    fig: &mut RunFigures,
+    profile: bool,
+    runsc: bool,
+) -> Res<()> {
     let idle_rss = server.rss_kb();
 
-    // Warm up: network, image caches.
+    // Warm up: network, agent volume, image caches.
     let warm = server
         .post("/v1/sandboxes", json!({"sessionKey": "warm"}))
         .await?;
-    let warm_id = warm["sandboxId"].as_str().ok_or("id")?.to_string();
+    let sid = id_of(&warm, "sandboxId")?;
+    let sid = sid.as_str();
+    let container = format!("{}-{sid}", floor.instance);
     floor
         .create(&format!("{}-floorwarm", floor.instance))
         .await?;
     floor
         .remove(&format!("{}-floorwarm", floor.instance))
         .await?;
+    // A sandbox left idle for the agent's idle RSS (after one command, so
+    // its bridge is up).
+    let idle = id_of(
+        &server
+            .post("/v1/sandboxes", json!({"sessionKey": "idle"}))
+            .await?,
+        "sandboxId",
+    )?;
+    run_cmd(server, &idle, json!({"cmd": "true", "login": false})).await?;
 
-    // Create (cold), reconnect, stop — and their floors, interleaved.
+    // Create (cold), reconnect, stop, and their floors, interleaved.
     let (mut create, mut reconnect, mut stop, mut fcreate, mut fremove) =
         (vec![], vec![], vec![], vec![], vec![]);
     for i in 0..10 {
@@ -238,7 +646,7 @@ async fn measure(server: &Server, floor: &Floor, report: &mut Report, profile: b
             )
             .await?;
         create.push(ms(t.elapsed()));
-        let id = v["sandboxId"].as_str().ok_or("id")?.to_string();
+        let id = id_of(&v, "sandboxId")?;
         let t = Instant::now();
         server
             .post(
@@ -256,111 +664,128 @@ async fn measure(server: &Server, floor: &Floor, report: &mut Report, profile: b
         fcreate.push(ms(floor.create(&name).await?));
         fremove.push(ms(floor.remove(&name).await?));
     }
-    let (c50, fc50) = (pct(&create, 0.5), pct(&fcreate, 0.5));
-    report.row(
-        "create p50 (ms)",
-        c50,
-        Some(fc50),
-        "<= 1.15x floor",
-        c50 <= fc50 * 1.15,
-    );
-    report.row(
-        "create p95 (ms)",
-        pct(&create, 0.95),
-        Some(pct(&fcreate, 0.95)),
-        "",
-        true,
-    );
-    report.row("reconnect p50 (ms)", pct(&reconnect, 0.5), None, "", true);
-    report.row(
-        "stop p50 (ms)",
-        pct(&stop, 0.5),
-        Some(pct(&fremove, 0.5)),
-        "",
-        true,
-    );
+    fig.p50(CREATE, &create, &fcreate);
+    fig.p95(CREATE_P95, &create, &fcreate);
+    fig.p50(RECONNECT, &reconnect, &[]);
+    fig.p50(STOP, &stop, &fremove);
 
-    // Exec round trip of `true`.
-    let sid = warm_id.as_str();
-    let container = format!("{}-{sid}", floor.instance);
-    let (mut exec, mut exec_login, mut fexec, mut start_part) = (vec![], vec![], vec![], vec![]);
+    // Round trips of `true` and of RemcoChat's `bash -lc true`, each
+    // against `docker exec` of the same argv in the same container.
+    let (mut exec, mut fexec, mut start_part) = (vec![], vec![], vec![]);
+    let (mut login, mut flogin) = (vec![], vec![]);
+    let plain = json!({"cmd": "true", "login": false});
+    let remcochat = json!({"cmd": "bash", "args": ["-lc", "true"]});
     for _ in 0..5 {
-        run_true(server, sid, json!({"cmd": "true", "login": false})).await?;
-        floor.exec(&container, &["true"]).await?;
+        run_cmd(server, sid, plain.clone()).await?;
+        run_cmd(server, sid, remcochat.clone()).await?;
+        floor.round_trip(&container, &["true"]).await?;
+        floor
+            .round_trip(&container, &["bash", "-lc", "true"])
+            .await?;
     }
     for _ in 0..40 {
-        let (total, start) = run_true(server, sid, json!({"cmd": "true", "login": false})).await?;
+        let (total, start) = run_cmd(server, sid, plain.clone()).await?;
         exec.push(total);
         start_part.push(start);
-        exec_login.push(
-            run_true(server, sid, json!({"cmd": "bash", "args": ["-lc", "true"]}))
-                .await?
-                .0,
+        fexec.push(floor.round_trip(&container, &["true"]).await?);
+        login.push(run_cmd(server, sid, remcochat.clone()).await?.0);
+        flogin.push(
+            floor
+                .round_trip(&container, &["bash", "-lc", "true"])
+                .await?,
         );
-        fexec.push(ms(floor.exec(&container, &["true"]).await?.0));
     }
-    let (e50, fe50) = (pct(&exec, 0.5), pct(&fexec, 0.5));
-    report.row(
-        "exec true p50 (ms)",
-        e50,
-        Some(fe50),
-        "<= 1.15x floor",
-        e50 <= fe50 * 1.15,
-    );
-    report.row(
-        "exec true p95 (ms)",
-        pct(&exec, 0.95),
-        Some(pct(&fexec, 0.95)),
-        "",
-        true,
-    );
-    report.row(
-        "exec bash -lc true p50 (ms)",
-        pct(&exec_login, 0.5),
-        Some(fe50),
-        "",
-        true,
-    );
+    fig.p50(EXEC, &exec, &fexec);
+    fig.p95(EXEC_P95, &exec, &fexec);
+    fig.p50(EXEC_LOGIN, &login, &flogin);
     if profile {
         println!(
-            "profile: exec = start (POST …/commands) {:.1} ms + wait {:.1} ms (p50)",
-            pct(&start_part, 0.5),
-            e50 - pct(&start_part, 0.5)
+            "profile: exec true = start (POST …/commands) {:.2} ms + until wait answers {:.2} ms (p50)",
+            median(&start_part),
+            median(&exec) - median(&start_part)
         );
     }
 
-    // Log stream throughput: 64 MB of base64 text through /logs.
-    let generator = format!(
-        "head -c {} /dev/urandom | base64 -w 76 | head -c {LOG_BYTES}",
-        LOG_BYTES * 3 / 4 + 4096
-    );
-    let (mut thr, mut fthr) = (vec![], vec![]);
-    for _ in 0..3 {
+    // A command that leaves a server running in the background, and the
+    // plain command right after it, against the plain command alone (the
+    // same form: a `command` script, so a login shell). The same three
+    // through `docker exec` in the same container, for comparison.
+    let (mut bg, mut after, mut reference) = (vec![], vec![], vec![]);
+    let (mut fbg, mut fafter, mut freference) = (vec![], vec![], vec![]);
+    let plain_script = json!({"command": "true"});
+    let bg_script = |port: u16| {
+        format!("cd /tmp && python3 -m http.server {port} --bind 127.0.0.1 >/dev/null 2>&1 &")
+    };
+    for i in 0..12u16 {
+        let port = 3000 + i;
+        reference.push(run_cmd(server, sid, plain_script.clone()).await?.0);
+        let t = Instant::now();
         let v = server
             .post(
                 &format!("/v1/sandboxes/{sid}/commands"),
-                json!({"command": generator, "timeoutMs": 120000}),
+                json!({"command": bg_script(port)}),
             )
             .await?;
-        let cid = v["commandId"].as_str().ok_or("cid")?.to_string();
-        let t = Instant::now();
-        let (data, dropped) = read_logs(server, sid, &cid).await?;
-        let secs = t.elapsed().as_secs_f64();
-        if data + dropped != LOG_BYTES || dropped > 0 {
-            println!("note: log stream read {data} bytes, {dropped} dropped");
+        let cid = id_of(&v, "commandId")?;
+        wait_ok(server, sid, &cid).await?;
+        let bg_ms = ms(t.elapsed());
+        let after_ms = run_cmd(server, sid, plain_script.clone()).await?.0;
+        // The server must really be running: the command's leftovers.
+        let list = server.get(&format!("/v1/sandboxes/{sid}/commands")).await?;
+        let left = list["commands"]
+            .as_array()
+            .and_then(|l| l.iter().find(|c| c["commandId"] == json!(cid)))
+            .and_then(|c| c["processes"].as_u64());
+        if left.is_none_or(|n| n == 0) {
+            fig.note(format!(
+                "background server on port {port}: no process left running ({left:?})"
+            ));
         }
-        thr.push(data as f64 / secs / 1e6);
-        let (d, bytes) = floor.exec(&container, &["bash", "-c", &generator]).await?;
-        fthr.push(bytes as f64 / d.as_secs_f64() / 1e6);
+        // End the server it left (`:kill` of a finished command ends its
+        // leftovers).
+        server
+            .post(
+                &format!("/v1/sandboxes/{sid}/commands/{cid}:kill"),
+                json!(null),
+            )
+            .await?;
+        let fport = 3100 + i;
+        let f_ref = floor
+            .round_trip(&container, &["bash", "-lc", "true"])
+            .await?;
+        let f_bg = floor
+            .round_trip(&container, &["bash", "-lc", &bg_script(fport)])
+            .await?;
+        let f_after = floor
+            .round_trip(&container, &["bash", "-lc", "true"])
+            .await?;
+        floor
+            .exec(
+                &container,
+                &["pkill", "-f", &format!("http.server {fport} ")],
+                false,
+            )
+            .await?;
+        // The first two are warm-ups (python's first start reads its files).
+        if i >= 2 {
+            bg.push(bg_ms);
+            after.push(after_ms);
+            fbg.push(f_bg);
+            fafter.push(f_after);
+            freference.push(f_ref);
+        }
     }
-    let (t50, ft50) = (pct(&thr, 0.5), pct(&fthr, 0.5));
-    report.row(
-        "log stream (MB/s)",
-        t50,
-        Some(ft50),
-        ">= 0.8x raw stream",
-        t50 >= ft50 * 0.8,
-    );
+    let reference = &reference[2..];
+    fig.p50(BG, &bg, reference);
+    fig.p50(BG_AFTER, &after, reference);
+    fig.p50(BG_FLOOR, &fbg, &freference);
+    fig.p50(BG_AFTER_FLOOR, &fafter, &freference);
+
+    // Log stream throughput: 64 MB of base64 text, timed from the request
+    // that starts the command to its `exit` record, against `docker exec`
+    // of the same script from exec create to the end of its stream.
+    let (thr, fthr) = log_streams(server, floor, sid, &container, fig, 3).await?;
+    fig.p50(LOGS, &thr, &fthr);
 
     // Files: 4 MiB write and read.
     let content = {
@@ -371,14 +796,7 @@ async fn measure(server: &Server, floor: &Floor, report: &mut Report, profile: b
     };
     let (mut wr, mut rd) = (vec![], vec![]);
     for i in 0..10 {
-        let t = Instant::now();
-        server
-            .post(
-                &format!("/v1/sandboxes/{sid}/files:write"),
-                json!({"files": [{"path": format!("bench/f{i}.bin"), "contentBase64": content}]}),
-            )
-            .await?;
-        wr.push(ms(t.elapsed()));
+        wr.push(write_file(server, sid, &format!("bench/f{i}.bin"), &content).await?);
         let t = Instant::now();
         let v = server
             .get(&format!(
@@ -386,72 +804,160 @@ async fn measure(server: &Server, floor: &Floor, report: &mut Report, profile: b
             ))
             .await?;
         rd.push(ms(t.elapsed()));
-        if v["contentBase64"].as_str().map(str::len) != Some(content.len()) {
+        if v["contentBase64"].as_str() != Some(content.as_str()) {
             return Err("file read back differs".into());
         }
     }
-    let (w50, r50) = (pct(&wr, 0.5), pct(&rd, 0.5));
-    report.row(
-        "file write 4 MiB p50 (ms)",
-        w50,
-        None,
-        "<= 40 ms",
-        w50 <= 40.0,
-    );
-    report.row(
-        "file read 4 MiB p50 (ms)",
-        r50,
-        None,
-        "<= 40 ms",
-        r50 <= 40.0,
-    );
+    fig.p50(WRITE, &wr, &[]);
+    fig.p50(READ, &rd, &[]);
 
-    // Port publish: the first GET of a port, on a sandbox created 1 s
-    // earlier (a session writes files and starts its server before it asks
-    // for a URL), and, for comparison, right after the create.
-    let (mut publish, mut publish_now) = (vec![], vec![]);
+    // The first 4 MiB write into a sandbox created just before, against
+    // the warm write.
+    let mut first = vec![];
     for i in 0..5 {
-        for (wait, out) in [(true, &mut publish), (false, &mut publish_now)] {
-            let key = format!("port-{wait}-{i}");
+        let v = server
+            .post(
+                "/v1/sandboxes",
+                json!({"sessionKey": format!("first-write-{i}")}),
+            )
+            .await?;
+        let id = id_of(&v, "sandboxId")?;
+        first.push(write_file(server, &id, "first.bin", &content).await?);
+        server
+            .post(&format!("/v1/sandboxes/{id}:stop"), json!(null))
+            .await?;
+    }
+    fig.p50(FIRST_WRITE, &first, &wr);
+
+    // Kill: the time until `:kill` answers for a command that ignores
+    // SIGTERM; each must then end by SIGKILL (137, killed).
+    let mut kills = vec![];
+    let mut cids = vec![];
+    for _ in 0..10 {
+        let v = server
+            .post(
+                &format!("/v1/sandboxes/{sid}/commands"),
+                json!({"command": KILL_TARGET, "login": false, "timeoutMs": 120000}),
+            )
+            .await?;
+        cids.push(id_of(&v, "commandId")?);
+    }
+    // Let every shell set its trap.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    for cid in &cids {
+        let t = Instant::now();
+        let v = server
+            .post(
+                &format!("/v1/sandboxes/{sid}/commands/{cid}:kill"),
+                json!(null),
+            )
+            .await?;
+        kills.push(ms(t.elapsed()));
+        if v["ok"] != json!(true) {
+            return Err(format!(":kill answered {v}").into());
+        }
+    }
+    for cid in &cids {
+        let w = server
+            .get(&format!("/v1/sandboxes/{sid}/commands/{cid}/wait"))
+            .await?;
+        if w["exitCode"] != json!(137) || w["killed"] != json!(true) {
+            fig.note(format!(
+                "kill: `{KILL_TARGET}` ended with {w}, not 137 killed"
+            ));
+        }
+    }
+    fig.p50(KILL, &kills, &[]);
+
+    // Port publish: the first GET right after the create (ports are
+    // published in the background from the create on, so this GET waits
+    // for that work), and a GET 1 s after the create.
+    let (mut publish_now, mut publish_later) = (vec![], vec![]);
+    for i in 0..5 {
+        for (later, out) in [(false, &mut publish_now), (true, &mut publish_later)] {
+            let key = format!("port-{later}-{i}");
             let v = server
                 .post("/v1/sandboxes", json!({"sessionKey": key, "ports": [3000]}))
                 .await?;
-            let id = v["sandboxId"].as_str().ok_or("id")?.to_string();
-            if wait {
+            let id = id_of(&v, "sandboxId")?;
+            if later {
                 tokio::time::sleep(Duration::from_secs(1)).await;
             }
             let t = Instant::now();
-            server
+            let v = server
                 .get(&format!("/v1/sandboxes/{id}/ports/3000"))
                 .await?;
             out.push(ms(t.elapsed()));
+            if v["found"] != json!(true) || v["hostPort"].as_u64().is_none() {
+                return Err(format!("port lookup answered {v}").into());
+            }
             server
                 .post(&format!("/v1/sandboxes/{id}:stop"), json!(null))
                 .await?;
         }
     }
-    let p50 = pct(&publish, 0.5);
-    report.row(
-        "port publish p50 (ms)",
-        p50,
-        None,
-        "<= 250 ms",
-        p50 <= 250.0,
-    );
-    report.row(
-        "port publish at create p50 (ms)",
-        pct(&publish_now, 0.5),
-        None,
-        "",
-        true,
-    );
+    fig.p50(PUBLISH, &publish_now, &[]);
+    fig.p50(PUBLISH_LATER, &publish_later, &[]);
 
-    // Memory.
+    // gVisor: the same round trip and log stream in a sandbox of a runtime
+    // with oci_runtime = "runsc", against `docker exec` in its container.
+    if runsc {
+        if let Err(e) = gvisor(server, floor, fig).await {
+            fig.note(format!("gVisor lines not measured: {e}"));
+        }
+    } else {
+        fig.note("gVisor lines not measured: the engine has no runsc runtime".into());
+    }
+
+    // The agent: its idle RSS (`serve`, and the `bridge` sandboxd talks to
+    // it through) and its binary, read with `docker exec` in the sandbox
+    // that stayed idle.
+    let idle_container = format!("{}-{idle}", floor.instance);
+    let script = "for d in /proc/[0-9]*; do \
+        a=$(tr '\\0' ' ' < $d/cmdline 2>/dev/null); \
+        case \"$a\" in \
+          '/.sandboxd/sandboxd-agent serve ') echo serve $(grep VmRSS $d/status) ;; \
+          '/.sandboxd/sandboxd-agent bridge'*) echo bridge $(grep VmRSS $d/status) ;; \
+        esac; done; echo size $(stat -c %s /.sandboxd/sandboxd-agent)";
+    let e = floor
+        .exec(&idle_container, &["sh", "-c", script], true)
+        .await?;
+    let text = String::from_utf8_lossy(&e.output).to_string();
+    let field = |what: &str| -> Option<f64> {
+        text.lines()
+            .find(|l| l.starts_with(what))
+            .and_then(|l| {
+                l.split_whitespace()
+                    .find(|w| w.chars().all(|c| c.is_ascii_digit()))
+            })
+            .and_then(|n| n.parse().ok())
+    };
+    match field("serve ") {
+        Some(kb) => fig.value(AGENT_RSS, kb / 1024.0, None),
+        None => fig.note(format!("agent RSS not found in: {text:?}")),
+    }
+    if let Some(kb) = field("bridge ") {
+        fig.value(BRIDGE_RSS, kb / 1024.0, None);
+    }
+    match field("size ") {
+        Some(bytes) => fig.value(AGENT_SIZE, bytes / MIB, None),
+        None => fig.note(format!("agent size not found in: {text:?}")),
+    }
+    if let Some(bytes) = field("size ") {
+        if bytes as usize != agent_delivery::AGENT_BINARY.len() {
+            fig.note(format!(
+                "the agent in the sandbox has {bytes} bytes, the one embedded {}",
+                agent_delivery::AGENT_BINARY.len()
+            ));
+        }
+    }
+
+    // Memory of sandboxd itself.
     let after_rss = server.rss_kb();
     let v = server
         .post(&format!("/v1/sandboxes/{sid}/commands"), json!({"command": format!("head -c {FLOOD_BYTES} /dev/zero | tr '\\0' x"), "timeoutMs": 600000}))
         .await?;
-    let cid = v["commandId"].as_str().ok_or("cid")?.to_string();
+    let cid = id_of(&v, "commandId")?;
     let before_flood = server.rss_kb();
     let mut peak = before_flood;
     let t = Instant::now();
@@ -468,63 +974,156 @@ async fn measure(server: &Server, floor: &Floor, report: &mut Report, profile: b
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let flood_secs = t.elapsed().as_secs_f64();
-    let growth_mb = peak.saturating_sub(before_flood) as f64 / 1024.0;
-    report.row(
-        "idle RSS (MB)",
-        idle_rss as f64 / 1024.0,
+    fig.value(IDLE_RSS, idle_rss as f64 / 1024.0, None);
+    fig.value(AFTER_RSS, after_rss as f64 / 1024.0, None);
+    fig.value(
+        GROWTH,
+        peak.saturating_sub(before_flood) as f64 / 1024.0,
         None,
-        "<= 20 MB",
-        idle_rss as f64 / 1024.0 <= 20.0,
     );
-    report.row(
-        "RSS after the run (MB)",
-        after_rss as f64 / 1024.0,
-        None,
-        "",
-        true,
-    );
-    report.row(
-        "RSS growth, 1 GB unread (MB)",
-        growth_mb,
-        None,
-        "< 64 MB",
-        growth_mb < 64.0,
-    );
-    report.row(
-        "1 GB unread drained (MB/s)",
-        FLOOD_BYTES as f64 / flood_secs / 1e6,
-        None,
-        "",
-        true,
-    );
+    fig.value(DRAINED, FLOOD_BYTES as f64 / flood_secs / 1e6, None);
+    Ok(())
+}
 
-    for (name, v, f, _, ok) in &report.rows {
-        report
-            .json
-            .insert(name.clone(), json!({"value": v, "floor": f, "ok": ok}));
+async fn gvisor(server: &Server, floor: &Floor, fig: &mut RunFigures) -> Res<()> {
+    let v = server
+        .post(
+            "/v1/sandboxes",
+            json!({"sessionKey": "gvisor", "runtime": "gvisor"}),
+        )
+        .await?;
+    let gid = id_of(&v, "sandboxId")?;
+    let container = format!("{}-{gid}", floor.instance);
+    let runtime = floor
+        .docker
+        .inspect_container(
+            &container,
+            None::<bollard::query_parameters::InspectContainerOptions>,
+        )
+        .await?
+        .host_config
+        .and_then(|h| h.runtime);
+    if runtime.as_deref() != Some("runsc") {
+        return Err(format!("the gvisor sandbox runs under {runtime:?}").into());
+    }
+    let plain = json!({"cmd": "true", "login": false});
+    for _ in 0..3 {
+        run_cmd(server, &gid, plain.clone()).await?;
+        floor.round_trip(&container, &["true"]).await?;
+    }
+    let (mut exec, mut fexec) = (vec![], vec![]);
+    for _ in 0..20 {
+        exec.push(run_cmd(server, &gid, plain.clone()).await?.0);
+        fexec.push(floor.round_trip(&container, &["true"]).await?);
+    }
+    fig.p50(EXEC_GVISOR, &exec, &fexec);
+    let (thr, fthr) = log_streams(server, floor, &gid, &container, fig, 3).await?;
+    fig.p50(LOGS_GVISOR, &thr, &fthr);
+    server
+        .post(&format!("/v1/sandboxes/{gid}:stop"), json!(null))
+        .await?;
+    Ok(())
+}
+
+/// `n` log streams of LOG_BYTES through sandboxd and through `docker exec`,
+/// interleaved: (sandboxd MB/s, floor MB/s).
+async fn log_streams(
+    server: &Server,
+    floor: &Floor,
+    sid: &str,
+    container: &str,
+    fig: &mut RunFigures,
+    n: usize,
+) -> Res<(Vec<f64>, Vec<f64>)> {
+    let generator = format!(
+        "head -c {} /dev/urandom | base64 -w 76 | head -c {LOG_BYTES}",
+        LOG_BYTES * 3 / 4 + 4096
+    );
+    let (mut thr, mut fthr) = (vec![], vec![]);
+    for _ in 0..n {
+        let t = Instant::now();
+        let v = server
+            .post(
+                &format!("/v1/sandboxes/{sid}/commands"),
+                json!({"command": generator, "login": false, "timeoutMs": 300000}),
+            )
+            .await?;
+        let cid = id_of(&v, "commandId")?;
+        let logs = read_logs(server, sid, &cid, t).await?;
+        let Some(took) = logs.to_exit else {
+            return Err(format!(
+                "the log stream of {cid} ended without its exit record ({} bytes read)",
+                logs.data
+            )
+            .into());
+        };
+        if logs.data != LOG_BYTES || logs.dropped > 0 || logs.exit_code != Some(0) {
+            fig.note(format!(
+                "log stream: {} data bytes of {LOG_BYTES}, {} dropped, exit {:?}",
+                logs.data, logs.dropped, logs.exit_code
+            ));
+        }
+        thr.push(logs.data as f64 / took.as_secs_f64() / 1e6);
+        let e = floor
+            .exec(container, &["bash", "-c", &generator], false)
+            .await?;
+        if e.bytes != LOG_BYTES || e.exit != Some(0) {
+            fig.note(format!(
+                "floor stream: {} bytes of {LOG_BYTES}, exit {:?}",
+                e.bytes, e.exit
+            ));
+        }
+        fthr.push(e.bytes as f64 / e.stream.as_secs_f64() / 1e6);
+    }
+    Ok((thr, fthr))
+}
+
+async fn write_file(server: &Server, sid: &str, path: &str, content: &str) -> Res<f64> {
+    let t = Instant::now();
+    server
+        .post(
+            &format!("/v1/sandboxes/{sid}/files:write"),
+            json!({"files": [{"path": path, "contentBase64": content}]}),
+        )
+        .await?;
+    Ok(ms(t.elapsed()))
+}
+
+/// `wait` for a command that must exit 0.
+async fn wait_ok(server: &Server, sid: &str, cid: &str) -> Res<()> {
+    let w = server
+        .get(&format!("/v1/sandboxes/{sid}/commands/{cid}/wait"))
+        .await?;
+    if w["exitCode"] != 0 {
+        return Err(format!("command {cid}: {w}").into());
     }
     Ok(())
 }
 
-/// start + wait of one command; returns (total ms, start ms).
-async fn run_true(server: &Server, sid: &str, body: Value) -> Res<(f64, f64)> {
+/// start + wait of one command that must exit 0; returns (total ms, start
+/// ms).
+async fn run_cmd(server: &Server, sid: &str, body: Value) -> Res<(f64, f64)> {
     let t = Instant::now();
     let v = server
         .post(&format!("/v1/sandboxes/{sid}/commands"), body)
         .await?;
     let start = ms(t.elapsed());
-    let cid = v["commandId"].as_str().ok_or("cid")?;
-    let w = server
-        .get(&format!("/v1/sandboxes/{sid}/commands/{cid}/wait"))
-        .await?;
-    if w["exitCode"] != 0 {
-        return Err(format!("exit {w}").into());
-    }
+    let cid = id_of(&v, "commandId")?;
+    wait_ok(server, sid, &cid).await?;
     Ok((ms(t.elapsed()), start))
 }
 
-/// Reads a log stream to its end: (data bytes, dropped bytes).
-async fn read_logs(server: &Server, sid: &str, cid: &str) -> Res<(u64, u64)> {
+/// What a log stream delivered.
+struct LogRead {
+    data: u64,
+    dropped: u64,
+    exit_code: Option<i64>,
+    /// From `since` to the `exit` record; `None`: the stream ended without.
+    to_exit: Option<Duration>,
+}
+
+/// Reads a log stream to its end.
+async fn read_logs(server: &Server, sid: &str, cid: &str, since: Instant) -> Res<LogRead> {
     let resp = server
         .client
         .get(format!(
@@ -533,9 +1132,17 @@ async fn read_logs(server: &Server, sid: &str, cid: &str) -> Res<(u64, u64)> {
         ))
         .send()
         .await?;
+    if !resp.status().is_success() {
+        return Err(format!("GET …/logs: {}", resp.status()).into());
+    }
     let mut body = resp.bytes_stream();
     let mut buf: Vec<u8> = Vec::new();
-    let (mut data, mut dropped) = (0u64, 0u64);
+    let mut read = LogRead {
+        data: 0,
+        dropped: 0,
+        exit_code: None,
+        to_exit: None,
+    };
     while let Some(chunk) = body.next().await {
         buf.extend_from_slice(&chunk?);
         let mut start = 0;
@@ -544,24 +1151,40 @@ async fn read_logs(server: &Server, sid: &str, cid: &str) -> Res<(u64, u64)> {
             start += i + 1;
             match line["stream"].as_str() {
                 Some("stdout") | Some("stderr") => {
-                    data += line["data"].as_str().map(str::len).unwrap_or(0) as u64
+                    read.data += line["data"].as_str().map(str::len).unwrap_or(0) as u64
                 }
-                Some("dropped") => dropped += line["bytes"].as_u64().unwrap_or(0),
+                Some("dropped") => read.dropped += line["bytes"].as_u64().unwrap_or(0),
+                Some("exit") if read.to_exit.is_none() => {
+                    read.to_exit = Some(since.elapsed());
+                    read.exit_code = line["exitCode"].as_i64();
+                }
                 _ => {}
             }
         }
         buf.drain(..start);
     }
-    Ok((data, dropped))
+    Ok(read)
 }
 
 fn main() -> std::process::ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    let value_of = |flag: &str| {
+        args.iter()
+            .position(|a| a == flag)
+            .and_then(|i| args.get(i + 1).cloned())
+    };
     let profile = args.iter().any(|a| a == "--profile");
-    let json_out = args
-        .iter()
-        .position(|a| a == "--json")
-        .and_then(|i| args.get(i + 1).cloned());
+    let runs = match value_of("--runs").map(|r| r.parse::<usize>()) {
+        None => 3,
+        Some(Ok(n)) if n >= 1 => n,
+        Some(_) => {
+            eprintln!("bench: --runs takes a number ≥ 1");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    let json_out = value_of("--json")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("bench/last-run.json"));
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -572,7 +1195,7 @@ fn main() -> std::process::ExitCode {
             return std::process::ExitCode::FAILURE;
         }
     };
-    match rt.block_on(run(profile, json_out)) {
+    match rt.block_on(run(runs, profile, json_out)) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("bench: {e}");

@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Benchmarks sandboxd against the engine floor (see bench/main.rs and
-# bench/RESULTS.md). Needs an engine and the runtime image, like the tests.
-#   bench/run.sh [--profile] [--json FILE]
+# bench/RESULTS.md). Needs an engine (with runsc registered for the gVisor
+# lines) and the runtime image, like the tests.
+#   bench/run.sh [--runs N] [--profile] [--json FILE]
+# --runs N (default 3): the whole set N times, each line the median over
+# runs; JSON (default bench/last-run.json) keeps every run's figures.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/ensure-docker.sh

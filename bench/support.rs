@@ -2,6 +2,7 @@
 //! instance) and its HTTP client, percentiles, and cleanup by label.
 #![allow(dead_code, unreachable_pub)]
 
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -13,10 +14,16 @@ pub struct Server {
     pub child: Child,
     pub base: String,
     pub client: reqwest::Client,
+    /// sandboxd's own log (stderr), at its default level.
+    pub log: PathBuf,
 }
 
 impl Server {
-    pub async fn start(instance: &str) -> Res<Server> {
+    /// Starts target/release/sandboxd as `instance`, with `config` as its
+    /// configuration file if given. It logs at its default level (no
+    /// RUST_LOG) to a file in the temporary directory; no SANDBOXD_*
+    /// variable of the caller's environment reaches it.
+    pub async fn start(instance: &str, config: Option<&Path>) -> Res<Server> {
         let exe = std::env::current_exe()?;
         let bin = exe
             .parent()
@@ -26,19 +33,29 @@ impl Server {
         let port = std::net::TcpListener::bind("127.0.0.1:0")?
             .local_addr()?
             .port();
-        let child = Command::new(bin)
+        let log = std::env::temp_dir().join(format!("{instance}.log"));
+        let mut cmd = Command::new(bin);
+        for (k, _) in std::env::vars_os() {
+            if k.to_string_lossy().starts_with("SANDBOXD_") {
+                cmd.env_remove(&k);
+            }
+        }
+        cmd.env_remove("RUST_LOG")
             .env("SANDBOXD_PORT", port.to_string())
             .env("SANDBOXD_INSTANCE", instance)
             .env("SANDBOXD_MAX_CONCURRENT", "100")
-            .env("RUST_LOG", "warn")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()?;
+            .stderr(Stdio::from(std::fs::File::create(&log)?));
+        if let Some(config) = config {
+            cmd.env("SANDBOXD_CONFIG", config);
+        }
+        let child = cmd.spawn()?;
         let server = Server {
             child,
             base: format!("http://127.0.0.1:{port}"),
             client: reqwest::Client::new(),
+            log,
         };
         let deadline = Instant::now() + Duration::from_secs(20);
         while Instant::now() < deadline {
@@ -54,7 +71,11 @@ impl Server {
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        Err("sandboxd did not become ready".into())
+        Err(format!(
+            "sandboxd did not become ready; log: {}",
+            server.log.display()
+        )
+        .into())
     }
 
     pub async fn post(&self, path: &str, body: Value) -> Res<Value> {
@@ -110,6 +131,18 @@ pub fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
 }
 
+/// The median: the middle value, or the mean of the two middle values.
+pub fn median(values: &[f64]) -> f64 {
+    let mut s = values.to_vec();
+    s.sort_by(|a, b| a.total_cmp(b));
+    match s.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => s[n / 2],
+        n => (s[n / 2 - 1] + s[n / 2]) / 2.0,
+    }
+}
+
+/// The sample at rank round((n - 1) * p) of the sorted samples.
 pub fn pct(samples: &[f64], p: f64) -> f64 {
     let mut s = samples.to_vec();
     s.sort_by(|a, b| a.total_cmp(b));
