@@ -414,3 +414,44 @@ async fn sandboxes_cannot_reach_each_other() {
         }
     }
 }
+
+/// Allowlisted ports are published in the background right after create:
+/// the proxy exists, and the view lists its host port, before any `GET` of
+/// the port.
+#[tokio::test]
+async fn allowlisted_ports_are_published_after_create_without_a_get() {
+    let server = TestServer::start().await;
+    let sid = server
+        .create(json!({"sessionKey": "ahead", "ports": [3000]}))
+        .await;
+    eventually(
+        Duration::from_secs(20),
+        "a running proxy for port 3000",
+        || async {
+            proxies(&server, &sid).await.iter().any(|c| {
+                c.state == Some(bollard::models::ContainerSummaryStateEnum::RUNNING)
+                    && c.labels
+                        .as_ref()
+                        .and_then(|l| l.get("sandboxd.port"))
+                        .map(String::as_str)
+                        == Some("3000")
+            })
+        },
+    )
+    .await;
+    let proxy = &proxies(&server, &sid).await[0];
+    let host_port = proxy
+        .ports
+        .as_ref()
+        .and_then(|ps| ps.iter().find_map(|p| p.public_port))
+        .expect("the proxy's published port");
+    eventually(
+        Duration::from_secs(10),
+        "the view lists the published port",
+        || async {
+            let (_, view) = server.get(&format!("/v1/sandboxes/{sid}")).await;
+            view["ports"]["published"]["3000"] == json!(host_port)
+        },
+    )
+    .await;
+}
