@@ -455,3 +455,51 @@ async fn allowlisted_ports_are_published_after_create_without_a_get() {
     )
     .await;
 }
+
+/// A proxy found stopped is replaced on the next `GET` of its port, and the
+/// URL that `GET` answers works again.
+#[tokio::test]
+async fn a_stopped_proxy_is_replaced_on_the_next_get() {
+    let server = TestServer::start().await;
+    let sid = server
+        .create(json!({"sessionKey": "revive", "ports": [3000]}))
+        .await;
+    start_server(&server, &sid, &server_script(3000, "revived")).await;
+    let (s, v) = port(&server, &sid, 3000, "?waitMs=10000").await;
+    assert_eq!((s, v["ready"].clone()), (200, json!(true)), "{v}");
+    let url = v["url"].as_str().expect("url").to_string();
+    assert_eq!(fetch(&url).await.as_deref(), Some("revived\n"));
+
+    let old = proxies(&server, &sid).await;
+    assert_eq!(old.len(), 1);
+    let old_id = old[0].id.clone().expect("proxy id");
+    server
+        .docker
+        .stop_container(
+            &old_id,
+            None::<bollard::query_parameters::StopContainerOptions>,
+        )
+        .await
+        .expect("stop the proxy");
+    // The stop broke the URL, so a working URL below is the replacement's.
+    assert_eq!(fetch(&url).await, None, "the stopped proxy serves nothing");
+
+    let (s, v) = port(&server, &sid, 3000, "").await;
+    assert_eq!((s, v["found"].clone()), (200, json!(true)), "{v}");
+    let new = proxies(&server, &sid).await;
+    assert_eq!(new.len(), 1, "one proxy, not two");
+    assert_ne!(new[0].id.as_ref(), Some(&old_id), "the proxy was replaced");
+    let host_port = new[0]
+        .ports
+        .as_ref()
+        .and_then(|ps| ps.iter().find_map(|p| p.public_port))
+        .expect("the new proxy's published port");
+    assert_eq!(v["hostPort"], json!(host_port), "{v}");
+    let url = v["url"].as_str().expect("url").to_string();
+    eventually(
+        Duration::from_secs(10),
+        "the new URL serves the sandbox's server",
+        || async { fetch(&url).await.as_deref() == Some("revived\n") },
+    )
+    .await;
+}
