@@ -503,3 +503,70 @@ async fn a_stopped_proxy_is_replaced_on_the_next_get() {
     )
     .await;
 }
+
+/// The relay listens on `relay_port(PORT)` in the sandbox; when a process
+/// there holds that port, the `GET` is `502 port_publish_failed`, and the
+/// same port publishes once it is free.
+#[tokio::test]
+async fn a_taken_relay_port_is_port_publish_failed() {
+    let server = TestServer::start().await;
+    let relay = sandboxd::ports::relay_port(3000);
+    // No ports at create, so nothing publishes before the holder runs.
+    let sid = server.create(json!({"sessionKey": "taken"})).await;
+    let holder = server
+        .start_command(
+            &sid,
+            json!({"command": format!(
+                "exec python3 -c 'import socket, time; s = socket.socket(); s.bind((\"0.0.0.0\", {relay})); s.listen(); time.sleep(600)'"
+            ), "timeoutMs": 600000}),
+        )
+        .await;
+    eventually(
+        Duration::from_secs(15),
+        "the holder listens on the relay port",
+        || async {
+            server
+                .sh(
+                    &sid,
+                    &format!("python3 -c 'import socket; socket.create_connection((\"127.0.0.1\", {relay}), 1)'"),
+                )
+                .await["exitCode"]
+                == 0
+        },
+    )
+    .await;
+    // A reconnect adds the port to the allowlist (its background publish
+    // fails and is only logged).
+    let (s, v) = server
+        .post(
+            "/v1/sandboxes",
+            json!({"sessionKey": "taken", "ports": [3000]}),
+        )
+        .await;
+    assert_eq!((s, v["created"].clone()), (200, json!(false)), "{v}");
+    let (s, v) = port(&server, &sid, 3000, "").await;
+    assert_eq!(
+        (s, v["code"].clone()),
+        (502, json!("port_publish_failed")),
+        "{v}"
+    );
+
+    // Control: the same port publishes once the holder is gone.
+    let (s, _) = server
+        .post(
+            &format!("/v1/sandboxes/{sid}/commands/{holder}:kill"),
+            json!(null),
+        )
+        .await;
+    assert_eq!(s, 200);
+    server.wait_command(&sid, &holder).await;
+    start_server(&server, &sid, &server_script(3000, "free")).await;
+    let (s, v) = port(&server, &sid, 3000, "?waitMs=10000").await;
+    assert_eq!((s, v["ready"].clone()), (200, json!(true)), "{v}");
+    // The proxy was made by this GET and may not listen yet.
+    let url = v["url"].as_str().expect("url").to_string();
+    eventually(Duration::from_secs(10), "the URL serves", || async {
+        fetch(&url).await.as_deref() == Some("free\n")
+    })
+    .await;
+}
