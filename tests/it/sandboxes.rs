@@ -862,3 +862,108 @@ async fn out_of_band_removal_is_404_and_a_stopped_container_comes_back() {
         .await;
     assert_eq!(body, json!({"sandboxId": stopped, "created": false}));
 }
+
+/// On rehydration a sandbox whose `sandboxd.agent` label names another
+/// agent version is recreated with this one: a new container on the same
+/// workspace volume. The engine cannot relabel a container, so while
+/// sandboxd is down the test makes the sandbox's container again, as it
+/// was but for that label.
+#[tokio::test]
+async fn a_sandbox_of_another_agent_version_is_recreated_on_rehydration() {
+    let mut server = TestServer::start().await;
+    let id = server
+        .create(json!({"sessionKey": "old-agent", "network": {"mode": "none"}}))
+        .await;
+    assert_eq!(
+        server.sh(&id, "echo kept > /workspace/note").await["exitCode"],
+        0
+    );
+    let made = server.inspect(&id).await;
+    let agent_version = made
+        .config
+        .as_ref()
+        .and_then(|c| c.labels.as_ref())
+        .and_then(|l| l.get("sandboxd.agent"))
+        .cloned()
+        .expect("the sandbox's agent label");
+    // Control: with this agent's label, a restart keeps the container.
+    server.restart().await;
+    assert_eq!(server.inspect(&id).await.id, made.id, "container kept");
+
+    server.stop_process();
+    let name = server.container_name(&id);
+    let config = made.config.expect("config");
+    let mut labels = config.labels.clone().unwrap_or_default();
+    labels.insert("sandboxd.agent".into(), "another-build".into());
+    server
+        .docker
+        .remove_container(
+            &name,
+            Some(RemoveContainerOptions {
+                force: true,
+                ..Default::default()
+            }),
+        )
+        .await
+        .expect("remove the container");
+    let old = server
+        .docker
+        .create_container(
+            Some(bollard::query_parameters::CreateContainerOptions {
+                name: Some(name.clone()),
+                platform: String::new(),
+            }),
+            bollard::models::ContainerCreateBody {
+                image: config.image,
+                entrypoint: config.entrypoint,
+                cmd: config.cmd,
+                env: config.env,
+                user: config.user,
+                working_dir: config.working_dir,
+                labels: Some(labels),
+                host_config: made.host_config,
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("the container of another agent version")
+        .id;
+    server
+        .docker
+        .start_container(
+            &old,
+            None::<bollard::query_parameters::StartContainerOptions>,
+        )
+        .await
+        .expect("start it");
+
+    server.restart().await;
+    let now = server.inspect(&id).await;
+    assert_ne!(now.id.as_ref(), Some(&old), "the container was recreated");
+    assert_eq!(
+        now.config
+            .and_then(|c| c.labels)
+            .and_then(|mut l| l.remove("sandboxd.agent")),
+        Some(agent_version),
+        "with this agent"
+    );
+    assert!(
+        server
+            .docker
+            .inspect_container(
+                &old,
+                None::<bollard::query_parameters::InspectContainerOptions>
+            )
+            .await
+            .is_err(),
+        "the old container, and every process in it, is gone"
+    );
+    let r = server.sh(&id, "cat /workspace/note").await;
+    assert_eq!(r["stdout"], "kept\n", "the workspace stays: {r}");
+    assert!(
+        server
+            .log_text()
+            .contains("sandbox recreated with this sandboxd's agent"),
+        "the log says so"
+    );
+}
