@@ -341,3 +341,43 @@ async fn every_container_passes_cis_section_5() {
     }
     assert!(failures.is_empty(), "{failures:#?}");
 }
+
+/// The agent is not dumpable: the sandbox user, whose processes it shares
+/// a uid with, cannot read its environment or memory, while a dumpable
+/// process of the same user can be read (the control).
+#[tokio::test]
+async fn the_sandbox_user_cannot_read_the_agents_memory() {
+    let server = TestServer::start().await;
+    let sid = server.offline_sandbox().await;
+    let script = r#"
+        agent=$(pgrep -f '^/.sandboxd/sandboxd-agent serve')
+        sleep 600 & peer=$!
+        echo "agent-owner $(stat -c %u /proc/$agent) me $(id -u)"
+        head -c 1 /proc/self/environ >/dev/null && echo self-environ-ok
+        head -c 1 /proc/$peer/environ >/dev/null && echo peer-environ-ok
+        head -c 1 /proc/$agent/environ 2>&1 >/dev/null | grep -q 'Permission denied' && echo agent-environ-denied
+        python3 -c "
+import sys
+pid = int(sys.argv[1])
+try:
+    open(f'/proc/{pid}/mem', 'rb')
+except PermissionError:
+    print('agent-mem-denied')
+" "$agent"
+        kill $peer
+    "#;
+    let r = server.sh(&sid, script).await;
+    let out = r["stdout"].as_str().unwrap_or("");
+    assert!(
+        out.starts_with("agent-owner 1000 me 1000\n"),
+        "the agent runs as the sandbox user: {r}"
+    );
+    for line in [
+        "self-environ-ok",
+        "peer-environ-ok",
+        "agent-environ-denied",
+        "agent-mem-denied",
+    ] {
+        assert!(out.lines().any(|l| l == line), "{line}: {r}");
+    }
+}
