@@ -691,3 +691,54 @@ async fn commands_keep_running_across_a_sandboxd_restart_and_leftovers_stay_kill
     })
     .await;
 }
+
+/// A `cwd` that cannot be created ends the command at once with 126 and
+/// sandboxd's message; a program that cannot be found ends it with 127, the
+/// shell saying so, or with `login: false` the agent.
+#[tokio::test]
+async fn an_uncreatable_cwd_is_126_and_a_missing_program_127() {
+    let server = TestServer::start().await;
+    let sid = server.offline_sandbox().await;
+    assert_eq!(server.sh(&sid, "echo > plain").await["exitCode"], 0);
+    // Control: a missing cwd that can be created is made, and the command runs.
+    let r = server
+        .run(&sid, json!({"command": "pwd", "cwd": "made/here"}))
+        .await;
+    assert_eq!(
+        (r["exitCode"].clone(), r["stdout"].clone()),
+        (json!(0), json!("/workspace/made/here\n")),
+        "{r}"
+    );
+    // Under a regular file no directory can be made.
+    let r = server
+        .run(&sid, json!({"command": "echo ran", "cwd": "plain/sub"}))
+        .await;
+    assert_eq!(r["exitCode"], 126, "{r}");
+    assert_eq!(r["stdout"], "", "the command never ran: {r}");
+    assert!(
+        r["stderr"]
+            .as_str()
+            .unwrap_or("")
+            .starts_with("sandboxd: cannot create the working directory /workspace/plain/sub: "),
+        "{r}"
+    );
+
+    let r = server
+        .run(&sid, json!({"cmd": "no-such-program", "login": false}))
+        .await;
+    assert_eq!(
+        (r["exitCode"].clone(), r["stderr"].clone()),
+        (
+            json!(127),
+            json!("sandboxd: no-such-program: command not found\n")
+        ),
+        "{r}"
+    );
+    let r = server.sh(&sid, "no-such-program").await;
+    assert_eq!(r["exitCode"], 127, "{r}");
+    let stderr = r["stderr"].as_str().unwrap_or("");
+    assert!(
+        stderr.contains("no-such-program: command not found") && !stderr.starts_with("sandboxd:"),
+        "the shell says so: {r}"
+    );
+}
