@@ -742,3 +742,44 @@ async fn an_uncreatable_cwd_is_126_and_a_missing_program_127() {
         "the shell says so: {r}"
     );
 }
+
+/// A `timeoutMs` above `max_timeout_ms` is capped, not refused: the answer
+/// gives the effective value, and the cap is logged once, at info, with
+/// what was asked.
+#[tokio::test]
+async fn a_timeout_above_the_maximum_is_capped_reported_and_logged() {
+    let server =
+        TestServer::start_with(ServerOptions::default().env("SANDBOXD_MAX_TIMEOUT_MS", "60000"))
+            .await;
+    let sid = server.offline_sandbox().await;
+    let cap_lines = |log: &str| {
+        log.lines()
+            .filter(|l| l.contains("timeoutMs capped to max_timeout_ms"))
+            .map(str::to_string)
+            .collect::<Vec<_>>()
+    };
+    // Control: at the maximum nothing is capped or logged.
+    let r = server
+        .run(&sid, json!({"command": "true", "timeoutMs": 60000}))
+        .await;
+    assert_eq!(r["timeoutMs"], 60000, "{r}");
+    let (s, v) = server
+        .post(
+            &format!("/v1/sandboxes/{sid}/commands"),
+            json!({"command": "true", "timeoutMs": 3600000}),
+        )
+        .await;
+    assert_eq!((s, v["timeoutMs"].clone()), (200, json!(60000)), "{v}");
+    let r = server
+        .run(&sid, json!({"command": "true", "timeoutMs": 3600001}))
+        .await;
+    assert_eq!(r["timeoutMs"], 60000, "{r}");
+
+    let lines = cap_lines(&server.log_text());
+    assert_eq!(lines.len(), 2, "one line per capped command: {lines:?}");
+    for (line, asked) in lines.iter().zip(["3600000", "3600001"]) {
+        assert!(line.contains("INFO"), "{line}");
+        assert!(line.contains(&format!("requested_ms={asked}")), "{line}");
+        assert!(line.contains("effective_ms=60000"), "{line}");
+    }
+}
