@@ -967,3 +967,66 @@ async fn a_sandbox_of_another_agent_version_is_recreated_on_rehydration() {
         "the log says so"
     );
 }
+
+/// `:restart` gives a command no SIGTERM and no grace: the engine's
+/// SIGTERM goes to the agent, which ends on it, and every process in the
+/// sandbox ends with the container. The command's log ends with an `error`
+/// record, then `exit`.
+#[tokio::test]
+async fn restart_ends_commands_without_sigterm_and_their_log_says_why() {
+    let server = TestServer::start().await;
+    let id = server.offline_sandbox().await;
+    let cid = server
+        .start_command(
+            &id,
+            json!({"command": "trap 'echo got TERM >> /workspace/term' TERM; echo $$ > /workspace/pid; while :; do sleep 0.1; done", "timeoutMs": 600000}),
+        )
+        .await;
+    eventually(Duration::from_secs(10), "the trap is set", || async {
+        server.docker_exec(&id, "test -s /workspace/pid").await.0 == 0
+    })
+    .await;
+    // Control: a SIGTERM that reaches the command leaves its mark, and the
+    // command carries on.
+    let (code, out) = server
+        .docker_exec(&id, "kill -TERM $(cat /workspace/pid)")
+        .await;
+    assert_eq!(code, 0, "{out}");
+    eventually(
+        Duration::from_secs(10),
+        "the trap wrote its mark",
+        || async { server.docker_exec(&id, "cat /workspace/term").await.1 == "got TERM\n" },
+    )
+    .await;
+    assert_eq!(server.docker_exec(&id, "rm /workspace/term").await.0, 0);
+    let (_, list) = server.get(&format!("/v1/sandboxes/{id}/commands")).await;
+    assert_eq!(list["commands"][0]["state"], "running", "{list}");
+
+    let (status, body) = server
+        .post(&format!("/v1/sandboxes/{id}:restart"), json!(null))
+        .await;
+    assert_eq!((status, body), (200, json!({"ok": true})));
+    let waited = server.wait_command(&id, &cid).await;
+    assert_eq!(
+        (waited["exitCode"].clone(), waited["killed"].clone()),
+        (json!(137), json!(false)),
+        "{waited}"
+    );
+    let (_, term) = server.docker_exec(&id, "cat /workspace/term").await;
+    assert!(
+        term.contains("No such file"),
+        "the restart sent the command no SIGTERM it could act on: {term}"
+    );
+    let records = server.log_records(&id, &cid, "").await;
+    let kinds: Vec<&str> = records
+        .iter()
+        .rev()
+        .take(2)
+        .map(|r| r["stream"].as_str().unwrap_or(""))
+        .collect();
+    assert_eq!(kinds, ["exit", "error"], "{records:?}");
+    assert_eq!(
+        records[records.len() - 2]["message"],
+        "the sandbox was restarted or stopped while the command ran"
+    );
+}
