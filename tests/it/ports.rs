@@ -570,3 +570,46 @@ async fn a_taken_relay_port_is_port_publish_failed() {
     })
     .await;
 }
+
+/// Idle expiry removes the sandbox's proxies and its link network with it.
+#[tokio::test]
+async fn idle_expiry_removes_the_proxies_and_the_link_network() {
+    let server = TestServer::start().await;
+    let sid = server
+        .create(json!({"sessionKey": "idle", "ports": [3000], "idleTtlMs": 10000}))
+        .await;
+    // Control: there is something to remove, made in the background.
+    eventually(
+        Duration::from_secs(10),
+        "the proxy and the link network",
+        || async {
+            !proxies(&server, &sid).await.is_empty()
+                && !server
+                    .networks_with("sandboxd.sandbox_id", &sid)
+                    .await
+                    .is_empty()
+        },
+    )
+    .await;
+    eventually(
+        Duration::from_secs(40),
+        "the sandbox expired and nothing of it is left",
+        || async {
+            let expired = server
+                .log_text()
+                .lines()
+                .any(|l| l.contains("sandbox expired") && l.contains(&sid));
+            expired
+                && server
+                    .containers_with("sandboxd.sandbox_id", &sid)
+                    .await
+                    .is_empty()
+                && server
+                    .networks_with("sandboxd.sandbox_id", &sid)
+                    .await
+                    .is_empty()
+        },
+    )
+    .await;
+    assert_eq!(server.get(&format!("/v1/sandboxes/{sid}")).await.0, 404);
+}
