@@ -1,7 +1,8 @@
 //! Ports: a server in a sandbox becomes a URL that works from the host;
-//! the allowlist, network none, concurrent lookups, `waitMs`, restarts of
-//! sandboxd and of the sandbox, cleanup, proxy hardening, and isolation
-//! between sandboxes.
+//! publishing in the background after create, the allowlist, network none,
+//! concurrent lookups, `waitMs`, restarts of sandboxd and of the sandbox, a
+//! stopped proxy, a taken relay port, cleanup (stop, idle expiry), proxy
+//! hardening, and isolation between sandboxes.
 
 use std::time::Duration;
 

@@ -1,5 +1,6 @@
 //! Containment: escape attempts from inside a sandbox fail for the reason
-//! that matters, network mode none has only loopback, and every kind of
+//! that matters, the sandbox user cannot read the agent's memory, network
+//! mode none has only loopback, and every kind of
 //! container sandboxd creates passes the container checks of CIS Docker
 //! Benchmark section 5 that apply, as one table.
 
