@@ -551,6 +551,13 @@ async fn a_taken_relay_port_is_port_publish_failed() {
         (502, json!("port_publish_failed")),
         "{v}"
     );
+    assert!(
+        v["error"]
+            .as_str()
+            .unwrap_or("")
+            .contains(&format!("port {relay}, which relays port 3000, is taken")),
+        "the reason is the taken relay port: {v}"
+    );
 
     // Control: the same port publishes once the holder is gone.
     let (s, _) = server
