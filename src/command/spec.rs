@@ -347,6 +347,19 @@ mod tests {
     }
 
     #[test]
+    fn max_output_bytes_is_zero_to_16_mib_and_1_mib_when_omitted() {
+        let s = parse(serde_json::json!({"command": "a"})).expect("ok");
+        assert_eq!(s.max_output_bytes, 1024 * 1024);
+        for n in [0, 16 * 1024 * 1024] {
+            let s = parse(serde_json::json!({"command": "a", "maxOutputBytes": n})).expect("ok");
+            assert_eq!(s.max_output_bytes, n);
+        }
+        let e = parse(serde_json::json!({"command": "a", "maxOutputBytes": 16 * 1024 * 1024 + 1}))
+            .expect_err("refused");
+        assert!(e.contains("maxOutputBytes"), "{e}");
+    }
+
+    #[test]
     fn cwd_env_and_stdin_pass_through() {
         let s = parse(serde_json::json!({"command": "x", "cwd": "sub/dir", "env": {"A_1": "v v"}, "stdin": "in"})).expect("ok");
         assert_eq!(s.cwd.as_deref(), Some("/workspace/sub/dir"));

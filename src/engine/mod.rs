@@ -574,7 +574,9 @@ impl Engine {
         }
     }
 
-    /// Restarts a container: SIGTERM to everything, SIGKILL after `grace`.
+    /// Restarts a container: SIGTERM to its process (under init, the init
+    /// passes it on), SIGKILL to everything if it has not stopped after
+    /// `grace`.
     pub async fn restart_container(&self, name: &str, grace: Duration) -> EngineResult<()> {
         let docker = self.docker()?;
         let options = RestartContainerOptions {

@@ -762,3 +762,95 @@ async fn a_command_whose_leftovers_run_outlives_its_retention_and_stays_killable
     )
     .await;
 }
+
+/// A `cwd` that cannot be created ends the command at once with 126 and
+/// sandboxd's message; a program that cannot be found ends it with 127, the
+/// shell saying so, or with `login: false` the agent.
+#[tokio::test]
+async fn an_uncreatable_cwd_is_126_and_a_missing_program_127() {
+    let server = TestServer::start().await;
+    let sid = server.offline_sandbox().await;
+    assert_eq!(server.sh(&sid, "echo > plain").await["exitCode"], 0);
+    // Control: a missing cwd that can be created is made, and the command runs.
+    let r = server
+        .run(&sid, json!({"command": "pwd", "cwd": "made/here"}))
+        .await;
+    assert_eq!(
+        (r["exitCode"].clone(), r["stdout"].clone()),
+        (json!(0), json!("/workspace/made/here\n")),
+        "{r}"
+    );
+    // Under a regular file no directory can be made.
+    let r = server
+        .run(&sid, json!({"command": "echo ran", "cwd": "plain/sub"}))
+        .await;
+    assert_eq!(r["exitCode"], 126, "{r}");
+    assert_eq!(r["stdout"], "", "the command never ran: {r}");
+    assert!(
+        r["stderr"]
+            .as_str()
+            .unwrap_or("")
+            .starts_with("sandboxd: cannot create the working directory /workspace/plain/sub: "),
+        "{r}"
+    );
+
+    let r = server
+        .run(&sid, json!({"cmd": "no-such-program", "login": false}))
+        .await;
+    assert_eq!(
+        (r["exitCode"].clone(), r["stderr"].clone()),
+        (
+            json!(127),
+            json!("sandboxd: no-such-program: command not found\n")
+        ),
+        "{r}"
+    );
+    let r = server.sh(&sid, "no-such-program").await;
+    assert_eq!(r["exitCode"], 127, "{r}");
+    let stderr = r["stderr"].as_str().unwrap_or("");
+    assert!(
+        stderr.contains("no-such-program: command not found") && !stderr.starts_with("sandboxd:"),
+        "the shell says so: {r}"
+    );
+}
+
+/// A `timeoutMs` above `max_timeout_ms` is capped, not refused: the answer
+/// gives the effective value, and the cap is logged once, at info, with
+/// what was asked.
+#[tokio::test]
+async fn a_timeout_above_the_maximum_is_capped_reported_and_logged() {
+    let server =
+        TestServer::start_with(ServerOptions::default().env("SANDBOXD_MAX_TIMEOUT_MS", "60000"))
+            .await;
+    let sid = server.offline_sandbox().await;
+    let cap_lines = |log: &str| {
+        log.lines()
+            .filter(|l| l.contains("timeoutMs capped to max_timeout_ms"))
+            .map(str::to_string)
+            .collect::<Vec<_>>()
+    };
+    // Control: at the maximum nothing is capped or logged.
+    let r = server
+        .run(&sid, json!({"command": "true", "timeoutMs": 60000}))
+        .await;
+    assert_eq!(r["timeoutMs"], 60000, "{r}");
+    let (s, v) = server
+        .post(
+            &format!("/v1/sandboxes/{sid}/commands"),
+            json!({"command": "true", "timeoutMs": 3600000}),
+        )
+        .await;
+    assert_eq!((s, v["timeoutMs"].clone()), (200, json!(60000)), "{v}");
+    let r = server
+        .run(&sid, json!({"command": "true", "timeoutMs": 3600001}))
+        .await;
+    assert_eq!(r["timeoutMs"], 60000, "{r}");
+
+    let lines = cap_lines(&server.log_text());
+    assert_eq!(lines.len(), 2, "one line per capped command: {lines:?}");
+    for (line, asked) in lines.iter().zip(["3600000", "3600001"]) {
+        assert!(line.contains("INFO"), "{line}");
+        assert!(line.contains(&format!("requested_ms={asked}")), "{line}");
+        assert!(line.contains("effective_ms=60000"), "{line}");
+    }
+}

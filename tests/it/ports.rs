@@ -1,7 +1,8 @@
 //! Ports: a server in a sandbox becomes a URL that works from the host;
-//! the allowlist, network none, concurrent lookups, `waitMs`, restarts of
-//! sandboxd and of the sandbox, cleanup, proxy hardening, and isolation
-//! between sandboxes.
+//! publishing in the background after create, the allowlist, network none,
+//! concurrent lookups, `waitMs`, restarts of sandboxd and of the sandbox, a
+//! stopped proxy, a taken relay port, cleanup (stop, idle expiry), proxy
+//! hardening, and isolation between sandboxes.
 
 use std::time::Duration;
 
@@ -413,4 +414,210 @@ async fn sandboxes_cannot_reach_each_other() {
             assert_eq!(r["stdout"], "blocked\n", "sandbox b reached a at {ip}:{p}");
         }
     }
+}
+
+/// Allowlisted ports are published in the background right after create:
+/// the proxy exists, and the view lists its host port, before any `GET` of
+/// the port.
+#[tokio::test]
+async fn allowlisted_ports_are_published_after_create_without_a_get() {
+    let server = TestServer::start().await;
+    let sid = server
+        .create(json!({"sessionKey": "ahead", "ports": [3000]}))
+        .await;
+    eventually(
+        Duration::from_secs(20),
+        "a running proxy for port 3000",
+        || async {
+            proxies(&server, &sid).await.iter().any(|c| {
+                c.state == Some(bollard::models::ContainerSummaryStateEnum::RUNNING)
+                    && c.labels
+                        .as_ref()
+                        .and_then(|l| l.get("sandboxd.port"))
+                        .map(String::as_str)
+                        == Some("3000")
+            })
+        },
+    )
+    .await;
+    let proxy = &proxies(&server, &sid).await[0];
+    let host_port = proxy
+        .ports
+        .as_ref()
+        .and_then(|ps| ps.iter().find_map(|p| p.public_port))
+        .expect("the proxy's published port");
+    eventually(
+        Duration::from_secs(10),
+        "the view lists the published port",
+        || async {
+            let (_, view) = server.get(&format!("/v1/sandboxes/{sid}")).await;
+            view["ports"]["published"]["3000"] == json!(host_port)
+        },
+    )
+    .await;
+}
+
+/// A proxy found stopped is replaced on the next `GET` of its port, and the
+/// URL that `GET` answers works again.
+#[tokio::test]
+async fn a_stopped_proxy_is_replaced_on_the_next_get() {
+    let server = TestServer::start().await;
+    let sid = server
+        .create(json!({"sessionKey": "revive", "ports": [3000]}))
+        .await;
+    start_server(&server, &sid, &server_script(3000, "revived")).await;
+    let (s, v) = port(&server, &sid, 3000, "?waitMs=10000").await;
+    assert_eq!((s, v["ready"].clone()), (200, json!(true)), "{v}");
+    let url = v["url"].as_str().expect("url").to_string();
+    assert_eq!(fetch(&url).await.as_deref(), Some("revived\n"));
+
+    let old = proxies(&server, &sid).await;
+    assert_eq!(old.len(), 1);
+    let old_id = old[0].id.clone().expect("proxy id");
+    server
+        .docker
+        .stop_container(
+            &old_id,
+            None::<bollard::query_parameters::StopContainerOptions>,
+        )
+        .await
+        .expect("stop the proxy");
+    // The stop broke the URL, so a working URL below is the replacement's.
+    assert_eq!(fetch(&url).await, None, "the stopped proxy serves nothing");
+
+    let (s, v) = port(&server, &sid, 3000, "").await;
+    assert_eq!((s, v["found"].clone()), (200, json!(true)), "{v}");
+    let new = proxies(&server, &sid).await;
+    assert_eq!(new.len(), 1, "one proxy, not two");
+    assert_ne!(new[0].id.as_ref(), Some(&old_id), "the proxy was replaced");
+    let host_port = new[0]
+        .ports
+        .as_ref()
+        .and_then(|ps| ps.iter().find_map(|p| p.public_port))
+        .expect("the new proxy's published port");
+    assert_eq!(v["hostPort"], json!(host_port), "{v}");
+    let url = v["url"].as_str().expect("url").to_string();
+    eventually(
+        Duration::from_secs(10),
+        "the new URL serves the sandbox's server",
+        || async { fetch(&url).await.as_deref() == Some("revived\n") },
+    )
+    .await;
+}
+
+/// The relay listens on `relay_port(PORT)` in the sandbox; when a process
+/// there holds that port, the `GET` is `502 port_publish_failed`, and the
+/// same port publishes once it is free.
+#[tokio::test]
+async fn a_taken_relay_port_is_port_publish_failed() {
+    let server = TestServer::start().await;
+    let relay = sandboxd::ports::relay_port(3000);
+    // No ports at create, so nothing publishes before the holder runs.
+    let sid = server.create(json!({"sessionKey": "taken"})).await;
+    let holder = server
+        .start_command(
+            &sid,
+            json!({"command": format!(
+                "exec python3 -c 'import socket, time; s = socket.socket(); s.bind((\"0.0.0.0\", {relay})); s.listen(); time.sleep(600)'"
+            ), "timeoutMs": 600000}),
+        )
+        .await;
+    eventually(
+        Duration::from_secs(15),
+        "the holder listens on the relay port",
+        || async {
+            server
+                .sh(
+                    &sid,
+                    &format!("python3 -c 'import socket; socket.create_connection((\"127.0.0.1\", {relay}), 1)'"),
+                )
+                .await["exitCode"]
+                == 0
+        },
+    )
+    .await;
+    // A reconnect adds the port to the allowlist (its background publish
+    // fails and is only logged).
+    let (s, v) = server
+        .post(
+            "/v1/sandboxes",
+            json!({"sessionKey": "taken", "ports": [3000]}),
+        )
+        .await;
+    assert_eq!((s, v["created"].clone()), (200, json!(false)), "{v}");
+    let (s, v) = port(&server, &sid, 3000, "").await;
+    assert_eq!(
+        (s, v["code"].clone()),
+        (502, json!("port_publish_failed")),
+        "{v}"
+    );
+    assert!(
+        v["error"]
+            .as_str()
+            .unwrap_or("")
+            .contains(&format!("port {relay}, which relays port 3000, is taken")),
+        "the reason is the taken relay port: {v}"
+    );
+
+    // Control: the same port publishes once the holder is gone.
+    let (s, _) = server
+        .post(
+            &format!("/v1/sandboxes/{sid}/commands/{holder}:kill"),
+            json!(null),
+        )
+        .await;
+    assert_eq!(s, 200);
+    server.wait_command(&sid, &holder).await;
+    start_server(&server, &sid, &server_script(3000, "free")).await;
+    let (s, v) = port(&server, &sid, 3000, "?waitMs=10000").await;
+    assert_eq!((s, v["ready"].clone()), (200, json!(true)), "{v}");
+    // The proxy was made by this GET and may not listen yet.
+    let url = v["url"].as_str().expect("url").to_string();
+    eventually(Duration::from_secs(10), "the URL serves", || async {
+        fetch(&url).await.as_deref() == Some("free\n")
+    })
+    .await;
+}
+
+/// Idle expiry removes the sandbox's proxies and its link network with it.
+#[tokio::test]
+async fn idle_expiry_removes_the_proxies_and_the_link_network() {
+    let server = TestServer::start().await;
+    let sid = server
+        .create(json!({"sessionKey": "idle", "ports": [3000], "idleTtlMs": 10000}))
+        .await;
+    // Control: there is something to remove, made in the background.
+    eventually(
+        Duration::from_secs(10),
+        "the proxy and the link network",
+        || async {
+            !proxies(&server, &sid).await.is_empty()
+                && !server
+                    .networks_with("sandboxd.sandbox_id", &sid)
+                    .await
+                    .is_empty()
+        },
+    )
+    .await;
+    eventually(
+        Duration::from_secs(40),
+        "the sandbox expired and nothing of it is left",
+        || async {
+            let expired = server
+                .log_text()
+                .lines()
+                .any(|l| l.contains("sandbox expired") && l.contains(&sid));
+            expired
+                && server
+                    .containers_with("sandboxd.sandbox_id", &sid)
+                    .await
+                    .is_empty()
+                && server
+                    .networks_with("sandboxd.sandbox_id", &sid)
+                    .await
+                    .is_empty()
+        },
+    )
+    .await;
+    assert_eq!(server.get(&format!("/v1/sandboxes/{sid}")).await.0, 404);
 }

@@ -862,3 +862,171 @@ async fn out_of_band_removal_is_404_and_a_stopped_container_comes_back() {
         .await;
     assert_eq!(body, json!({"sandboxId": stopped, "created": false}));
 }
+
+/// On rehydration a sandbox whose `sandboxd.agent` label names another
+/// agent version is recreated with this one: a new container on the same
+/// workspace volume. The engine cannot relabel a container, so while
+/// sandboxd is down the test makes the sandbox's container again, as it
+/// was but for that label.
+#[tokio::test]
+async fn a_sandbox_of_another_agent_version_is_recreated_on_rehydration() {
+    let mut server = TestServer::start().await;
+    let id = server
+        .create(json!({"sessionKey": "old-agent", "network": {"mode": "none"}}))
+        .await;
+    assert_eq!(
+        server.sh(&id, "echo kept > /workspace/note").await["exitCode"],
+        0
+    );
+    let made = server.inspect(&id).await;
+    let agent_version = made
+        .config
+        .as_ref()
+        .and_then(|c| c.labels.as_ref())
+        .and_then(|l| l.get("sandboxd.agent"))
+        .cloned()
+        .expect("the sandbox's agent label");
+    // Control: with this agent's label, a restart keeps the container.
+    server.restart().await;
+    assert_eq!(server.inspect(&id).await.id, made.id, "container kept");
+
+    server.stop_process();
+    let name = server.container_name(&id);
+    let config = made.config.expect("config");
+    let mut labels = config.labels.clone().unwrap_or_default();
+    labels.insert("sandboxd.agent".into(), "another-build".into());
+    server
+        .docker
+        .remove_container(
+            &name,
+            Some(RemoveContainerOptions {
+                force: true,
+                ..Default::default()
+            }),
+        )
+        .await
+        .expect("remove the container");
+    let old = server
+        .docker
+        .create_container(
+            Some(bollard::query_parameters::CreateContainerOptions {
+                name: Some(name.clone()),
+                platform: String::new(),
+            }),
+            bollard::models::ContainerCreateBody {
+                image: config.image,
+                entrypoint: config.entrypoint,
+                cmd: config.cmd,
+                env: config.env,
+                user: config.user,
+                working_dir: config.working_dir,
+                labels: Some(labels),
+                host_config: made.host_config,
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("the container of another agent version")
+        .id;
+    server
+        .docker
+        .start_container(
+            &old,
+            None::<bollard::query_parameters::StartContainerOptions>,
+        )
+        .await
+        .expect("start it");
+
+    server.restart().await;
+    let now = server.inspect(&id).await;
+    assert_ne!(now.id.as_ref(), Some(&old), "the container was recreated");
+    assert_eq!(
+        now.config
+            .and_then(|c| c.labels)
+            .and_then(|mut l| l.remove("sandboxd.agent")),
+        Some(agent_version),
+        "with this agent"
+    );
+    assert!(
+        server
+            .docker
+            .inspect_container(
+                &old,
+                None::<bollard::query_parameters::InspectContainerOptions>
+            )
+            .await
+            .is_err(),
+        "the old container, and every process in it, is gone"
+    );
+    let r = server.sh(&id, "cat /workspace/note").await;
+    assert_eq!(r["stdout"], "kept\n", "the workspace stays: {r}");
+    assert!(
+        server
+            .log_text()
+            .contains("sandbox recreated with this sandboxd's agent"),
+        "the log says so"
+    );
+}
+
+/// `:restart` gives a command no SIGTERM and no grace: the engine's
+/// SIGTERM goes to the agent, which ends on it, and every process in the
+/// sandbox ends with the container. The command's log ends with an `error`
+/// record, then `exit`.
+#[tokio::test]
+async fn restart_ends_commands_without_sigterm_and_their_log_says_why() {
+    let server = TestServer::start().await;
+    let id = server.offline_sandbox().await;
+    let cid = server
+        .start_command(
+            &id,
+            json!({"command": "trap 'echo got TERM >> /workspace/term' TERM; echo $$ > /workspace/pid; while :; do sleep 0.1; done", "timeoutMs": 600000}),
+        )
+        .await;
+    eventually(Duration::from_secs(10), "the trap is set", || async {
+        server.docker_exec(&id, "test -s /workspace/pid").await.0 == 0
+    })
+    .await;
+    // Control: a SIGTERM that reaches the command leaves its mark, and the
+    // command carries on.
+    let (code, out) = server
+        .docker_exec(&id, "kill -TERM $(cat /workspace/pid)")
+        .await;
+    assert_eq!(code, 0, "{out}");
+    eventually(
+        Duration::from_secs(10),
+        "the trap wrote its mark",
+        || async { server.docker_exec(&id, "cat /workspace/term").await.1 == "got TERM\n" },
+    )
+    .await;
+    assert_eq!(server.docker_exec(&id, "rm /workspace/term").await.0, 0);
+    let (_, list) = server.get(&format!("/v1/sandboxes/{id}/commands")).await;
+    assert_eq!(list["commands"][0]["state"], "running", "{list}");
+
+    let (status, body) = server
+        .post(&format!("/v1/sandboxes/{id}:restart"), json!(null))
+        .await;
+    assert_eq!((status, body), (200, json!({"ok": true})));
+    let waited = server.wait_command(&id, &cid).await;
+    assert_eq!(
+        (waited["exitCode"].clone(), waited["killed"].clone()),
+        (json!(137), json!(false)),
+        "{waited}"
+    );
+    let (_, term) = server.docker_exec(&id, "cat /workspace/term").await;
+    assert!(
+        term.contains("No such file"),
+        "the restart sent the command no SIGTERM it could act on: {term}"
+    );
+    let records = server.log_records(&id, &cid, "").await;
+    let kinds: Vec<&str> = records
+        .iter()
+        .rev()
+        .take(2)
+        .map(|r| r["stream"].as_str().unwrap_or(""))
+        .collect();
+    assert_eq!(kinds, ["exit", "error"], "{records:?}");
+    assert_eq!(
+        records[records.len() - 2]["message"],
+        "the sandbox was restarted or stopped while the command ran"
+    );
+}

@@ -1,5 +1,6 @@
 //! Containment: escape attempts from inside a sandbox fail for the reason
-//! that matters, network mode none has only loopback, and every kind of
+//! that matters, the sandbox user cannot read the agent's memory, network
+//! mode none has only loopback, and every kind of
 //! container sandboxd creates passes the container checks of CIS Docker
 //! Benchmark section 5 that apply, as one table.
 
@@ -340,4 +341,52 @@ async fn every_container_passes_cis_section_5() {
         }
     }
     assert!(failures.is_empty(), "{failures:#?}");
+}
+
+/// The agent is not dumpable: the sandbox user, whose processes it shares
+/// a uid with, cannot read its memory (nor, under runc, its environment),
+/// while a dumpable process of the same user can be read (the control).
+#[tokio::test]
+async fn the_sandbox_user_cannot_read_the_agents_memory() {
+    let server = TestServer::start().await;
+    let sid = server.offline_sandbox().await;
+    let script = r#"
+        agent=$(pgrep -f '^/.sandboxd/sandboxd-agent serve')
+        sleep 600 & peer=$!
+        echo "agent-owner $(stat -c %u /proc/$agent) me $(id -u)"
+        head -c 1 /proc/self/environ >/dev/null && echo self-environ-ok
+        head -c 1 /proc/$peer/environ >/dev/null && echo peer-environ-ok
+        if head -c 1 /proc/$agent/environ >/dev/null 2>/tmp/why; then echo agent-environ-readable
+        elif grep -q 'Permission denied' /tmp/why; then echo agent-environ-denied; fi
+        python3 -c "
+import sys
+pid = int(sys.argv[1])
+try:
+    open(f'/proc/{pid}/mem', 'rb')
+except PermissionError:
+    print('agent-mem-denied')
+" "$agent"
+        kill $peer
+    "#;
+    let r = server.sh(&sid, script).await;
+    let out = r["stdout"].as_str().unwrap_or("");
+    assert!(
+        out.starts_with("agent-owner 1000 me 1000\n"),
+        "the agent runs as the sandbox user: {r}"
+    );
+    // gVisor's /proc lets the owner read a non-dumpable process's environ
+    // (the container's, which every command has anyway), not its memory.
+    let agent_environ = if harness::under_gvisor() {
+        "agent-environ-readable"
+    } else {
+        "agent-environ-denied"
+    };
+    for line in [
+        "self-environ-ok",
+        "peer-environ-ok",
+        agent_environ,
+        "agent-mem-denied",
+    ] {
+        assert!(out.lines().any(|l| l == line), "{line}: {r}");
+    }
 }
