@@ -25,6 +25,14 @@ if ! docker info --format '{{range $k, $v := .Runtimes}}{{$k}} {{end}}' | grep -
     "scripts/ensure-docker.sh registers it when it starts dockerd (see README, gVisor)" >&2
   exit 1
 fi
+# docs/openapi.json must validate as OpenAPI 3.1: openapi-spec-validator
+# from PyPI, in a venv of its own under target/.
+validator=target/openapi-validator
+if [ ! -x "$validator/bin/openapi-spec-validator" ]; then
+  python3 -m venv "$validator"
+  "$validator/bin/pip" install --quiet 'openapi-spec-validator==0.9.0'
+fi
+"$validator/bin/openapi-spec-validator" docs/openapi.json
 if cargo nextest --version >/dev/null 2>&1; then
   cargo nextest run --no-fail-fast -E 'not (binary(it) and test(/^engine_restart::/))' "$@"
   cargo nextest run --no-fail-fast -E 'binary(it) and test(/^engine_restart::/)' "$@"

@@ -22,10 +22,18 @@ struct Cli {
 enum Command {
     /// Ask the configured address for /v1/health: exit 0 when ok, 1 otherwise.
     Healthcheck,
+    /// Print the OpenAPI 3.1 document (as served at /v1/openapi.json).
+    Openapi,
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // The document depends on no configuration, so a broken one does not
+    // stop it being printed.
+    if let Some(Command::Openapi) = cli.command {
+        print!("{}", sandboxd::api::openapi::json());
+        return ExitCode::SUCCESS;
+    }
     let config = match sandboxd::config::Config::load(cli.config.as_deref()) {
         Ok(c) => c,
         Err(e) => {

@@ -1,5 +1,6 @@
 //! Command routes: start, run, list, wait, kill, and the NDJSON log stream.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use axum::body::Body;
@@ -8,6 +9,7 @@ use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use futures_util::StreamExt;
 use serde::Deserialize;
+use utoipa::{IntoParams, ToSchema};
 
 use super::dto;
 use super::error::ApiError;
@@ -15,27 +17,97 @@ use super::extract::{Json, Path, Query};
 use crate::app::App;
 use crate::command::spec::CommandRequest;
 
+/// `POST …/commands` and `…/commands:run` bodies. Exactly one of `cmd` and
+/// `command` is required; the domain checks the rules and names the field.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub(super) struct CommandBody {
+    /// A program; run with `args` as its argv, without re-parsing.
+    #[serde(default)]
+    cmd: Option<String>,
+    /// Only with `cmd`.
+    #[serde(default)]
+    args: Option<Vec<String>>,
+    /// A shell script, instead of `cmd`.
+    #[serde(default)]
+    command: Option<String>,
+    /// Default `bash`.
+    #[serde(default)]
+    shell: Option<String>,
+    /// Default `true`: a login shell.
+    #[serde(default)]
+    login: Option<bool>,
+    /// Workspace-relative or absolute under the workspace; created if missing.
+    #[serde(default)]
+    cwd: Option<String>,
+    #[serde(default)]
+    env: Option<BTreeMap<String, String>>,
+    /// Text the command reads as its stdin.
+    #[serde(default)]
+    stdin: Option<String>,
+    /// At least 1; capped to `max_timeout_ms` (the answer gives the
+    /// effective value).
+    #[serde(default)]
+    timeout_ms: Option<i64>,
+    /// Accepted and ignored: every command runs detached from the request.
+    #[serde(default)]
+    detached: Option<bool>,
+    /// Only used by `commands:run`: bytes of each stream's tail to return
+    /// (0–16777216).
+    #[serde(default)]
+    max_output_bytes: Option<i64>,
+}
+
+impl From<CommandBody> for CommandRequest {
+    fn from(b: CommandBody) -> Self {
+        CommandRequest {
+            cmd: b.cmd,
+            args: b.args,
+            command: b.command,
+            shell: b.shell,
+            login: b.login,
+            cwd: b.cwd,
+            env: b.env,
+            stdin: b.stdin,
+            timeout_ms: b.timeout_ms,
+            detached: b.detached,
+            max_output_bytes: b.max_output_bytes,
+        }
+    }
+}
+
 /// `POST /v1/sandboxes/{id}/commands`
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/commands", tags = ["commands", "compat"],
+    extensions(("x-compat" = json!(true))),
+    summary = "Start a command", params(("id" = String, Path, description = "The sandboxId")), request_body = CommandBody,
+    responses((status = 200, description = "Started", body = dto::CommandStarted)))]
 pub(super) async fn start_command(
     State(app): State<Arc<App>>,
     Path(id): Path<String>,
-    Json(req): Json<CommandRequest>,
+    Json(req): Json<CommandBody>,
 ) -> Result<axum::Json<dto::CommandStarted>, ApiError> {
-    let cmd = app.commands.start(&id, req).await?;
+    let cmd = app.commands.start(&id, req.into()).await?;
     Ok(axum::Json(dto::CommandStarted::from(&*cmd)))
 }
 
 /// `POST /v1/sandboxes/{id}/commands:run`
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/commands:run", tags = ["commands"],
+    summary = "Run a command and answer when it has ended", params(("id" = String, Path, description = "The sandboxId")),
+    request_body = CommandBody,
+    responses((status = 200, description = "Ended, with the tails of its output", body = dto::CommandRun)))]
 pub(super) async fn run_command(
     State(app): State<Arc<App>>,
     Path(id): Path<String>,
-    Json(req): Json<CommandRequest>,
+    Json(req): Json<CommandBody>,
 ) -> Result<axum::Json<dto::CommandRun>, ApiError> {
-    let out = app.commands.run(&id, req, &app.shutdown).await?;
+    let out = app.commands.run(&id, req.into(), &app.shutdown).await?;
     Ok(axum::Json(out.into()))
 }
 
 /// `GET /v1/sandboxes/{id}/commands`
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/commands", tags = ["commands"],
+    summary = "List commands, oldest first", params(("id" = String, Path, description = "The sandboxId")),
+    responses((status = 200, description = "The commands", body = dto::CommandList)))]
 pub(super) async fn list_commands(
     State(app): State<Arc<App>>,
     Path(id): Path<String>,
@@ -45,6 +117,10 @@ pub(super) async fn list_commands(
 }
 
 /// `GET /v1/sandboxes/{id}/commands/{cid}/wait`
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/commands/{cid}/wait", tags = ["commands", "compat"],
+    extensions(("x-compat" = json!(true))),
+    summary = "Wait until a command has ended", params(("id" = String, Path, description = "The sandboxId"), ("cid" = String, Path, description = "The commandId")),
+    responses((status = 200, description = "How it ended", body = dto::CommandEnded)))]
 pub(super) async fn wait_command(
     State(app): State<Arc<App>>,
     Path((id, cid)): Path<(String, String)>,
@@ -54,6 +130,11 @@ pub(super) async fn wait_command(
 }
 
 /// `POST /v1/sandboxes/{id}/commands/{cid}:kill`
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/commands/{cid}:kill", tags = ["commands", "compat"],
+    operation_id = "kill_command",
+    extensions(("x-compat" = json!(true))),
+    summary = "End a command's whole process tree", params(("id" = String, Path, description = "The sandboxId"), ("cid" = String, Path, description = "The commandId")),
+    responses((status = 200, description = "SIGTERM is on its way", body = dto::Done)))]
 pub(super) async fn command_action(
     State(app): State<Arc<App>>,
     Path((id, segment)): Path<(String, String)>,
@@ -69,9 +150,11 @@ pub(super) async fn command_action(
     }
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 pub(super) struct LogsQuery {
+    /// Skip records with `seq` at or below this one (0: from the start).
     #[serde(default)]
     after: Option<u64>,
     /// Go on past the `exit` record with what the processes the command
@@ -81,6 +164,12 @@ pub(super) struct LogsQuery {
 }
 
 /// `GET /v1/sandboxes/{id}/commands/{cid}/logs`: replay, then follow.
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/commands/{cid}/logs", tags = ["commands", "compat"],
+    extensions(("x-compat" = json!(true))),
+    summary = "A command's log: NDJSON records, replay then live, to the `exit` record",
+    params(("id" = String, Path, description = "The sandboxId"), ("cid" = String, Path, description = "The commandId"), LogsQuery),
+    responses((status = 200, content_type = "application/x-ndjson", body = super::openapi::LogRecord,
+        description = "One LogRecord per line; the stream ends after the `exit` record (unless `leftovers`)")))]
 pub(super) async fn stream_logs(
     State(app): State<Arc<App>>,
     Path((id, cid)): Path<(String, String)>,

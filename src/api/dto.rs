@@ -1,24 +1,29 @@
 //! Every response body the API sends, as typed structs in one place (the
-//! wire types; request bodies are parsed by the domain's spec types). Each
-//! is built from a domain value by a `From` impl, so handlers only choose
-//! which shape to answer with. Field names are the contract in
-//! docs/API.md: camelCase, and the compat ones exactly as RemcoChat's
-//! client reads them.
+//! wire types; request bodies live with their routes). Each is built from
+//! a domain value by a `From` impl, so handlers only choose which shape to
+//! answer with. Field names are the contract in docs/API.md: camelCase,
+//! and the compat ones exactly as RemcoChat's client reads them. Each also
+//! derives its OpenAPI schema (see `openapi`), so the document describes
+//! exactly what is sent.
 
 use std::collections::BTreeMap;
 
 use base64::Engine as _;
 use serde::Serialize;
+use utoipa::ToSchema;
 
-use crate::command::log::Usage;
+use super::error::ErrorCode;
+use crate::command::log;
 use crate::command::{Command, Finished, Listed, RunResult};
 use crate::files::{Entry, EntryKind};
 use crate::ports::Published;
+use crate::sandbox::spec::NetworkMode;
 use crate::sandbox::{Created, SandboxInfo};
 
 /// `{"ok": true}`: the answer of actions that return nothing else.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 pub(super) struct Done {
+    /// Always `true`.
     ok: bool,
 }
 
@@ -29,7 +34,7 @@ impl Done {
 }
 
 /// `GET /v1/health` when the engine answers.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 pub(super) struct Healthy {
     pub(super) ok: bool,
     pub(super) engine: &'static str,
@@ -37,7 +42,7 @@ pub(super) struct Healthy {
 }
 
 /// `GET /v1/health` when it does not.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 pub(super) struct Unhealthy {
     pub(super) ok: bool,
     pub(super) engine: &'static str,
@@ -45,7 +50,7 @@ pub(super) struct Unhealthy {
 }
 
 /// `POST /v1/sandboxes`.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub(super) struct SandboxCreated {
     sandbox_id: String,
@@ -62,13 +67,13 @@ impl From<Created> for SandboxCreated {
 }
 
 /// A sandbox, as `GET /v1/sandboxes/{id}` and the list show it.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub(super) struct Sandbox {
     sandbox_id: String,
     session_key: String,
     runtime: String,
-    state: &'static str,
+    state: SandboxState,
     created_at: u64,
     last_used_at: u64,
     idle_ttl_ms: u64,
@@ -79,21 +84,47 @@ pub(super) struct Sandbox {
     running_commands: usize,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 struct Resources {
     vcpus: u32,
     memory_mb: u32,
 }
 
-#[derive(Debug, Serialize)]
-struct Network {
-    mode: &'static str,
+/// Always `running` in this build (a stopped container is started again
+/// when looked at).
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+enum SandboxState {
+    Running,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
+struct Network {
+    mode: Mode,
+}
+
+/// `default`: the instance's bridge network; `none`: no network.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub(super) enum Mode {
+    Default,
+    None,
+}
+
+impl From<NetworkMode> for Mode {
+    fn from(m: NetworkMode) -> Self {
+        match m {
+            NetworkMode::Default => Mode::Default,
+            NetworkMode::None => Mode::None,
+        }
+    }
+}
+
+#[derive(Debug, Serialize, ToSchema)]
 struct Ports {
     allowed: Vec<u16>,
+    /// Published port (as a string key) to its host port.
     published: BTreeMap<String, u16>,
 }
 
@@ -103,7 +134,7 @@ impl From<SandboxInfo> for Sandbox {
             sandbox_id: s.id,
             session_key: s.session_key,
             runtime: s.runtime,
-            state: "running",
+            state: SandboxState::Running,
             created_at: s.created_at,
             last_used_at: s.last_used_at,
             idle_ttl_ms: s.idle_ttl_ms,
@@ -113,7 +144,7 @@ impl From<SandboxInfo> for Sandbox {
                 memory_mb: s.resources.memory_mb,
             },
             network: Network {
-                mode: s.network.as_str(),
+                mode: s.network.into(),
             },
             ports: Ports {
                 allowed: s.ports.allowed.into_iter().collect(),
@@ -130,7 +161,7 @@ impl From<SandboxInfo> for Sandbox {
 }
 
 /// `GET /v1/sandboxes`.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 pub(super) struct SandboxList {
     sandboxes: Vec<Sandbox>,
 }
@@ -144,7 +175,7 @@ impl From<Vec<SandboxInfo>> for SandboxList {
 }
 
 /// `POST …/commands`.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub(super) struct CommandStarted {
     command_id: String,
@@ -162,7 +193,7 @@ impl From<&Command> for CommandStarted {
 }
 
 /// `GET …/commands/{cid}/wait`: how a command ended.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub(super) struct CommandEnded {
     exit_code: i64,
@@ -172,9 +203,11 @@ pub(super) struct CommandEnded {
     /// The memory limit's OOM killer ended it (absent when the sandbox
     /// itself went away under the command).
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
     oom_killed: Option<bool>,
     /// CPU time and peak memory of its process tree (same condition).
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
     usage: Option<Usage>,
 }
 
@@ -186,13 +219,34 @@ impl From<Finished> for CommandEnded {
             killed: f.exit.killed,
             duration_ms: f.duration_ms,
             oom_killed: f.oom_killed,
-            usage: f.usage,
+            usage: f.usage.map(Usage::from),
+        }
+    }
+}
+
+/// CPU time and peak memory of a command's processes (those ended by the
+/// time it ended).
+#[derive(Debug, Serialize, ToSchema)]
+#[cfg_attr(test, derive(serde::Deserialize))]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub(super) struct Usage {
+    cpu_user_ms: u64,
+    cpu_system_ms: u64,
+    max_rss_kb: u64,
+}
+
+impl From<log::Usage> for Usage {
+    fn from(u: log::Usage) -> Self {
+        Usage {
+            cpu_user_ms: u.cpu_user_ms,
+            cpu_system_ms: u.cpu_system_ms,
+            max_rss_kb: u.max_rss_kb,
         }
     }
 }
 
 /// `POST …/commands:run`.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub(super) struct CommandRun {
     exit_code: i64,
@@ -205,8 +259,10 @@ pub(super) struct CommandRun {
     duration_ms: u64,
     timeout_ms: u64,
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
     oom_killed: Option<bool>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
     usage: Option<Usage>,
 }
 
@@ -223,27 +279,34 @@ impl From<RunResult> for CommandRun {
             duration_ms: r.finished.duration_ms,
             timeout_ms: r.timeout_ms,
             oom_killed: r.finished.oom_killed,
-            usage: r.finished.usage,
+            usage: r.finished.usage.map(Usage::from),
         }
     }
 }
 
 /// One entry of `GET …/commands`.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub(super) struct CommandListed {
     command_id: String,
-    state: &'static str,
+    state: CommandState,
+    /// `null` while it runs (so are the other fields about its end).
+    #[schema(required = true)]
     exit_code: Option<i64>,
+    #[schema(required = true)]
     timed_out: Option<bool>,
+    #[schema(required = true)]
     killed: Option<bool>,
     started_at: u64,
+    #[schema(required = true)]
     finished_at: Option<u64>,
+    #[schema(required = true)]
     duration_ms: Option<u64>,
     summary: String,
     timeout_ms: u64,
     /// Processes of its tree alive now (after its end: what it left
     /// running); `null` when the sandbox's agent did not say.
+    #[schema(required = true)]
     processes: Option<u32>,
 }
 
@@ -253,7 +316,11 @@ impl From<&Listed> for CommandListed {
         let f = c.finished();
         CommandListed {
             command_id: c.id.clone(),
-            state: if f.is_some() { "exited" } else { "running" },
+            state: if f.is_some() {
+                CommandState::Exited
+            } else {
+                CommandState::Running
+            },
             exit_code: f.map(|f| f.exit.exit_code),
             timed_out: f.map(|f| f.exit.timed_out),
             killed: f.map(|f| f.exit.killed),
@@ -267,8 +334,15 @@ impl From<&Listed> for CommandListed {
     }
 }
 
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+enum CommandState {
+    Running,
+    Exited,
+}
+
 /// `GET …/commands`.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 pub(super) struct CommandList {
     commands: Vec<CommandListed>,
 }
@@ -282,11 +356,13 @@ impl From<Vec<Listed>> for CommandList {
 }
 
 /// `GET …/files:read`: the content as standard base64, or not found.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub(super) struct FileRead {
     found: bool,
+    /// Standard base64 with padding; present when `found`.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
     content_base64: Option<String>,
 }
 
@@ -300,19 +376,29 @@ impl From<Option<Vec<u8>>> for FileRead {
 }
 
 /// One entry of `GET …/files:list`.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub(super) struct FileEntry {
     name: String,
     #[serde(rename = "type")]
-    kind: &'static str,
+    kind: FileKind,
     size: u64,
     mtime_ms: i64,
     mode: u32,
 }
 
+/// `other`: a FIFO, socket or device. Symlinks are not followed.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+enum FileKind {
+    File,
+    Dir,
+    Symlink,
+    Other,
+}
+
 /// `GET …/files:list`.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 pub(super) struct FileList {
     entries: Vec<FileEntry>,
 }
@@ -325,10 +411,10 @@ impl From<Vec<Entry>> for FileList {
                 .map(|e| FileEntry {
                     name: e.name,
                     kind: match e.kind {
-                        EntryKind::File => "file",
-                        EntryKind::Dir => "dir",
-                        EntryKind::Symlink => "symlink",
-                        EntryKind::Other => "other",
+                        EntryKind::File => FileKind::File,
+                        EntryKind::Dir => FileKind::Dir,
+                        EntryKind::Symlink => FileKind::Symlink,
+                        EntryKind::Other => FileKind::Other,
                     },
                     size: e.size,
                     mtime_ms: e.mtime_ms,
@@ -340,17 +426,21 @@ impl From<Vec<Entry>> for FileList {
 }
 
 /// `GET …/ports/{port}`.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub(super) struct PortUrl {
     found: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
     host_port: Option<u16>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
     url: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
     ready: Option<bool>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
     last_output: Option<String>,
 }
 
@@ -376,8 +466,9 @@ impl From<Option<Published>> for PortUrl {
 }
 
 /// Every error answer: a sentence and a stable code.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 pub(super) struct ErrorBody<'a> {
+    /// A human sentence; not stable.
     pub(super) error: &'a str,
-    pub(super) code: &'static str,
+    pub(super) code: ErrorCode,
 }

@@ -16,8 +16,8 @@ macro_rules! error_codes {
     ($($variant:ident = $code:literal, $status:ident;)*) => {
         /// Every stable `code` the API answers with, and its status. The
         /// table in docs/API.md lists exactly these (a test checks).
-        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-        pub enum ErrorCode { $($variant,)* }
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+        pub enum ErrorCode { $(#[serde(rename = $code)] $variant,)* }
 
         impl ErrorCode {
             /// Every code, in the order docs/API.md lists them.
@@ -104,7 +104,7 @@ impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let body = ErrorBody {
             error: &self.message,
-            code: self.code.as_str(),
+            code: self.code,
         };
         (self.code.status(), Json(body)).into_response()
     }
@@ -190,6 +190,17 @@ impl From<PortError> for ApiError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The `code` field is what `as_str` says.
+    #[test]
+    fn codes_serialise_as_their_strings() {
+        ErrorCode::ALL.iter().for_each(|c| {
+            assert_eq!(
+                serde_json::to_value(c).ok(),
+                Some(serde_json::Value::from(c.as_str()))
+            );
+        });
+    }
 
     /// docs/API.md's error table lists every code with its status, and
     /// only codes the API can answer with.

@@ -12,6 +12,12 @@ use super::dto;
 use crate::app::App;
 
 /// 200 with the engine version, or 503 saying why not.
+#[utoipa::path(get, path = "/v1/health", tags = ["health", "compat"],
+    extensions(("x-compat" = json!(true))), security(()),
+    summary = "Whether the engine answers (no token needed)",
+    responses(
+        (status = 200, description = "The engine answers", body = dto::Healthy),
+        (status = 503, description = "It does not", body = dto::Unhealthy)))]
 pub(super) async fn health(State(app): State<Arc<App>>) -> Response {
     match app.engine_version().await {
         Ok(version) => Json(dto::Healthy {

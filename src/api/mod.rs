@@ -9,6 +9,7 @@ pub mod error;
 mod extract;
 mod files;
 mod health;
+pub mod openapi;
 mod ports;
 mod sandboxes;
 
@@ -64,6 +65,7 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/v1/sandboxes/{id}/files:delete", post(files::delete_files))
         .route("/v1/sandboxes/{id}/ports/{port}", get(ports::port_url))
         .route("/metrics", get(metrics))
+        .route("/v1/openapi.json", get(openapi::serve))
         .route_layer(axum::middleware::from_fn_with_state(
             Arc::clone(&app),
             auth::require_token,
@@ -100,6 +102,9 @@ pub fn router(app: Arc<App>) -> Router {
 }
 
 /// `GET /metrics`: Prometheus text exposition.
+#[utoipa::path(get, path = "/metrics", tags = ["metrics"], summary = "Prometheus metrics",
+    responses((status = 200, content_type = "text/plain; version=0.0.4", body = String,
+        description = "Prometheus text exposition")))]
 async fn metrics(State(app): State<Arc<App>>) -> Response {
     let sandboxes = app.sandboxes.registry().list();
     let running: usize = sandboxes.iter().map(|s| s.running_commands()).sum();

@@ -21,6 +21,7 @@ mod gvisor;
 mod health;
 mod http_contract;
 mod observability;
+mod openapi;
 mod ports;
 mod remcochat;
 mod sandboxes;

@@ -1,0 +1,247 @@
+//! The OpenAPI 3.1 document, derived from the handlers' `#[utoipa::path]`
+//! annotations and the request and response types they use, so it cannot
+//! describe a shape the code does not send. Served at `GET /v1/openapi.json`
+//! (with the token, like every route but health: it is no secret, but
+//! nothing outside the token needs it) and printed by `sandboxd openapi`;
+//! docs/openapi.json is a copy that a test holds equal to it.
+
+use axum::Json;
+use std::borrow::Cow;
+use utoipa::openapi::security::{ApiKey, ApiKeyValue, HttpAuthScheme, HttpBuilder, SecurityScheme};
+
+use utoipa::openapi::schema::{ObjectBuilder, Schema, Type};
+use utoipa::openapi::{RefOr, ResponseBuilder};
+use utoipa::{Modify, OpenApi, PartialSchema, ToSchema};
+
+use super::dto::{self, Usage};
+use super::error::ErrorCode;
+
+/// One line of a command's log stream (`application/x-ndjson`), told apart
+/// by `stream`. The domain renders the lines; this type describes them, and
+/// a test parses the domain's lines with it.
+#[derive(Debug, ToSchema)]
+#[cfg_attr(test, derive(serde::Deserialize))]
+#[serde(tag = "stream", rename_all = "lowercase", deny_unknown_fields)]
+#[allow(
+    dead_code,
+    reason = "it describes lines the domain renders and is never built here"
+)]
+pub(super) enum LogRecord {
+    /// A chunk of stdout as read from the pipe (not a line).
+    Stdout { data: String, seq: u64 },
+    /// A chunk of stderr as read from the pipe (not a line).
+    Stderr { data: String, seq: u64 },
+    /// Records this reader missed: `bytes` of raw output; `seq` is that of
+    /// the last record it stands for.
+    Dropped { bytes: u64, seq: u64 },
+    /// Nothing new for `log_heartbeat_ms`; `seq` is the stream's position.
+    Heartbeat { seq: u64 },
+    /// Something outside the command happened to it.
+    Error { message: String, seq: u64 },
+    /// The command ended; the stream ends here unless `leftovers=true`.
+    #[serde(rename_all = "camelCase")]
+    Exit {
+        exit_code: i64,
+        timed_out: bool,
+        killed: bool,
+        #[serde(default)]
+        #[schema(nullable = false)]
+        oom_killed: Option<bool>,
+        #[serde(default)]
+        #[schema(nullable = false)]
+        usage: Option<Usage>,
+        seq: u64,
+    },
+}
+
+/// The codes and their statuses come from [`ErrorCode::ALL`] itself (a
+/// derive cannot see through the macro that declares the enum).
+impl PartialSchema for ErrorCode {
+    fn schema() -> RefOr<Schema> {
+        let table: String = ErrorCode::ALL
+            .iter()
+            .map(|c| format!("\n- `{}`: {}", c.as_str(), c.status().as_u16()))
+            .collect();
+        ObjectBuilder::new()
+            .schema_type(Type::String)
+            .enum_values(Some(ErrorCode::ALL.iter().map(|c| c.as_str())))
+            .description(Some(format!(
+                "The stable error code, and the HTTP status it comes with:{table}"
+            )))
+            .into()
+    }
+}
+
+impl ToSchema for ErrorCode {
+    fn name() -> Cow<'static, str> {
+        Cow::Borrowed("ErrorCode")
+    }
+}
+
+#[derive(Debug, OpenApi)]
+#[openapi(
+    info(
+        title = "sandboxd",
+        description = "One hardened container per chat session. The prose guide is docs/API.md; \
+            operations tagged `compat` (and marked `x-compat: true`) are RemcoChat's frozen wire protocol."
+    ),
+    paths(
+        super::health::health,
+        super::sandboxes::create_sandbox,
+        super::sandboxes::list_sandboxes,
+        super::sandboxes::get_sandbox,
+        super::sandboxes::stop,
+        super::sandboxes::restart,
+        super::commands::start_command,
+        super::commands::list_commands,
+        super::commands::run_command,
+        super::commands::wait_command,
+        super::commands::stream_logs,
+        super::commands::command_action,
+        super::files::read_file,
+        super::files::write_files,
+        super::files::list_files,
+        super::files::delete_files,
+        super::ports::port_url,
+        super::metrics,
+        serve,
+    ),
+    components(schemas(dto::ErrorBody, ErrorCode, LogRecord)),
+    modifiers(&Security, &Errors),
+    security(("adminToken" = []), ("remcochatToken" = []), ("bearer" = [])),
+    tags(
+        (name = "compat", description = "Frozen: RemcoChat's client speaks these exactly as documented"),
+    )
+)]
+struct ApiDoc;
+
+/// The three ways to present the token.
+#[derive(Debug)]
+struct Security;
+
+impl Modify for Security {
+    fn modify(&self, doc: &mut utoipa::openapi::OpenApi) {
+        let components = doc.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            "adminToken",
+            SecurityScheme::ApiKey(ApiKey::Header(ApiKeyValue::new("x-sandboxd-admin-token"))),
+        );
+        components.add_security_scheme(
+            "remcochatToken",
+            SecurityScheme::ApiKey(ApiKey::Header(ApiKeyValue::with_description(
+                "x-remcochat-admin-token",
+                "compat: the header RemcoChat's client sends",
+            ))),
+        );
+        components.add_security_scheme(
+            "bearer",
+            SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
+        );
+    }
+}
+
+/// Every operation can answer the error shape; which `code` goes with which
+/// status is the `ErrorCode` table (docs/API.md, Error codes).
+#[derive(Debug)]
+struct Errors;
+
+impl Modify for Errors {
+    fn modify(&self, doc: &mut utoipa::openapi::OpenApi) {
+        let error = ResponseBuilder::new()
+            .description(
+                "An error: `{\"error\": sentence, \"code\": ErrorCode}`; 4xx for bad input, never 500",
+            )
+            .content(
+                "application/json",
+                utoipa::openapi::ContentBuilder::new()
+                    .schema(Some(RefOr::Ref(utoipa::openapi::Ref::from_schema_name(
+                        "ErrorBody",
+                    ))))
+                    .build(),
+            )
+            .build();
+        doc.paths
+            .paths
+            .values_mut()
+            .flat_map(|item| {
+                [&mut item.get, &mut item.post]
+                    .into_iter()
+                    .filter_map(Option::as_mut)
+            })
+            .for_each(|op| {
+                op.responses
+                    .responses
+                    .entry("default".to_string())
+                    .or_insert_with(|| RefOr::T(error.clone()));
+            });
+    }
+}
+
+/// The document.
+pub fn document() -> utoipa::openapi::OpenApi {
+    ApiDoc::openapi()
+}
+
+/// The document as pretty JSON with a final newline: what `sandboxd
+/// openapi` prints and docs/openapi.json holds.
+pub fn json() -> String {
+    // Serialising the document's own types cannot fail.
+    let mut text = document().to_pretty_json().unwrap_or_default();
+    text.push('\n');
+    text
+}
+
+/// `GET /v1/openapi.json`
+#[utoipa::path(get, path = "/v1/openapi.json", tags = ["meta"], operation_id = "openapi",
+    summary = "This OpenAPI 3.1 document",
+    responses((status = 200, description = "The document", body = Object)))]
+pub(super) async fn serve() -> Json<utoipa::openapi::OpenApi> {
+    Json(document())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// docs/openapi.json is what the code generates; regenerate it with
+    /// `cargo run -q -- openapi > docs/openapi.json`.
+    #[test]
+    fn the_docs_copy_is_current() {
+        let copy = include_str!("../../docs/openapi.json");
+        assert!(
+            copy == json(),
+            "docs/openapi.json differs from the generated document; run `cargo run -q -- openapi > docs/openapi.json`"
+        );
+    }
+
+    /// The lines the domain renders parse as [`LogRecord`]s, unknown
+    /// fields refused, so the schema lists every field they have.
+    #[test]
+    fn the_log_record_schema_reads_the_domain_lines() {
+        use crate::command::log;
+        let exit = log::ExitInfo {
+            exit_code: 0,
+            timed_out: false,
+            killed: false,
+        };
+        let lines = [
+            log::heartbeat_line(3),
+            log::error_line("gone", 4),
+            log::exit_line(exit, None, None, 5),
+            log::exit_line(
+                exit,
+                Some(false),
+                Some(log::Usage {
+                    cpu_user_ms: 1,
+                    cpu_system_ms: 2,
+                    max_rss_kb: 3,
+                }),
+                6,
+            ),
+        ];
+        lines.iter().for_each(|l| {
+            serde_json::from_slice::<LogRecord>(l)
+                .unwrap_or_else(|e| panic!("{}: {e}", String::from_utf8_lossy(l)));
+        });
+    }
+}
