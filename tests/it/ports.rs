@@ -44,6 +44,14 @@ async fn fetch(url: &str) -> Option<String> {
     resp.text().await.ok()
 }
 
+/// Polls `url` until it serves `body`, for at most `within`.
+async fn serves_eventually(url: &str, body: &str, what: &str, within: Duration) {
+    eventually(within, what, || async {
+        fetch(url).await.as_deref() == Some(body)
+    })
+    .await;
+}
+
 async fn proxies(server: &TestServer, sid: &str) -> Vec<bollard::models::ContainerSummary> {
     server
         .containers_with("sandboxd.sandbox_id", sid)
@@ -249,10 +257,11 @@ async fn concurrent_gets_make_one_proxy_and_a_late_server_still_works() {
     let url = urls[0].as_str().expect("url").to_string();
     assert_eq!(fetch(&url).await, None, "nothing listens yet");
     start_server(&server, &sid, &server_script(8000, "late")).await;
-    eventually(
-        Duration::from_secs(15),
+    serves_eventually(
+        &url,
+        "late\n",
         "the URL serves once the server listens",
-        || async { fetch(&url).await.as_deref() == Some("late\n") },
+        Duration::from_secs(15),
     )
     .await;
 }
@@ -343,10 +352,11 @@ async fn urls_survive_a_sandboxd_restart_and_relays_come_back_after_a_sandbox_re
     let (_, v) = port(&server, &sid, 3000, "?waitMs=10000").await;
     assert_eq!(v["ready"], true);
     assert_eq!(v["url"], json!(url));
-    eventually(
-        Duration::from_secs(10),
+    serves_eventually(
+        &url,
+        "again\n",
         "served after the sandbox restart",
-        || async { fetch(&url).await.as_deref() == Some("again\n") },
+        Duration::from_secs(10),
     )
     .await;
 
@@ -367,10 +377,11 @@ async fn urls_survive_a_sandboxd_restart_and_relays_come_back_after_a_sandbox_re
         "mkdir -p /tmp/s && cd /tmp/s && echo again > index.html && exec python3 -m http.server 3000 --bind 127.0.0.1",
     )
     .await;
-    eventually(
-        Duration::from_secs(10),
+    serves_eventually(
+        &url,
+        "again\n",
         "served after the agent died",
-        || async { fetch(&url).await.as_deref() == Some("again\n") },
+        Duration::from_secs(10),
     )
     .await;
 }
@@ -497,10 +508,11 @@ async fn a_stopped_proxy_is_replaced_on_the_next_get() {
         .expect("the new proxy's published port");
     assert_eq!(v["hostPort"], json!(host_port), "{v}");
     let url = v["url"].as_str().expect("url").to_string();
-    eventually(
-        Duration::from_secs(10),
+    serves_eventually(
+        &url,
+        "revived\n",
         "the new URL serves the sandbox's server",
-        || async { fetch(&url).await.as_deref() == Some("revived\n") },
+        Duration::from_secs(10),
     )
     .await;
 }

@@ -417,23 +417,27 @@ impl TestServer {
             .await
     }
 
+    /// The engine filter for this instance's objects carrying `label=value`.
+    fn label_filter(&self, label: &str, value: &str) -> HashMap<String, Vec<String>> {
+        HashMap::from([(
+            "label".to_string(),
+            vec![
+                format!("{INSTANCE_LABEL}={}", self.instance),
+                format!("{label}={value}"),
+            ],
+        )])
+    }
+
     /// Containers of this instance carrying `label=value` (all states).
     pub(crate) async fn containers_with(
         &self,
         label: &str,
         value: &str,
     ) -> Vec<bollard::models::ContainerSummary> {
-        let filter = HashMap::from([(
-            "label".to_string(),
-            vec![
-                format!("{INSTANCE_LABEL}={}", self.instance),
-                format!("{label}={value}"),
-            ],
-        )]);
         self.docker
             .list_containers(Some(ListContainersOptions {
                 all: true,
-                filters: Some(filter),
+                filters: Some(self.label_filter(label, value)),
                 ..Default::default()
             }))
             .await
@@ -442,16 +446,9 @@ impl TestServer {
 
     /// The names of this instance's networks that carry `label=value`.
     pub(crate) async fn networks_with(&self, label: &str, value: &str) -> Vec<String> {
-        let filter = HashMap::from([(
-            "label".to_string(),
-            vec![
-                format!("{INSTANCE_LABEL}={}", self.instance),
-                format!("{label}={value}"),
-            ],
-        )]);
         self.docker
             .list_networks(Some(bollard::query_parameters::ListNetworksOptions {
-                filters: Some(filter),
+                filters: Some(self.label_filter(label, value)),
             }))
             .await
             .expect("list networks")
