@@ -35,6 +35,13 @@ const MAX_CHECKPOINTS: usize = 64;
 /// What a record costs beyond its text, for the byte cap.
 const RECORD_OVERHEAD: usize = 32;
 
+/// What `raw` bytes of output can weigh as a record: each invalid byte
+/// decodes to U+FFFD (three bytes), a character carried over from the read
+/// before adds up to three, and every record has its overhead.
+fn largest_record(raw: usize) -> usize {
+    raw.saturating_mul(3) + 3 + RECORD_OVERHEAD
+}
+
 #[derive(Debug)]
 struct Entry {
     seq: u64,
@@ -215,7 +222,7 @@ impl Log {
     /// Whether `incoming` more bytes would push out records that a reader
     /// who keeps reading has not read: then the command should wait.
     pub(crate) fn must_wait(&self, incoming: usize, now: Instant) -> bool {
-        if self.retained + incoming <= self.cap {
+        if self.retained + largest_record(incoming) <= self.cap {
             return false;
         }
         let Some(oldest) = self.records.front() else {
@@ -549,6 +556,34 @@ mod tests {
             .sum();
         assert_eq!(bytes + kept, 1000, "every byte accounted for");
         assert_eq!(b.records[1].seq, b.records[0].seq + 1);
+    }
+
+    #[test]
+    fn a_writer_that_waits_when_told_never_pushes_out_an_unread_record() {
+        // Caps just past what the raw bytes alone would need: a record's
+        // overhead, and invalid bytes weighing three times their size once
+        // decoded, must count before the append.
+        let cases = [
+            (b'x', 4096, 2 * 4096 + RECORD_OVERHEAD + 16),
+            (0xff, 1024, 3 * 1024 + RECORD_OVERHEAD + 1024 + 100),
+        ];
+        for (byte, chunk, cap) in cases {
+            let mut log = Log::new(cap);
+            log.followers.clear();
+            let now = Instant::now();
+            log.follow(1, 0, now);
+            let mut appended = 0;
+            while !log.must_wait(chunk, now) && appended < 100 {
+                log.append(Stream::Stdout, &vec![byte; chunk]);
+                appended += 1;
+            }
+            assert!(appended >= 1, "room for one at least");
+            assert_eq!(
+                log.records.front().map(|r| r.seq),
+                Some(1),
+                "nothing unread was pushed out ({byte:#x})"
+            );
+        }
     }
 
     #[test]
