@@ -650,7 +650,7 @@ impl Runner {
                 }
                 Woke::Keeper(Some(Err(_)) | None) => {
                     keeper_open = false;
-                    self.keeper_gone();
+                    self.keeper_gone().await;
                 }
             }
         }
@@ -697,7 +697,7 @@ impl Runner {
             } => {
                 self.main_usage = Some(usage);
                 if matches!(self.stopping, None | Some(StopCause::Leftovers)) {
-                    self.drain();
+                    self.drain().await;
                     let oom = signal == Some(9)
                         && matches!(
                             (self.oom_before, cgroup::oom_kills()),
@@ -710,7 +710,7 @@ impl Runner {
             }
             FromKeeper::Stopped { within_grace } => {
                 if self.cmd.ended().is_none() {
-                    self.drain();
+                    self.drain().await;
                     let usage = self.main_usage.unwrap_or_default();
                     match self.stopping {
                         Some(StopCause::Timeout) => self.cmd.finish(124, true, false, usage, false),
@@ -734,12 +734,12 @@ impl Runner {
 
     /// The keeper died without saying so (something in the sandbox killed
     /// it): its orphans now belong to the agent, which ends them.
-    fn keeper_gone(&mut self) {
+    async fn keeper_gone(&mut self) {
         let Some(pid) = self.cmd.keeper.take() else {
             return;
         };
         if self.cmd.ended().is_none() {
-            self.drain();
+            self.drain().await;
             self.cmd.log.borrow_mut().error(
                 "the command's keeper process was killed from inside the sandbox; its processes were ended",
             );
@@ -755,12 +755,21 @@ impl Runner {
     }
 
     /// Reads what the pipes hold now (the command's own process has ended,
-    /// so all it wrote is there), before the exit record goes in. Readers
-    /// are not waited for: this is at most what two pipes hold.
-    fn drain(&mut self) {
+    /// so all it wrote is there), before the exit record goes in. A reader
+    /// who keeps reading is waited for here too (at most FOLLOWER_IDLE for
+    /// one that stops asking), so the end loses nothing it has not read.
+    async fn drain(&mut self) {
         let mut buf = vec![0u8; READ_CHUNK];
         for stream in [Stream::Stdout, Stream::Stderr] {
             loop {
+                // As in the main loop: a reader that keeps reading is
+                // waited for, so what is drained pushes out nothing unread.
+                while self.cmd.log.borrow().must_wait(READ_CHUNK, Instant::now()) {
+                    tokio::select! {
+                        _ = self.cmd.room.notified() => {}
+                        _ = tokio::time::sleep(ROOM_RECHECK) => {}
+                    }
+                }
                 let rx = match stream {
                     Stream::Stdout => self.out.as_ref(),
                     Stream::Stderr => self.err.as_ref(),
