@@ -5,8 +5,9 @@
 use std::collections::HashMap;
 
 use bollard::models::{
-    ContainerCreateBody, HostConfig, HostConfigCgroupnsModeEnum, Mount, MountType,
-    MountVolumeOptions, PortBinding, ResourcesUlimits, RestartPolicy, RestartPolicyNameEnum,
+    ContainerCreateBody, HostConfig, HostConfigCgroupnsModeEnum, HostConfigLogConfig, Mount,
+    MountType, MountVolumeOptions, PortBinding, ResourcesUlimits, RestartPolicy,
+    RestartPolicyNameEnum,
 };
 
 /// What the domain asks for when it wants a sandbox container.
@@ -252,6 +253,24 @@ pub struct ProxyContainer {
 const PROXY_MEMORY: i64 = 64 * MIB;
 const PROXY_PIDS: i64 = 64;
 
+/// What a proxy prints once it accepts connections (socat's notice at
+/// `-d -d`): a started container is not yet a listening one, and a
+/// connection in between is refused.
+pub(crate) const PROXY_LISTENING: &str = "listening on";
+
+/// The log of a container sandboxd reads back: the engine's own file
+/// format whatever the daemon's default, and small (a proxy notes every
+/// connection).
+fn bounded_log() -> HostConfigLogConfig {
+    HostConfigLogConfig {
+        typ: Some("json-file".into()),
+        config: Some(HashMap::from([
+            ("max-size".to_string(), "1m".to_string()),
+            ("max-file".to_string(), "1".to_string()),
+        ])),
+    }
+}
+
 /// The engine request for a proxy container: hardened like a sandbox.
 pub(crate) fn proxy_container_body(spec: &ProxyContainer) -> ContainerCreateBody {
     let port_key = format!("{}/tcp", spec.listen_port);
@@ -263,6 +282,7 @@ pub(crate) fn proxy_container_body(spec: &ProxyContainer) -> ContainerCreateBody
                 host_port: Some(String::new()),
             }]),
         )])),
+        log_config: Some(bounded_log()),
         ..hardened(PROXY_MEMORY, PROXY_PIDS, 500_000_000, spec.network.clone())
     };
     ContainerCreateBody {
@@ -271,6 +291,8 @@ pub(crate) fn proxy_container_body(spec: &ProxyContainer) -> ContainerCreateBody
         working_dir: Some("/".into()),
         cmd: Some(vec![
             "socat".into(),
+            "-d".into(),
+            "-d".into(),
             format!("TCP-LISTEN:{},fork,reuseaddr", spec.listen_port),
             format!("TCP:{}:{}", spec.target_host, spec.target_port),
         ]),
@@ -450,11 +472,16 @@ mod tests {
         let b = bindings["8080/tcp"].clone().expect("binding");
         assert_eq!(b[0].host_ip.as_deref(), Some("127.0.0.1"));
         assert_eq!(b[0].host_port.as_deref(), Some(""), "a random host port");
+        let log = hc.log_config.expect("log config");
+        assert_eq!(log.typ.as_deref(), Some("json-file"), "readable back");
+        assert!(log.config.expect("log options").contains_key("max-size"));
         assert_eq!(body.user.as_deref(), Some("1000:1000"));
         assert_eq!(
             body.cmd,
             Some(vec![
                 "socat".into(),
+                "-d".into(),
+                "-d".into(),
                 "TCP-LISTEN:8080,fork,reuseaddr".into(),
                 "TCP:inst-abc:52152".into()
             ])

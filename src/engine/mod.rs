@@ -22,7 +22,8 @@ use bollard::models::{
 };
 use bollard::query_parameters::{
     InspectContainerOptions, ListContainersOptions, ListNetworksOptions, ListVolumesOptions,
-    RemoveContainerOptions, RemoveVolumeOptions, RestartContainerOptions, StartContainerOptions,
+    LogsOptionsBuilder, RemoveContainerOptions, RemoveVolumeOptions, RestartContainerOptions,
+    StartContainerOptions,
 };
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -38,6 +39,9 @@ const VOLUME_USER_DIR: &str = "/volume";
 /// How long an engine call that should be instant may take before we call
 /// the engine unavailable. Health must never hang.
 const HEALTH_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// How long a started proxy may take to listen (it takes milliseconds).
+const PROXY_START: Duration = Duration::from_secs(10);
 
 /// What went wrong talking to the engine.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -801,7 +805,54 @@ impl Engine {
         docker
             .create_container(Some(options), container::proxy_container_body(spec))
             .await?;
-        self.start_container(&spec.name).await
+        self.start_container(&spec.name).await?;
+        if self
+            .wait_for_output(&spec.name, container::PROXY_LISTENING, PROXY_START)
+            .await?
+        {
+            Ok(())
+        } else {
+            Err(EngineError::Failed(format!(
+                "proxy {} did not start listening within {PROXY_START:?}",
+                spec.name
+            )))
+        }
+    }
+
+    /// Whether `container` prints `needle` (on stdout or stderr, from its
+    /// start) within `within`; false when it ends or time is up first. What
+    /// is kept to find a needle split across chunks is bounded.
+    pub async fn wait_for_output(
+        &self,
+        container: &str,
+        needle: &str,
+        within: Duration,
+    ) -> EngineResult<bool> {
+        use futures_util::StreamExt;
+        let docker = self.docker()?;
+        let options = LogsOptionsBuilder::new()
+            .follow(true)
+            .stdout(true)
+            .stderr(true)
+            .build();
+        let mut logs = docker.logs(container, Some(options));
+        let keep = needle.len().max(1) * 2 + 4096;
+        let mut seen: Vec<u8> = Vec::new();
+        let search = async {
+            while let Some(chunk) = logs.next().await {
+                seen.extend_from_slice(&chunk?.into_bytes());
+                if seen.windows(needle.len()).any(|w| w == needle.as_bytes()) {
+                    return Ok(true);
+                }
+                let cut = seen.len().saturating_sub(keep);
+                seen.drain(..cut);
+            }
+            Ok(false)
+        };
+        match tokio::time::timeout(within, search).await {
+            Ok(found) => found,
+            Err(_) => Ok(false),
+        }
     }
 
     /// The host port a running container publishes `port/tcp` on.

@@ -479,42 +479,45 @@ async fn a_stopped_proxy_is_replaced_on_the_next_get() {
     start_server(&server, &sid, &server_script(3000, "revived")).await;
     let (s, v) = port(&server, &sid, 3000, "?waitMs=10000").await;
     assert_eq!((s, v["ready"].clone()), (200, json!(true)), "{v}");
-    let url = v["url"].as_str().expect("url").to_string();
+    let mut url = v["url"].as_str().expect("url").to_string();
     assert_eq!(fetch(&url).await.as_deref(), Some("revived\n"));
 
-    let old = proxies(&server, &sid).await;
-    assert_eq!(old.len(), 1);
-    let old_id = old[0].id.clone().expect("proxy id");
-    server
-        .docker
-        .stop_container(
-            &old_id,
-            None::<bollard::query_parameters::StopContainerOptions>,
-        )
-        .await
-        .expect("stop the proxy");
-    // The stop broke the URL, so a working URL below is the replacement's.
-    assert_eq!(fetch(&url).await, None, "the stopped proxy serves nothing");
+    // Three rounds: a replacement answers its GET only once it listens, so
+    // the URL serves at once, not eventually (a started proxy that was not
+    // listening yet refused the first request).
+    for round in 0..3 {
+        let old = proxies(&server, &sid).await;
+        assert_eq!(old.len(), 1);
+        let old_id = old[0].id.clone().expect("proxy id");
+        server
+            .docker
+            .stop_container(
+                &old_id,
+                None::<bollard::query_parameters::StopContainerOptions>,
+            )
+            .await
+            .expect("stop the proxy");
+        // The stop broke the URL, so a working URL below is the replacement's.
+        assert_eq!(fetch(&url).await, None, "the stopped proxy serves nothing");
 
-    let (s, v) = port(&server, &sid, 3000, "").await;
-    assert_eq!((s, v["found"].clone()), (200, json!(true)), "{v}");
-    let new = proxies(&server, &sid).await;
-    assert_eq!(new.len(), 1, "one proxy, not two");
-    assert_ne!(new[0].id.as_ref(), Some(&old_id), "the proxy was replaced");
-    let host_port = new[0]
-        .ports
-        .as_ref()
-        .and_then(|ps| ps.iter().find_map(|p| p.public_port))
-        .expect("the new proxy's published port");
-    assert_eq!(v["hostPort"], json!(host_port), "{v}");
-    let url = v["url"].as_str().expect("url").to_string();
-    serves_eventually(
-        &url,
-        "revived\n",
-        "the new URL serves the sandbox's server",
-        Duration::from_secs(10),
-    )
-    .await;
+        let (s, v) = port(&server, &sid, 3000, "").await;
+        assert_eq!((s, v["found"].clone()), (200, json!(true)), "{v}");
+        let new = proxies(&server, &sid).await;
+        assert_eq!(new.len(), 1, "one proxy, not two");
+        assert_ne!(new[0].id.as_ref(), Some(&old_id), "the proxy was replaced");
+        let host_port = new[0]
+            .ports
+            .as_ref()
+            .and_then(|ps| ps.iter().find_map(|p| p.public_port))
+            .expect("the new proxy's published port");
+        assert_eq!(v["hostPort"], json!(host_port), "{v}");
+        url = v["url"].as_str().expect("url").to_string();
+        assert_eq!(
+            fetch(&url).await.as_deref(),
+            Some("revived\n"),
+            "round {round}: the new URL serves the moment its GET answers"
+        );
+    }
 }
 
 /// The relay listens on `relay_port(PORT)` in the sandbox; when a process
