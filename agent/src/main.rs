@@ -6,15 +6,22 @@
 //! `sandboxd-proto`); the agent trusts sandboxd, sandboxd does not trust
 //! the agent.
 //!
-//! One static binary, three roles, chosen by the first argument:
+//! The same binary is also a sandbox's way out: run in an egress
+//! container, it is the HTTP proxy that enforces the sandbox's egress
+//! policy.
+//!
+//! One static binary, four roles, chosen by the first argument:
 //! - `serve` (the container's command): the agent ([`serve`]);
 //! - `keep`: one command's keeper ([`keeper`]), started by the agent;
 //! - `bridge`: joins an exec's stdio to the agent ([`bridge`]), started by
-//!   sandboxd for each connection.
+//!   sandboxd for each connection;
+//! - `egress` (an egress container's command): the egress proxy
+//!   ([`egress`]).
 
 mod bridge;
 mod cgroup;
 mod commands;
+mod egress;
 mod files;
 mod keeper;
 mod log;
@@ -29,8 +36,11 @@ fn main() -> ExitCode {
         Some("serve") => serve::run(),
         Some("keep") => keeper::run(),
         Some("bridge") => bridge::run(),
+        Some("egress") => egress::run(),
         _ => {
-            eprintln!("usage: sandboxd-agent serve | keep | bridge");
+            eprintln!(
+                "usage: sandboxd-agent serve | keep | bridge | egress --listen <port> [policy]"
+            );
             ExitCode::from(2)
         }
     }

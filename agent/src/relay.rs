@@ -7,51 +7,12 @@
 
 use std::cell::RefCell;
 use std::collections::HashMap;
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::net::SocketAddr;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
-use sandboxd_proto::{Failure, FailureKind};
+use sandboxd_proto::{Cidr, Failure, FailureKind};
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
-
-/// An IPv4 network: base address and prefix length.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Cidr {
-    base: u32,
-    prefix: u32,
-}
-
-impl Cidr {
-    pub(crate) fn parse(s: &str) -> Option<Cidr> {
-        let (ip, bits) = s.split_once('/')?;
-        let ip: Ipv4Addr = ip.parse().ok()?;
-        let prefix: u32 = bits.parse().ok().filter(|b| *b <= 32)?;
-        let mask = mask(prefix);
-        Some(Cidr {
-            base: u32::from(ip) & mask,
-            prefix,
-        })
-    }
-
-    pub(crate) fn contains(&self, ip: IpAddr) -> bool {
-        let v4 = match ip {
-            IpAddr::V4(v4) => v4,
-            IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
-                Some(v4) => v4,
-                None => return false,
-            },
-        };
-        u32::from(v4) & mask(self.prefix) == self.base
-    }
-}
-
-fn mask(prefix: u32) -> u32 {
-    if prefix == 0 {
-        0
-    } else {
-        u32::MAX << (32 - prefix)
-    }
-}
 
 /// The relays running, by listening port.
 #[derive(Debug, Default)]
@@ -67,12 +28,7 @@ impl Relays {
         listen: u16,
         allow: &str,
     ) -> Result<(), Failure> {
-        let cidr = Cidr::parse(allow).ok_or_else(|| {
-            Failure::new(
-                FailureKind::Invalid,
-                format!("{allow:?} is not an IPv4 CIDR"),
-            )
-        })?;
+        let cidr = allowed_peers(allow)?;
         if let Some((p, c)) = self.running.borrow().get(&listen) {
             if *p == port && *c == cidr {
                 return Ok(());
@@ -104,6 +60,20 @@ impl Relays {
         });
         Ok(())
     }
+}
+
+/// The peers a relay accepts: an IPv4 CIDR (relays listen on IPv4 only,
+/// so an IPv6 network would silently accept nobody).
+fn allowed_peers(allow: &str) -> Result<Cidr, Failure> {
+    Cidr::parse(allow)
+        .ok()
+        .filter(|c| c.network().is_ipv4())
+        .ok_or_else(|| {
+            Failure::new(
+                FailureKind::Invalid,
+                format!("{allow:?} is not an IPv4 CIDR"),
+            )
+        })
 }
 
 fn bind(port: u16) -> std::io::Result<TcpListener> {
@@ -146,16 +116,17 @@ mod tests {
     use super::*;
 
     #[test]
-    fn cidrs_hold_their_addresses_only() {
-        let c = Cidr::parse("10.213.4.8/29").expect("cidr");
+    fn relays_accept_peers_of_an_ipv4_cidr_only() {
+        let c = allowed_peers("10.213.4.8/29").expect("cidr");
         assert!(c.contains("10.213.4.9".parse().expect("ip")));
         assert!(c.contains("::ffff:10.213.4.14".parse().expect("ip")));
         assert!(!c.contains("10.213.4.16".parse().expect("ip")));
         assert!(!c.contains("::1".parse().expect("ip")));
-        assert!(Cidr::parse("10.0.0.0/33").is_none());
-        assert!(Cidr::parse("nonsense").is_none());
+        assert!(allowed_peers("10.0.0.0/33").is_err());
+        assert!(allowed_peers("nonsense").is_err());
+        assert!(allowed_peers("fd00::/8").is_err());
         assert!(
-            Cidr::parse("0.0.0.0/0")
+            allowed_peers("0.0.0.0/0")
                 .expect("all")
                 .contains("1.2.3.4".parse().expect("ip"))
         );

@@ -22,7 +22,10 @@
 //! Both sides are built together (sandboxd embeds the agent it was built
 //! with), and [`VERSION`] is checked at [`Op::Hello`].
 
+pub mod egress;
+
 use bytes::Bytes;
+pub use egress::{Allowlist, Cidr, Denied, DomainPattern, EgressPolicy, NameCheck, never_reason};
 use serde::{Deserialize, Serialize};
 use tokio_util::codec::LengthDelimitedCodec;
 
