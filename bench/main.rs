@@ -118,6 +118,8 @@ impl Floor {
             command: vec!["sleep".into(), "infinity".into()],
             volume: format!("{name}-workspace"),
             network: Some(self.network.clone()),
+            network_aliases: Vec::new(),
+            env: Vec::new(),
             vcpus: 1,
             memory_mb: 1024,
             pids_limit: 512,

@@ -437,6 +437,46 @@ settings! {
     proxy_image: Option<String> = None, key "proxy_image";
     /// Where link networks get their blocks.
     link_subnet_pool: String = "10.213.0.0/16".into(), key "link_subnet_pool";
+
+    // --- Egress ---
+    /// What `network.mode` `default` (and no mode) means.
+    network_default: String = "internet".into(), key "network_default", check validate_network_mode;
+    /// The modes a request may name; `open` (the engine's bridge, the host
+    /// and private networks included) only when listed here.
+    network_modes: Vec<String> = vec!["none".into(), "internet".into(), "allowlist".into()], key "network_modes",
+        check |m| m.iter().try_for_each(validate_network_mode);
+    /// Domains (`pypi.org`, `*.npmjs.org`) and CIDRs every `allowlist`
+    /// sandbox may reach besides its own list.
+    egress_allow: Vec<String> = Vec::new(), key "egress_allow",
+        check |v| v.iter().try_for_each(|e| {
+            let cidr = sandboxd_proto::egress::Cidr::parse(e).is_ok();
+            let domain = sandboxd_proto::egress::DomainPattern::parse(e).is_ok();
+            if cidr || domain { Ok(()) } else { Err(format!("{e:?} is neither a CIDR nor a domain pattern")) }
+        });
+    /// CIDRs no sandbox may reach (in every mode but `open`), on top of the
+    /// built-in never-list (private, loopback, link-local and the like).
+    egress_deny: Vec<String> = Vec::new(), key "egress_deny",
+        check |v| v.iter().try_for_each(|e| sandboxd_proto::egress::Cidr::parse(e).map(|_| ()).map_err(|_| format!("{e:?} is not a CIDR")));
+    /// Name servers of the egress proxy (IP addresses); default: the
+    /// engine's.
+    egress_dns: Vec<String> = Vec::new(), key "egress_dns",
+        check |d| d.iter().try_for_each(|a| a.parse::<IpAddr>().map(|_| ()).map_err(|_| format!("{a:?} is not an IP address")));
+    /// Image of the egress proxy containers; default: `image`.
+    egress_image: Option<String> = None, key "egress_image";
+}
+
+/// Every network mode there is.
+pub const NETWORK_MODES: [&str; 4] = ["none", "internet", "allowlist", "open"];
+
+fn validate_network_mode(m: &String) -> Result<(), String> {
+    if NETWORK_MODES.contains(&m.as_str()) {
+        Ok(())
+    } else {
+        Err(format!(
+            "{m:?} is not a network mode ({})",
+            NETWORK_MODES.join(", ")
+        ))
+    }
 }
 
 impl Config {
@@ -566,6 +606,16 @@ impl Config {
                 format!(
                     "{:?} must be an IPv4 CIDR from /8 to /{prefix} (one link network is a /{prefix} with max_ports {}), e.g. 10.213.0.0/16",
                     self.link_subnet_pool, self.max_ports
+                ),
+            ));
+        }
+        if !self.network_modes.contains(&self.network_default) {
+            return Err(ConfigError::invalid(
+                "network_default",
+                format!(
+                    "{:?} must be one of network_modes ({})",
+                    self.network_default,
+                    self.network_modes.join(", ")
                 ),
             ));
         }

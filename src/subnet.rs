@@ -1,13 +1,13 @@
-//! Subnet arithmetic for link networks (see `ports`): how big one block is
+//! Subnet arithmetic for link networks (see `sandbox::network`): how big one block is
 //! for a number of ports, and which blocks a pool holds. Pure functions.
 
 use std::net::Ipv4Addr;
 
 /// The prefix length of a link network: room for the network and
-/// broadcast addresses, the gateway, the sandbox and one proxy per port
-/// (/29 for the default four ports).
+/// broadcast addresses, the gateway, the sandbox, its egress proxy and one
+/// port proxy per port (/28 for the default four ports).
 pub fn link_prefix(max_ports: usize) -> u32 {
-    let needed = (max_ports as u32).saturating_add(4);
+    let needed = (max_ports as u32).saturating_add(5);
     32 - needed.next_power_of_two().trailing_zeros()
 }
 
@@ -38,11 +38,14 @@ mod tests {
     fn link_subnets_are_blocks_of_the_pool() {
         assert_eq!(
             link_prefix(4),
-            29,
-            "sandbox + 4 proxies + gateway fit a /29"
+            28,
+            "sandbox + egress + 4 proxies + gateway need a /28"
         );
         assert_eq!(link_prefix(1), 29);
-        assert_eq!(link_prefix(5), 28);
+        assert_eq!(link_prefix(3), 29);
+        assert_eq!(link_prefix(4), 28);
+        assert_eq!(link_prefix(11), 28);
+        assert_eq!(link_prefix(12), 27);
         assert_eq!(link_prefix(64), 25);
         let r = link_subnet_range("10.213.0.0/16", 29).expect("range");
         assert_eq!(r.2, 8192);

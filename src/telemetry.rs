@@ -48,6 +48,11 @@ pub fn command_ended(outcome: &'static str, seconds: f64) {
     histogram!("sandboxd_command_duration_seconds").record(seconds);
 }
 
+/// The egress policy refused a sandbox's connection.
+pub fn egress_denied() {
+    counter!("sandboxd_egress_denied_total").increment(1);
+}
+
 /// An engine call failed; `kind` is the error class.
 pub fn engine_error(kind: &'static str) {
     counter!("sandboxd_engine_errors_total", "kind" => kind).increment(1);

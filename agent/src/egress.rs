@@ -105,6 +105,8 @@ pub(crate) fn run() -> ExitCode {
             policy,
             log: Box::new(print_line),
         });
+        // sandboxd waits for this line before it counts the proxy started.
+        eprintln!("egress listening on port {port}");
         tokio::select! {
             () = serve(listener, proxy) => ExitCode::FAILURE,
             _ = term.recv() => ExitCode::SUCCESS,

@@ -102,21 +102,33 @@ enum SandboxState {
 #[derive(Debug, Serialize, ToSchema)]
 struct Network {
     mode: Mode,
+    /// Mode `allowlist`: the domains and CIDRs the request allowed
+    /// (canonical; the server's `egress_allow` applies too).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    allow: Vec<String>,
 }
 
-/// `default`: the instance's bridge network; `none`: no network.
+/// What the sandbox's network reaches (`default` is resolved at create):
+/// `internet`: public addresses through the egress proxy, never the host,
+/// private or link-local ones; `allowlist`: only the listed domains and
+/// CIDRs, the same never-list on top; `open`: whatever the engine's bridge
+/// reaches; `none`: loopback only.
 #[derive(Debug, Serialize, ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub(super) enum Mode {
-    Default,
     None,
+    Internet,
+    Allowlist,
+    Open,
 }
 
 impl From<NetworkMode> for Mode {
     fn from(m: NetworkMode) -> Self {
         match m {
-            NetworkMode::Default => Mode::Default,
             NetworkMode::None => Mode::None,
+            NetworkMode::Internet => Mode::Internet,
+            NetworkMode::Allowlist => Mode::Allowlist,
+            NetworkMode::Open => Mode::Open,
         }
     }
 }
@@ -145,6 +157,7 @@ impl From<SandboxInfo> for Sandbox {
             },
             network: Network {
                 mode: s.network.into(),
+                allow: s.allow,
             },
             ports: Ports {
                 allowed: s.ports.allowed.into_iter().collect(),

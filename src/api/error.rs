@@ -116,7 +116,9 @@ impl From<SandboxError> for ApiError {
         let code = match e {
             SandboxError::Invalid(_) => ErrorCode::InvalidRequest,
             SandboxError::NotFound(_) => ErrorCode::SandboxNotFound,
-            SandboxError::AtCapacity { .. } => ErrorCode::AtCapacity,
+            SandboxError::AtCapacity { .. } | SandboxError::NoLinkBlock { .. } => {
+                ErrorCode::AtCapacity
+            }
             SandboxError::ImageMissing { .. } => ErrorCode::ImageMissing,
             SandboxError::WorkspaceQuotaUnsupported(_) => ErrorCode::WorkspaceQuotaUnsupported,
             SandboxError::EngineUnavailable(_) => ErrorCode::EngineUnavailable,

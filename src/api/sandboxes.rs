@@ -49,9 +49,16 @@ pub(super) struct CreateResources {
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub(super) struct CreateNetwork {
-    /// `default` or `none`.
+    /// `default` (the server's `network_default`, out of the box
+    /// `internet`), `none`, `internet`, `allowlist`, or `open` where the
+    /// server enables it (`network_modes`).
     #[serde(default)]
     mode: Option<String>,
+    /// Mode `allowlist` only: at most 64 domains (`pypi.org`,
+    /// `*.npmjs.org`: any subdomain) and CIDRs (`203.0.113.0/24`, or one
+    /// address) the sandbox may reach.
+    #[serde(default)]
+    allow: Option<Vec<String>>,
 }
 
 impl From<CreateSandbox> for CreateSandboxRequest {
@@ -64,7 +71,10 @@ impl From<CreateSandbox> for CreateSandboxRequest {
                 vcpus: x.vcpus,
                 memory_mb: x.memory_mb,
             }),
-            network: r.network.map(|n| NetworkRequest { mode: n.mode }),
+            network: r.network.map(|n| NetworkRequest {
+                mode: n.mode,
+                allow: n.allow,
+            }),
             ports: r.ports,
         }
     }

@@ -5,9 +5,9 @@
 use std::collections::HashMap;
 
 use bollard::models::{
-    ContainerCreateBody, HostConfig, HostConfigCgroupnsModeEnum, HostConfigLogConfig, Mount,
-    MountType, MountVolumeOptions, PortBinding, ResourcesUlimits, RestartPolicy,
-    RestartPolicyNameEnum,
+    ContainerCreateBody, EndpointSettings, HostConfig, HostConfigCgroupnsModeEnum,
+    HostConfigLogConfig, Mount, MountType, MountVolumeOptions, NetworkingConfig, PortBinding,
+    ResourcesUlimits, RestartPolicy, RestartPolicyNameEnum,
 };
 
 /// What the domain asks for when it wants a sandbox container.
@@ -33,6 +33,10 @@ pub struct SandboxContainer {
     pub command: Vec<String>,
     /// Network to join; `None` means no network at all.
     pub network: Option<String>,
+    /// Names the container answers to on `network`, besides its own.
+    pub network_aliases: Vec<String>,
+    /// Variables every process gets, besides HOME and the like.
+    pub env: Vec<String>,
     pub vcpus: u32,
     pub memory_mb: u32,
     pub pids_limit: i64,
@@ -177,10 +181,27 @@ pub fn sandbox_container_body(spec: &SandboxContainer, under_gvisor: bool) -> Co
         user: Some(spec.user.clone()),
         working_dir: Some(spec.workspace_dir.clone()),
         hostname: Some("sandbox".into()),
-        env: Some(vec![
-            format!("HOME={}", spec.workspace_dir),
-            "GIT_DISCOVERY_ACROSS_FILESYSTEM=1".into(),
-        ]),
+        env: Some(
+            [
+                format!("HOME={}", spec.workspace_dir),
+                "GIT_DISCOVERY_ACROSS_FILESYSTEM=1".into(),
+            ]
+            .into_iter()
+            .chain(spec.env.iter().cloned())
+            .collect(),
+        ),
+        networking_config: match &spec.network {
+            Some(network) if !spec.network_aliases.is_empty() => Some(NetworkingConfig {
+                endpoints_config: Some(HashMap::from([(
+                    network.clone(),
+                    EndpointSettings {
+                        aliases: Some(spec.network_aliases.clone()),
+                        ..Default::default()
+                    },
+                )])),
+            }),
+            _ => None,
+        },
         // The agent: everything in the sandbox runs under it.
         cmd: Some(spec.command.clone()),
         entrypoint: Some(vec![]),
@@ -240,8 +261,11 @@ pub struct ProxyContainer {
     pub name: String,
     pub image: String,
     pub user: String,
-    /// The network shared with its sandbox only; the port is published there.
+    /// The network the port is published on (the instance network: a link
+    /// network has no way to the host, so no published port either).
     pub network: String,
+    /// The sandbox's link network, where the proxy reaches the sandbox.
+    pub link_network: String,
     pub publish_ip: String,
     pub listen_port: u16,
     pub target_host: String,
@@ -303,6 +327,65 @@ pub(crate) fn proxy_container_body(spec: &ProxyContainer) -> ContainerCreateBody
     }
 }
 
+/// What the domain asks for when it wants an egress proxy: the agent's
+/// `egress` role on the instance network (its way out), joined to link
+/// networks afterwards.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EgressContainer {
+    pub name: String,
+    pub image: String,
+    pub user: String,
+    /// The network it reaches the internet through.
+    pub network: String,
+    pub agent_volume: String,
+    pub agent_dir: String,
+    pub command: Vec<String>,
+    /// Name servers; empty: the engine's.
+    pub dns: Vec<String>,
+    pub labels: HashMap<String, String>,
+}
+
+/// Limits of an egress proxy: it carries every sandbox's downloads.
+const EGRESS_MEMORY: i64 = 256 * MIB;
+const EGRESS_PIDS: i64 = 128;
+
+/// The engine request for an egress proxy: hardened like the rest, and
+/// restarted by the engine if it dies (it holds no state, and every
+/// sandbox of its networks depends on it).
+pub(crate) fn egress_container_body(spec: &EgressContainer) -> ContainerCreateBody {
+    let host_config = HostConfig {
+        mounts: Some(vec![Mount {
+            target: Some(spec.agent_dir.clone()),
+            source: Some(spec.agent_volume.clone()),
+            typ: Some(MountType::VOLUME),
+            read_only: Some(true),
+            ..Default::default()
+        }]),
+        dns: Some(spec.dns.clone()).filter(|d| !d.is_empty()),
+        log_config: Some(bounded_log()),
+        restart_policy: Some(RestartPolicy {
+            name: Some(RestartPolicyNameEnum::UNLESS_STOPPED),
+            maximum_retry_count: None,
+        }),
+        ..hardened(
+            EGRESS_MEMORY,
+            EGRESS_PIDS,
+            1_000_000_000,
+            spec.network.clone(),
+        )
+    };
+    ContainerCreateBody {
+        image: Some(spec.image.clone()),
+        user: Some(spec.user.clone()),
+        working_dir: Some("/".into()),
+        cmd: Some(spec.command.clone()),
+        entrypoint: Some(vec![]),
+        labels: Some(spec.labels.clone()),
+        host_config: Some(host_config),
+        ..Default::default()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -321,6 +404,8 @@ mod tests {
             volume: "inst-abc-workspace".into(),
             workspace_nocopy: false,
             network: Some("inst-net".into()),
+            network_aliases: vec!["sandbox-link".into()],
+            env: vec!["HTTP_PROXY=http://10.213.0.14:3128".into()],
             vcpus: 2,
             memory_mb: 512,
             pids_limit: 512,
@@ -393,6 +478,15 @@ mod tests {
         let env = body.env.expect("env");
         assert!(env.contains(&"HOME=/workspace".to_string()));
         assert!(env.contains(&"GIT_DISCOVERY_ACROSS_FILESYSTEM=1".to_string()));
+        assert!(env.contains(&"HTTP_PROXY=http://10.213.0.14:3128".to_string()));
+        let endpoints = body
+            .networking_config
+            .and_then(|n| n.endpoints_config)
+            .expect("endpoints");
+        assert_eq!(
+            endpoints["inst-net"].aliases,
+            Some(vec!["sandbox-link".to_string()])
+        );
     }
 
     #[test]
@@ -451,7 +545,8 @@ mod tests {
             name: "inst-abc-port-3000".into(),
             image: "sandboxd-runtime:latest".into(),
             user: "1000:1000".into(),
-            network: "inst-abc-link".into(),
+            network: "inst-net".into(),
+            link_network: "inst-abc-link".into(),
             publish_ip: "127.0.0.1".into(),
             listen_port: 8080,
             target_host: "inst-abc".into(),
@@ -486,6 +581,38 @@ mod tests {
                 "TCP:inst-abc:52152".into()
             ])
         );
+    }
+
+    #[test]
+    fn egress_is_hardened_restarts_and_logs_readably() {
+        let body = egress_container_body(&EgressContainer {
+            name: "inst-egress".into(),
+            image: "sandboxd-runtime:latest".into(),
+            user: "1000:1000".into(),
+            network: "inst-net".into(),
+            agent_volume: "inst-agent-0123".into(),
+            agent_dir: "/.sandboxd".into(),
+            command: vec!["/.sandboxd/sandboxd-agent".into(), "egress".into()],
+            dns: vec!["203.0.113.53".into()],
+            labels: HashMap::new(),
+        });
+        let hc = body.host_config.expect("host config");
+        assert_eq!(hc.readonly_rootfs, Some(true));
+        assert_eq!(hc.cap_drop, Some(vec!["ALL".to_string()]));
+        assert_eq!(
+            hc.security_opt,
+            Some(vec!["no-new-privileges:true".to_string()])
+        );
+        assert_eq!(hc.network_mode.as_deref(), Some("inst-net"));
+        assert_eq!(hc.dns, Some(vec!["203.0.113.53".to_string()]));
+        assert_eq!(
+            hc.restart_policy.and_then(|r| r.name),
+            Some(RestartPolicyNameEnum::UNLESS_STOPPED)
+        );
+        let mounts = hc.mounts.expect("mounts");
+        assert_eq!(mounts.len(), 1, "the agent only");
+        assert_eq!(mounts[0].read_only, Some(true));
+        assert_eq!(body.user.as_deref(), Some("1000:1000"));
     }
 
     #[test]

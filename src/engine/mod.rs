@@ -29,7 +29,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 pub use archive::Entry;
-pub use container::{ProxyContainer, SandboxContainer, sandbox_container_body};
+pub use container::{EgressContainer, ProxyContainer, SandboxContainer, sandbox_container_body};
 use discovery::DiscoveryInputs;
 pub use exec::{ExecOutput, ExecRequest, ExecSession, OutputStream};
 
@@ -113,11 +113,12 @@ pub struct ContainerRecord {
 }
 
 /// A container's state as far as the domain cares.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ContainerStatus {
     pub running: bool,
     /// The kernel's OOM killer ended it (its last stop, when stopped).
     pub oom_killed: bool,
+    pub labels: HashMap<String, String>,
 }
 
 /// A network as listed.
@@ -609,6 +610,7 @@ impl Engine {
                 Ok(Some(ContainerStatus {
                     running: state.running.unwrap_or(false),
                     oom_killed: state.oom_killed.unwrap_or(false),
+                    labels: info.config.and_then(|c| c.labels).unwrap_or_default(),
                 }))
             }
             Err(e) => match EngineError::from(e) {
@@ -701,24 +703,30 @@ impl Engine {
 }
 
 impl Engine {
-    /// Creates a network. `internal` networks have no way out; `subnet`
-    /// pins the address range (an overlap is reported as a conflict).
-    pub async fn create_network(
+    /// Creates an isolated network: internal (the engine routes nothing in
+    /// or out) and with no address of the host on its bridge (the gateway
+    /// address is never assigned), so its containers reach each other and
+    /// nothing else, the host included; `subnet` pins the address range
+    /// (an overlap is reported as a conflict).
+    pub async fn create_isolated_network(
         &self,
         name: &str,
         labels: HashMap<String, String>,
-        internal: bool,
-        subnet: Option<&str>,
+        subnet: &str,
     ) -> EngineResult<()> {
         let docker = self.docker()?;
         let req = NetworkCreateRequest {
             name: name.to_string(),
             driver: Some("bridge".into()),
-            internal: Some(internal),
+            internal: Some(true),
+            options: Some(HashMap::from([(
+                "com.docker.network.bridge.inhibit_ipv4".to_string(),
+                "true".to_string(),
+            )])),
             labels: Some(labels),
-            ipam: subnet.map(|s| Ipam {
+            ipam: Some(Ipam {
                 config: Some(vec![IpamConfig {
-                    subnet: Some(s.to_string()),
+                    subnet: Some(subnet.to_string()),
                     ..Default::default()
                 }]),
                 ..Default::default()
@@ -735,25 +743,60 @@ impl Engine {
     }
 
     /// Attaches a container to a network, under extra DNS `aliases` that
-    /// resolve on that network only; already attached is fine.
+    /// resolve on that network only, at `address` if given; already
+    /// attached is fine.
     pub async fn connect_network(
         &self,
         network: &str,
         container: &str,
         aliases: &[&str],
+        address: Option<std::net::Ipv4Addr>,
     ) -> EngineResult<()> {
         let docker = self.docker()?;
         let req = NetworkConnectRequest {
             container: container.to_string(),
-            endpoint_config: (!aliases.is_empty()).then(|| bollard::models::EndpointSettings {
-                aliases: Some(aliases.iter().map(|a| a.to_string()).collect()),
-                ..Default::default()
+            endpoint_config: (!aliases.is_empty() || address.is_some()).then(|| {
+                bollard::models::EndpointSettings {
+                    aliases: Some(aliases.iter().map(|a| a.to_string()).collect())
+                        .filter(|a: &Vec<String>| !a.is_empty()),
+                    ipam_config: address.map(|a| bollard::models::EndpointIpamConfig {
+                        ipv4_address: Some(a.to_string()),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }
             }),
         };
         match docker.connect_network(network, req).await {
             Ok(()) => Ok(()),
             Err(e) => match EngineError::from(e) {
-                EngineError::Failed(m) if m.contains("already exists") => Ok(()),
+                EngineError::Failed(m) | EngineError::Conflict(m)
+                    if m.contains("already exists") =>
+                {
+                    Ok(())
+                }
+                other => Err(other),
+            },
+        }
+    }
+
+    /// Detaches a container from a network; not attached (or either one
+    /// missing) is fine.
+    pub async fn disconnect_network(&self, network: &str, container: &str) -> EngineResult<()> {
+        let docker = self.docker()?;
+        let req = bollard::models::NetworkDisconnectRequest {
+            container: container.to_string(),
+            force: Some(true),
+        };
+        match docker.disconnect_network(network, req).await {
+            Ok(()) => Ok(()),
+            Err(e) => match EngineError::from(e) {
+                EngineError::NotFound(_) => Ok(()),
+                EngineError::Failed(m) | EngineError::Conflict(m)
+                    if m.contains("not connected") =>
+                {
+                    Ok(())
+                }
                 other => Err(other),
             },
         }
@@ -805,6 +848,8 @@ impl Engine {
         docker
             .create_container(Some(options), container::proxy_container_body(spec))
             .await?;
+        self.connect_network(&spec.link_network, &spec.name, &[], None)
+            .await?;
         self.start_container(&spec.name).await?;
         if self
             .wait_for_output(&spec.name, container::PROXY_LISTENING, PROXY_START)
@@ -817,6 +862,65 @@ impl Engine {
                 spec.name
             )))
         }
+    }
+
+    /// Creates an egress proxy (not started: it joins its link networks
+    /// first, see `connect_network`).
+    pub async fn create_egress(&self, spec: &EgressContainer) -> EngineResult<()> {
+        let docker = self.docker()?;
+        let options = bollard::query_parameters::CreateContainerOptions {
+            name: Some(spec.name.clone()),
+            platform: String::new(),
+        };
+        docker
+            .create_container(Some(options), container::egress_container_body(spec))
+            .await?;
+        Ok(())
+    }
+
+    /// The lines `container` prints on stdout from `since` (unix seconds)
+    /// on, as they come, until it stops; lines longer than `max` bytes
+    /// (and what cannot be read as text) are skipped, so what is held is
+    /// bounded.
+    pub fn follow_stdout_lines(
+        &self,
+        container: &str,
+        since: i32,
+        max: usize,
+    ) -> impl futures_util::Stream<Item = String> + use<> {
+        use futures_util::StreamExt;
+        let options = LogsOptionsBuilder::new()
+            .follow(true)
+            .stdout(true)
+            .stderr(false)
+            .since(since)
+            .build();
+        let chunks = match self.docker() {
+            Ok(docker) => docker.logs(container, Some(options)).boxed(),
+            Err(_) => futures_util::stream::empty().boxed(),
+        };
+        let mut partial: Vec<u8> = Vec::new();
+        let mut skipping = false;
+        chunks
+            .take_while(|c| std::future::ready(c.is_ok()))
+            .flat_map(move |chunk| {
+                let mut lines = Vec::new();
+                for &b in chunk.map(|c| c.into_bytes()).unwrap_or_default().iter() {
+                    if b == b'\n' {
+                        if !skipping {
+                            lines.extend(String::from_utf8(std::mem::take(&mut partial)).ok());
+                        }
+                        partial.clear();
+                        skipping = false;
+                    } else if partial.len() >= max {
+                        skipping = true;
+                        partial.clear();
+                    } else if !skipping {
+                        partial.push(b);
+                    }
+                }
+                futures_util::stream::iter(lines)
+            })
     }
 
     /// Whether `container` prints `needle` (on stdout or stderr, from its

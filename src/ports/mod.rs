@@ -25,18 +25,14 @@ use sandboxd_proto::{Op, Reply};
 
 use crate::agent::AgentError;
 use crate::engine::{EngineError, ProxyContainer};
+use crate::sandbox::network::{LINK_ALIAS, link_name};
 use crate::sandbox::spec::NetworkMode;
 use crate::sandbox::{Sandbox, SandboxError, Sandboxes, labels};
-use crate::subnet;
 
 /// The port a proxy listens on inside its own container.
 const PROXY_LISTEN_PORT: u16 = 8080;
 /// Longest `waitMs` honoured.
 pub const MAX_WAIT_MS: u64 = 60_000;
-/// The sandbox's DNS name on its link network. The container name resolves
-/// on the instance network too, where inter-container traffic is off; this
-/// alias exists only on the link network.
-const LINK_ALIAS: &str = "sandbox-link";
 /// Bytes of recent output returned when a server did not come up.
 const LAST_OUTPUT_BYTES: usize = 4096;
 
@@ -232,7 +228,8 @@ impl Ports {
                 .clone()
                 .unwrap_or_else(|| self.config.image.clone()),
             user: self.config.sandbox_user.clone(),
-            network: link_name(&self.config.instance, &sandbox.id),
+            network: self.config.network_name().to_string(),
+            link_network: link_name(&self.config.instance, &sandbox.id),
             publish_ip: self.config.publish_host_ip.to_string(),
             listen_port: PROXY_LISTEN_PORT,
             target_host: LINK_ALIAS.to_string(),
@@ -290,8 +287,9 @@ impl Ports {
         }
     }
 
-    /// Creates the sandbox's link network (once) and attaches the sandbox;
-    /// returns the network's subnet.
+    /// Makes sure the sandbox is on its link network (made for it at
+    /// create in the egress modes; here, at its first port, in mode
+    /// `open`); returns the network's subnet.
     async fn ensure_link(&self, sandbox: &Arc<Sandbox>) -> Result<String, PortError> {
         if let Some(subnet) = sandbox.ports().link_subnet {
             return Ok(subnet);
@@ -300,83 +298,23 @@ impl Ports {
         if let Some(subnet) = sandbox.ports().link_subnet {
             return Ok(subnet);
         }
-        let name = link_name(&self.config.instance, &sandbox.id);
-        let subnet = match self.existing_link_subnet(&sandbox.id).await? {
-            Some(s) => s,
-            None => self.create_link_network(&name, &sandbox.id).await?,
+        let subnet = match self.sandboxes.link_network(&sandbox.id).await {
+            Err(e @ SandboxError::NoLinkBlock { .. }) => {
+                return Err(PortError::Failed(e.to_string()));
+            }
+            other => other?,
         };
         self.sandboxes
             .engine()
-            .connect_network(&name, &sandbox.container, &[LINK_ALIAS])
+            .connect_network(
+                &link_name(&self.config.instance, &sandbox.id),
+                &sandbox.container,
+                &[LINK_ALIAS],
+                None,
+            )
             .await?;
         sandbox.set_linked(subnet.clone());
         Ok(subnet)
-    }
-
-    async fn existing_link_subnet(&self, sandbox_id: &str) -> Result<Option<String>, PortError> {
-        Ok(self
-            .sandboxes
-            .engine()
-            .list_networks(&[
-                (labels::INSTANCE, &self.config.instance),
-                (labels::SANDBOX_ID, sandbox_id),
-                (labels::ROLE, labels::ROLE_LINK),
-            ])
-            .await?
-            .into_iter()
-            .find_map(|n| n.subnets.into_iter().next()))
-    }
-
-    async fn create_link_network(&self, name: &str, sandbox_id: &str) -> Result<String, PortError> {
-        let mut labels = labels::instance_only(&self.config.instance);
-        labels.insert(labels::SANDBOX_ID.into(), sandbox_id.to_string());
-        labels.insert(labels::ROLE.into(), labels::ROLE_LINK.into());
-        // Subnets in use by any sandboxd on this engine (reading others'
-        // networks is fine; we never change them).
-        let used: std::collections::HashSet<String> = self
-            .sandboxes
-            .engine()
-            .list_networks(&[(labels::ROLE, labels::ROLE_LINK)])
-            .await?
-            .into_iter()
-            .flat_map(|n| n.subnets)
-            .collect();
-        let prefix = subnet::link_prefix(self.config.max_ports);
-        let Some(range) = subnet::link_subnet_range(&self.config.link_subnet_pool, prefix) else {
-            return Err(PortError::Failed(
-                "link_subnet_pool is not a usable range".into(),
-            ));
-        };
-        // Start where the sandbox id points, so concurrent creates rarely
-        // try the same block.
-        let offset = u32::from_str_radix(sandbox_id.get(..6).unwrap_or("0"), 16).unwrap_or(0);
-        for i in 0..range.2 {
-            let subnet = subnet::link_subnet(range, offset.wrapping_add(i));
-            if used.contains(&subnet) {
-                continue;
-            }
-            match self
-                .sandboxes
-                .engine()
-                .create_network(name, labels.clone(), false, Some(&subnet))
-                .await
-            {
-                Ok(()) => return Ok(subnet),
-                // Taken meanwhile: the next block.
-                Err(EngineError::Conflict(m)) if m.contains("overlap") => continue,
-                // The network exists (made by a request that raced us).
-                Err(EngineError::Conflict(_)) => {
-                    return self.existing_link_subnet(sandbox_id).await?.ok_or_else(|| {
-                        PortError::Failed(format!("link network {name} has no subnet"))
-                    });
-                }
-                Err(e) => return Err(e.into()),
-            }
-        }
-        Err(PortError::Failed(format!(
-            "no free /{prefix} left in link_subnet_pool {}",
-            self.config.link_subnet_pool
-        )))
     }
 
     /// Makes sure the agent relays `relay` to `port`, for the link
@@ -471,11 +409,6 @@ impl Drop for PortLock<'_> {
 /// Engine name of a port's proxy container.
 pub fn proxy_name(instance: &str, sandbox_id: &str, port: u16) -> String {
     format!("{instance}-{sandbox_id}-port-{port}")
-}
-
-/// Engine name of a sandbox's link network.
-pub fn link_name(instance: &str, sandbox_id: &str) -> String {
-    format!("{instance}-{sandbox_id}-link")
 }
 
 #[cfg(test)]

@@ -20,13 +20,19 @@ const VCPUS: &str = "sandboxd.vcpus";
 const MEMORY_MB: &str = "sandboxd.memory_mb";
 const NETWORK: &str = "sandboxd.network";
 const PORTS: &str = "sandboxd.ports";
+/// Mode `allowlist`: the request's entries, comma-separated (neither a
+/// domain pattern nor a CIDR holds a comma).
+const ALLOW: &str = "sandboxd.egress.allow";
 
 /// `sandboxd.role` of a sandbox container and its volume.
 pub const ROLE_SANDBOX: &str = "sandbox";
 /// `sandboxd.role` of a port proxy container.
 pub const ROLE_PROXY: &str = "proxy";
-/// `sandboxd.role` of a link network (a sandbox and its port proxies).
+/// `sandboxd.role` of a link network (a sandbox, its port proxies and its
+/// egress proxy).
 pub const ROLE_LINK: &str = "link";
+/// `sandboxd.role` of an egress proxy container.
+pub const ROLE_EGRESS: &str = "egress";
 /// Label on proxies: the sandbox port they publish.
 pub const PORT: &str = "sandboxd.port";
 
@@ -45,6 +51,8 @@ pub struct SandboxRecord {
     pub idle_ttl_ms: u64,
     pub resources: Resources,
     pub network: NetworkMode,
+    /// Mode `allowlist`: what the request allowed (canonical entries).
+    pub allow: Vec<String>,
     pub ports: BTreeSet<u16>,
 }
 
@@ -63,6 +71,7 @@ pub fn encode(instance: &str, r: &SandboxRecord) -> HashMap<String, String> {
         (MEMORY_MB.into(), r.resources.memory_mb.to_string()),
         (NETWORK.into(), r.network.as_str().into()),
         (PORTS.into(), ports.join(",")),
+        (ALLOW.into(), r.allow.join(",")),
     ])
 }
 
@@ -102,8 +111,24 @@ pub fn decode(labels: &HashMap<String, String>) -> Result<SandboxRecord, String>
             vcpus: num(VCPUS, get(VCPUS)?)?,
             memory_mb: num(MEMORY_MB, get(MEMORY_MB)?)?,
         },
-        network: NetworkMode::parse(get(NETWORK)?)
-            .ok_or_else(|| format!("label {NETWORK} is not default or none"))?,
+        network: match get(NETWORK)? {
+            // Before egress policies, `default` was the instance's bridge.
+            "default" => NetworkMode::Open,
+            m => {
+                NetworkMode::parse(m).ok_or_else(|| format!("label {NETWORK}={m:?} is no mode"))?
+            }
+        },
+        // Absent on sandboxes made before egress policies: nothing.
+        allow: match labels.get(ALLOW).map(String::as_str) {
+            None | Some("") => Vec::new(),
+            Some(list) => list
+                .split(',')
+                .take(super::spec::MAX_ALLOW_ENTRIES)
+                .map(|e| {
+                    super::spec::parse_allow_entry(e).map_err(|m| format!("label {ALLOW}: {m}"))
+                })
+                .collect::<Result<_, _>>()?,
+        },
         ports,
     })
 }
@@ -123,7 +148,12 @@ mod tests {
                 vcpus: 2,
                 memory_mb: 2048,
             },
-            network: NetworkMode::None,
+            network: NetworkMode::Allowlist,
+            allow: vec![
+                "pypi.org".into(),
+                "*.npmjs.org".into(),
+                "203.0.113.0/24".into(),
+            ],
             ports: BTreeSet::from([3000, 8080]),
         }
     }
@@ -136,10 +166,16 @@ mod tests {
         assert_eq!(decode(&labels), Ok(record()));
         let no_ports = SandboxRecord {
             ports: BTreeSet::new(),
-            network: NetworkMode::Default,
+            network: NetworkMode::None,
+            allow: Vec::new(),
             ..record()
         };
-        assert_eq!(decode(&encode("inst", &no_ports)), Ok(no_ports));
+        assert_eq!(decode(&encode("inst", &no_ports)), Ok(no_ports.clone()));
+        // A sandbox from before egress policies: `default` was the bridge.
+        let mut old = encode("inst", &no_ports);
+        old.insert(NETWORK.into(), "default".into());
+        old.remove(ALLOW);
+        assert_eq!(decode(&old).map(|r| r.network), Ok(NetworkMode::Open));
     }
 
     #[test]

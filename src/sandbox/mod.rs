@@ -6,6 +6,7 @@
 pub mod agent_delivery;
 mod agent_link;
 pub mod labels;
+pub mod network;
 mod reaper;
 pub mod registry;
 mod rehydrate;
@@ -52,6 +53,9 @@ pub enum SandboxError {
     /// Every slot is taken by a busy sandbox.
     #[error("all {max} sandboxes are busy running commands; try again when one finishes")]
     AtCapacity { max: usize },
+    /// `link_subnet_pool` has no free block for another link network.
+    #[error("no free /{prefix} left in link_subnet_pool {pool}")]
+    NoLinkBlock { prefix: u32, pool: String },
     /// The runtime image is missing and may not be built here.
     #[error("the runtime image {image} is missing; build it with: {command}")]
     ImageMissing { image: String, command: String },
@@ -108,6 +112,7 @@ pub struct SandboxInfo {
     pub expires_at: u64,
     pub resources: spec::Resources,
     pub network: NetworkMode,
+    pub allow: Vec<String>,
     pub ports: registry::PortState,
     pub running_commands: usize,
 }
@@ -124,6 +129,7 @@ impl From<&Sandbox> for SandboxInfo {
             expires_at: s.expires_at(),
             resources: s.resources,
             network: s.network,
+            allow: s.allow.clone(),
             ports: s.ports(),
             running_commands: s.running_commands(),
         }
@@ -183,6 +189,8 @@ pub struct Sandboxes {
     agent_volume_ready: tokio::sync::Mutex<bool>,
     /// Image -> whether it has a workspace directory of the sandbox user.
     workspace_owned: dashmap::DashMap<String, bool>,
+    /// One start of the shared egress proxy at a time.
+    egress_start: tokio::sync::Mutex<()>,
 }
 
 impl Sandboxes {
@@ -196,6 +204,7 @@ impl Sandboxes {
             network_ready: AtomicBool::new(false),
             agent_volume_ready: tokio::sync::Mutex::new(false),
             workspace_owned: dashmap::DashMap::new(),
+            egress_start: tokio::sync::Mutex::new(()),
         }
     }
 
@@ -264,6 +273,7 @@ impl Sandboxes {
             ),
             resources: spec.resources,
             network: spec.network,
+            allow: spec.allow.clone(),
             ports: spec.ports.clone(),
         };
         let sandbox = Arc::new(Sandbox::from_record(
@@ -273,8 +283,9 @@ impl Sandboxes {
         ));
         if let Err(e) = self.launch(&sandbox, &spec, &record).await {
             // Leave nothing half-made behind.
-            self.remove_engine_objects(&sandbox.container, &sandbox.volume)
-                .await;
+            if let Err(e) = self.remove_objects_checked(&id).await {
+                tracing::warn!(sandbox_id = %id, error = %e, "could not remove all engine objects");
+            }
             tracing::warn!(sandbox_id = %id, session_key = %spec.session_key, error = %e, "create failed; cleaned up");
             return Err(e);
         }
@@ -344,17 +355,24 @@ impl Sandboxes {
         record: &labels::SandboxRecord,
     ) -> SandboxResult<()> {
         let needs_owner = self.prepare_image(&spec.image).await?;
+        if spec.network != NetworkMode::None && !self.network_ready.load(Ordering::Relaxed) {
+            // Sandboxes in mode open join it; egress and port proxies
+            // reach out or publish through it.
+            self.ensure_network().await?;
+        }
+        let link = if spec.network.through_egress() {
+            Some(self.link_network(&sandbox.id).await?)
+        } else {
+            None
+        };
         let container = self.container_for(
             sandbox,
             spec.image.clone(),
             spec.oci_runtime.clone(),
             record,
             needs_owner,
+            link.as_deref(),
         );
-        let networked = spec.network == NetworkMode::Default;
-        if networked && !self.network_ready.load(Ordering::Relaxed) {
-            self.ensure_network().await?;
-        }
         let volume_labels = labels::encode(&self.config.instance, record);
         self.engine
             .create_volume(
@@ -377,7 +395,21 @@ impl Sandboxes {
                 .await?;
         }
         self.engine.create_container(&container).await?;
-        self.start_container(&container, networked).await
+        let Some(subnet) = link else {
+            return self
+                .start_container(&container, spec.network == NetworkMode::Open)
+                .await;
+        };
+        // The way out is ready by the time the create answers: the first
+        // `pip install` must not race it.
+        let (started, attached) = tokio::join!(
+            self.start_container(&container, false),
+            self.attach_egress(&sandbox.id, spec.network, &spec.allow, &subnet)
+        );
+        started?;
+        attached?;
+        sandbox.set_linked(subnet);
+        Ok(())
     }
 
     /// Makes sure `image` exists (built if it is the runtime image and
@@ -422,14 +454,26 @@ impl Sandboxes {
         })?;
         let needs_owner = self.prepare_image(&image).await?;
         let sandbox = Sandbox::from_record(&self.config.instance, record, now_ms());
-        let container = self.container_for(&sandbox, image, oci_runtime, record, needs_owner);
+        let link = if record.network.through_egress() {
+            Some(self.link_network(&record.id).await?)
+        } else {
+            None
+        };
+        let container = self.container_for(
+            &sandbox,
+            image,
+            oci_runtime,
+            record,
+            needs_owner,
+            link.as_deref(),
+        );
         self.engine.remove_container(&container.name).await?;
-        let networked = record.network == NetworkMode::Default;
-        if networked {
+        let open = record.network == NetworkMode::Open;
+        if open {
             self.ensure_network().await?;
         }
         self.engine.create_container(&container).await?;
-        self.start_container(&container, networked).await
+        self.start_container(&container, open).await
     }
 
     /// The container of a sandbox: its image and OCI runtime, everything
@@ -441,7 +485,9 @@ impl Sandboxes {
         oci_runtime: Option<String>,
         record: &labels::SandboxRecord,
         workspace_nocopy: bool,
+        link_subnet: Option<&str>,
     ) -> SandboxContainer {
+        let egress = link_subnet.and_then(network::egress_address);
         let mut labels = labels::encode(&self.config.instance, record);
         labels.insert(labels::AGENT.into(), agent_delivery::AGENT_VERSION.into());
         SandboxContainer {
@@ -462,9 +508,18 @@ impl Sandboxes {
             agent_dir: agent_delivery::AGENT_DIR.into(),
             command: agent_delivery::agent_command(),
             network: match record.network {
-                NetworkMode::Default => Some(self.config.network_name().to_string()),
+                NetworkMode::Open => Some(self.config.network_name().to_string()),
+                NetworkMode::Internet | NetworkMode::Allowlist => {
+                    Some(network::link_name(&self.config.instance, &sandbox.id))
+                }
                 NetworkMode::None => None,
             },
+            network_aliases: if link_subnet.is_some() {
+                vec![network::LINK_ALIAS.to_string()]
+            } else {
+                Vec::new()
+            },
+            env: egress.map(network::proxy_env).unwrap_or_default(),
             vcpus: record.resources.vcpus,
             memory_mb: record.resources.memory_mb,
             pids_limit: self.config.pids_limit,
@@ -695,15 +750,6 @@ impl Sandboxes {
         }
     }
 
-    async fn remove_engine_objects(&self, container: &str, volume: &str) {
-        if let Err(e) = self.engine.remove_container(container).await {
-            tracing::warn!(container, error = %e, "could not remove container");
-        }
-        if let Err(e) = self.engine.remove_volume(volume).await {
-            tracing::warn!(volume, error = %e, "could not remove volume");
-        }
-    }
-
     /// Removes everything of sandbox `id`, logging failures.
     async fn remove_objects(&self, id: &str, why: Event, s: Option<&Arc<Sandbox>>) {
         if let Err(e) = self.remove_objects_checked(id).await {
@@ -758,8 +804,10 @@ impl Sandboxes {
         for name in &volumes {
             self.engine.remove_volume(name).await?;
         }
-        // Link networks, once no container holds them.
+        // Link networks, once no container holds them (the shared egress
+        // proxy leaves first).
         for n in self.engine.list_networks(&filter).await? {
+            self.detach_shared_egress(&n.name).await?;
             self.engine.remove_network(&n.name).await?;
         }
         Ok(())

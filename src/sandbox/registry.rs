@@ -40,6 +40,8 @@ pub struct Sandbox {
     pub created_at: u64,
     pub resources: Resources,
     pub network: NetworkMode,
+    /// Mode `allowlist`: what the request allowed.
+    pub allow: Vec<String>,
     /// Engine name of the container.
     pub container: String,
     /// Engine name of the workspace volume.
@@ -95,6 +97,7 @@ impl Sandbox {
             created_at: r.created_at,
             resources: r.resources,
             network: r.network,
+            allow: r.allow.clone(),
             container: container_name(instance, &r.id),
             volume: volume_name(instance, &r.id),
             idle_ttl_ms: AtomicU64::new(r.idle_ttl_ms),
@@ -225,6 +228,7 @@ impl Sandbox {
             idle_ttl_ms: self.idle_ttl_ms(),
             resources: self.resources,
             network: self.network,
+            allow: self.allow.clone(),
             ports: self.ports().allowed,
         }
     }
@@ -499,6 +503,7 @@ mod tests {
                     memory_mb: 256,
                 },
                 network: NetworkMode::None,
+                allow: Vec::new(),
                 ports: BTreeSet::new(),
             },
             now_ms(),

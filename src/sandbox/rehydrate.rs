@@ -2,7 +2,8 @@
 //! engine objects, so a restart of sandboxd loses no session. Running
 //! sandboxes are adopted; stopped ones are started again or, failing that,
 //! removed; proxies without a sandbox and volumes without a container are
-//! removed. Objects of other instances are never looked at.
+//! removed; every sandbox behind the egress proxy gets its way out again.
+//! Objects of other instances are never looked at.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
@@ -43,10 +44,12 @@ impl Sandboxes {
 
         let mut sandboxes: Vec<_> = Vec::new();
         let mut proxies = Vec::new();
+        let mut egresses = Vec::new();
         for c in containers {
             match c.labels.get(labels::ROLE).map(String::as_str) {
                 Some(labels::ROLE_SANDBOX) => sandboxes.push(c),
                 Some(labels::ROLE_PROXY) => proxies.push(c),
+                Some(labels::ROLE_EGRESS) => egresses.push(c),
                 _ => {
                     tracing::warn!(container = %c.name, "container of this instance has no known role; removing it");
                     self.engine().remove_container(&c.name).await?;
@@ -143,6 +146,17 @@ impl Sandboxes {
                 }
             }
         }
+        // Egress proxies: one of another agent version or of a sandbox that
+        // is gone goes.
+        for e in egresses {
+            let owner = e.labels.get(labels::SANDBOX_ID);
+            let current = e.labels.get(labels::AGENT).map(String::as_str)
+                == Some(super::agent_delivery::AGENT_VERSION);
+            if !current || owner.is_some_and(|o| !adopted.contains(o)) {
+                tracing::info!(container = %e.name, "removing an egress proxy of another agent or of a sandbox that is gone");
+                self.engine().remove_container(&e.name).await?;
+            }
+        }
         // Link networks: kept for adopted sandboxes, removed otherwise (their
         // sandbox may have vanished while sandboxd was down).
         for n in self.engine().list_networks(&mine).await? {
@@ -166,8 +180,25 @@ impl Sandboxes {
                 }
                 None => {
                     tracing::info!(network = %n.name, sandbox_id = %owner, "removing link network of a sandbox that is gone");
+                    if let Err(e) = self.detach_shared_egress(&n.name).await {
+                        tracing::warn!(network = %n.name, error = %e, "could not detach the shared egress proxy");
+                    }
                     self.engine().remove_network(&n.name).await?;
                 }
+            }
+        }
+
+        // Every sandbox behind an egress proxy gets its way out (the shared
+        // proxy is made again if missing, and joined to each).
+        for s in self.registry().list() {
+            let Some(subnet) = s.ports().link_subnet.filter(|_| s.network.through_egress()) else {
+                continue;
+            };
+            if let Err(e) = self
+                .attach_egress(&s.id, s.network, &s.allow, &subnet)
+                .await
+            {
+                tracing::warn!(sandbox_id = %s.id, error = %e, "could not give the sandbox its egress proxy back; its connections out fail until it is restarted");
             }
         }
 

@@ -45,6 +45,9 @@ pub struct ResourcesRequest {
 pub struct NetworkRequest {
     #[serde(default)]
     pub mode: Option<String>,
+    /// Mode `allowlist` only: domains and CIDRs the sandbox may reach.
+    #[serde(default)]
+    pub allow: Option<Vec<String>>,
 }
 
 /// CPU and memory of a sandbox.
@@ -54,30 +57,64 @@ pub struct Resources {
     pub memory_mb: u32,
 }
 
-/// Whether a sandbox has a network.
+/// What a sandbox's network reaches (see `sandbox::egress`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum NetworkMode {
-    /// The instance's bridge network, outbound allowed, no container-to-container.
-    Default,
     /// Loopback only.
     None,
+    /// The public internet through the egress proxy; never the host,
+    /// private or link-local addresses, or other sandboxes.
+    Internet,
+    /// Only the listed domains and CIDRs, through the egress proxy, with
+    /// the never-list of `Internet` on top.
+    Allowlist,
+    /// The instance's bridge network: whatever the engine's bridge reaches
+    /// (the host and private networks included); no traffic between
+    /// sandboxes. Only when the operator lists it in `network_modes`.
+    Open,
 }
 
 impl NetworkMode {
     pub fn as_str(self) -> &'static str {
         match self {
-            NetworkMode::Default => "default",
             NetworkMode::None => "none",
+            NetworkMode::Internet => "internet",
+            NetworkMode::Allowlist => "allowlist",
+            NetworkMode::Open => "open",
         }
     }
 
+    /// A mode's name; `default` is the request's word for the configured
+    /// default and is resolved by [`SandboxSpec::parse`], not here.
     pub fn parse(s: &str) -> Option<Self> {
         match s {
-            "default" => Some(NetworkMode::Default),
             "none" => Some(NetworkMode::None),
+            "internet" => Some(NetworkMode::Internet),
+            "allowlist" => Some(NetworkMode::Allowlist),
+            "open" => Some(NetworkMode::Open),
             _ => None,
         }
     }
+
+    /// Whether the sandbox sits on a network of its own with the egress
+    /// proxy as its only way out.
+    pub fn through_egress(self) -> bool {
+        matches!(self, NetworkMode::Internet | NetworkMode::Allowlist)
+    }
+}
+
+/// Most entries a request's `network.allow` may list.
+pub const MAX_ALLOW_ENTRIES: usize = 64;
+
+/// One `network.allow` entry: a CIDR (or bare address) or a domain
+/// pattern, in canonical text; refused with the reason otherwise.
+pub fn parse_allow_entry(entry: &str) -> Result<String, String> {
+    if let Ok(cidr) = sandboxd_proto::egress::Cidr::parse(entry) {
+        return Ok(cidr.to_string());
+    }
+    sandboxd_proto::egress::DomainPattern::parse(entry)
+        .map(|d| d.to_string())
+        .map_err(|e| format!("{entry:?} is neither a CIDR nor a domain pattern: {e}"))
 }
 
 /// A validated create request with defaults filled in.
@@ -91,6 +128,9 @@ pub struct SandboxSpec {
     pub idle_ttl_ms: Option<u64>,
     pub resources: Resources,
     pub network: NetworkMode,
+    /// Mode `allowlist`: the request's entries, canonical (see
+    /// [`parse_allow_entry`]).
+    pub allow: Vec<String>,
     pub ports: BTreeSet<u16>,
 }
 
@@ -144,15 +184,7 @@ impl SandboxSpec {
                 None => config.default_memory_mb,
             },
         };
-        let network = match req.network.and_then(|n| n.mode) {
-            None => NetworkMode::Default,
-            Some(m) => NetworkMode::parse(&m).ok_or_else(|| {
-                bad(
-                    "network.mode",
-                    format!("must be default or none (got {m:?})"),
-                )
-            })?,
-        };
+        let (network, allow) = parse_network(req.network, config)?;
         let ports = parse_ports(req.ports.unwrap_or_default(), config.max_ports)?;
         Ok(SandboxSpec {
             session_key: req.session_key,
@@ -162,9 +194,61 @@ impl SandboxSpec {
             idle_ttl_ms,
             resources,
             network,
+            allow,
             ports,
         })
     }
+}
+
+/// `network`: the mode (`default` or none given: the configured default;
+/// any other must be one the configuration lets requests name) and, for
+/// `allowlist`, its entries.
+fn parse_network(
+    req: Option<NetworkRequest>,
+    config: &Config,
+) -> Result<(NetworkMode, Vec<String>), FieldError> {
+    let (mode, allow) = req.map_or((None, None), |n| (n.mode, n.allow));
+    let name = match mode.as_deref() {
+        None | Some("default") => config.network_default.as_str(),
+        Some(m) => m,
+    };
+    let network = NetworkMode::parse(name).ok_or_else(|| {
+        bad(
+            "network.mode",
+            format!(
+                "must be default or one of {} (got {name:?})",
+                crate::config::NETWORK_MODES.join(", ")
+            ),
+        )
+    })?;
+    if !config.network_modes.iter().any(|m| m == name) {
+        return Err(bad(
+            "network.mode",
+            format!(
+                "{name:?} is not enabled on this server (enabled: default, {})",
+                config.network_modes.join(", ")
+            ),
+        ));
+    }
+    let allow = allow.unwrap_or_default();
+    if !allow.is_empty() && network != NetworkMode::Allowlist {
+        return Err(bad(
+            "network.allow",
+            format!("applies to mode allowlist only (the mode is {name})"),
+        ));
+    }
+    if allow.len() > MAX_ALLOW_ENTRIES {
+        return Err(bad(
+            "network.allow",
+            format!("at most {MAX_ALLOW_ENTRIES} entries (got {})", allow.len()),
+        ));
+    }
+    let allow = allow
+        .iter()
+        .enumerate()
+        .map(|(i, e)| parse_allow_entry(e).map_err(|m| bad(&format!("network.allow[{i}]"), m)))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok((network, allow))
 }
 
 /// Ports 1-65535, duplicates folded, at most `max`.
@@ -217,7 +301,7 @@ mod tests {
                 memory_mb: 1024
             }
         );
-        assert_eq!(s.network, NetworkMode::Default);
+        assert_eq!(s.network, NetworkMode::Internet, "default is internet");
         assert!(s.ports.is_empty());
     }
 
@@ -286,6 +370,81 @@ mod tests {
         assert_eq!(
             field_of(r#"{"sessionKey":"k","ports":[1,2,3,4,5]}"#),
             "ports"
+        );
+    }
+
+    #[test]
+    fn network_modes_follow_the_configuration() {
+        let mode = |json: &str, cfg: &Config| {
+            SandboxSpec::parse(req(json), cfg).map(|s| (s.network, s.allow))
+        };
+        let cfg = config();
+        for (m, want) in [
+            ("default", NetworkMode::Internet),
+            ("internet", NetworkMode::Internet),
+            ("none", NetworkMode::None),
+            ("allowlist", NetworkMode::Allowlist),
+        ] {
+            let json = format!(r#"{{"sessionKey":"k","network":{{"mode":"{m}"}}}}"#);
+            assert_eq!(mode(&json, &cfg).expect(m).0, want);
+        }
+        let open = r#"{"sessionKey":"k","network":{"mode":"open"}}"#;
+        let e = mode(open, &cfg).expect_err("open is off by default");
+        assert_eq!(e.field, "network.mode");
+        assert!(e.message.contains("not enabled"), "{e}");
+        let cfg_open = Config::from_toml_and_env(
+            "network_modes = [\"none\", \"internet\", \"open\"]\nnetwork_default = \"open\"",
+            |_| None,
+        )
+        .expect("open enabled");
+        assert_eq!(mode(open, &cfg_open).expect("open").0, NetworkMode::Open);
+        assert_eq!(
+            mode(r#"{"sessionKey":"k"}"#, &cfg_open).expect("default").0,
+            NetworkMode::Open
+        );
+        let (m, allow) = mode(
+            r#"{"sessionKey":"k","network":{"mode":"allowlist","allow":["PyPI.org.","*.npmjs.org","203.0.113.0/24","198.51.100.7"]}}"#,
+            &cfg,
+        )
+        .expect("allowlist");
+        assert_eq!(m, NetworkMode::Allowlist);
+        assert_eq!(
+            allow,
+            [
+                "pypi.org",
+                "*.npmjs.org",
+                "203.0.113.0/24",
+                "198.51.100.7/32"
+            ]
+        );
+        for (json, field) in [
+            (
+                r#"{"sessionKey":"k","network":{"mode":"internet","allow":["pypi.org"]}}"#,
+                "network.allow",
+            ),
+            (
+                r#"{"sessionKey":"k","network":{"mode":"allowlist","allow":["pypi.org","a b"]}}"#,
+                "network.allow[1]",
+            ),
+            (
+                r#"{"sessionKey":"k","network":{"mode":"allowlist","allow":["*"]}}"#,
+                "network.allow[0]",
+            ),
+            (
+                r#"{"sessionKey":"k","network":{"mode":"allowlist","allow":["10.0.0.0/33"]}}"#,
+                "network.allow[0]",
+            ),
+        ] {
+            assert_eq!(mode(json, &cfg).expect_err(json).field, field, "{json}");
+        }
+        let many: Vec<String> = (0..65).map(|i| format!("\"h{i}.example.com\"")).collect();
+        let json = format!(
+            r#"{{"sessionKey":"k","network":{{"mode":"allowlist","allow":[{}]}}}}"#,
+            many.join(",")
+        );
+        assert_eq!(
+            mode(&json, &cfg).expect_err("too many").field,
+            "network.allow"
         );
     }
 

@@ -451,18 +451,24 @@ async fn agent_failed() {
 /// A /29 pool of one block, in a range no other test uses, different per
 /// test process.
 fn one_block_pool() -> String {
-    let i = std::process::id() % 8192;
-    format!("10.214.{}.{}/29", i / 32, (i % 32) * 8)
+    let i = std::process::id() % 4096;
+    format!("10.214.{}.{}/28", i / 16, (i % 16) * 16)
 }
 
 #[tokio::test]
 async fn port_publish_failed() {
     let pool = one_block_pool();
-    let server =
-        TestServer::start_with(ServerOptions::default().env("SANDBOXD_LINK_SUBNET_POOL", &pool))
-            .await;
+    // Mode open makes its link network at the first port (the egress
+    // modes at create), so the pool runs out at a port's GET.
+    let server = TestServer::start_with(
+        ServerOptions::default()
+            .env("SANDBOXD_LINK_SUBNET_POOL", &pool)
+            .env("SANDBOXD_NETWORK_MODES", "none,internet,allowlist,open"),
+    )
+    .await;
+    let open = json!({"mode": "open"});
     let first = server
-        .create(json!({"sessionKey": harness::unique_instance(), "ports": [3000]}))
+        .create(json!({"sessionKey": harness::unique_instance(), "ports": [3000], "network": open}))
         .await;
     let (s, v) = server
         .get(&format!("/v1/sandboxes/{first}/ports/3000"))
@@ -473,7 +479,7 @@ async fn port_publish_failed() {
     );
     assert_eq!(v["found"], true, "{v}");
     let second = server
-        .create(json!({"sessionKey": harness::unique_instance(), "ports": [3000]}))
+        .create(json!({"sessionKey": harness::unique_instance(), "ports": [3000], "network": open}))
         .await;
     let got = server
         .get(&format!("/v1/sandboxes/{second}/ports/3000"))
@@ -488,6 +494,27 @@ async fn port_publish_failed() {
         got.1["error"].as_str().unwrap_or("").contains("no free"),
         "{}",
         got.1
+    );
+    // A create in an egress mode needs its block at once: 429.
+    let egress = server
+        .post(
+            "/v1/sandboxes",
+            json!({"sessionKey": harness::unique_instance(), "network": {"mode": "internet"}}),
+        )
+        .await;
+    assert_error(
+        &egress,
+        429,
+        "at_capacity",
+        "an internet sandbox from a used-up pool",
+    );
+    assert!(
+        egress.1["error"]
+            .as_str()
+            .unwrap_or("")
+            .contains("link_subnet_pool"),
+        "{}",
+        egress.1
     );
     // Control: once the first sandbox gives its block back, the second
     // publishes.

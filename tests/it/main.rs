@@ -12,6 +12,7 @@ mod auth;
 mod codes;
 mod commands;
 mod config;
+mod egress;
 mod engine;
 mod engine_restart;
 mod errors;

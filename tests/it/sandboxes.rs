@@ -154,7 +154,7 @@ async fn create_hardens_the_container_and_reconnect_reuses_it() {
         ("sandboxd.session_key", "chat:42"),
         ("sandboxd.runtime", "node24"),
         ("sandboxd.ports", "3000"),
-        ("sandboxd.network", "default"),
+        ("sandboxd.network", "internet"),
         ("sandboxd.vcpus", "2"),
         ("sandboxd.memory_mb", "512"),
         ("sandboxd.idle_ttl_ms", "900000"),
@@ -210,7 +210,7 @@ async fn create_hardens_the_container_and_reconnect_reuses_it() {
     assert_eq!(view["runtime"], "node24");
     assert_eq!(view["state"], "running");
     assert_eq!(view["resources"], json!({"vcpus": 2, "memoryMb": 512}));
-    assert_eq!(view["network"], json!({"mode": "default"}));
+    assert_eq!(view["network"], json!({"mode": "internet"}));
     assert_eq!(view["runningCommands"], 0);
     let expires = view["expiresAt"].as_u64().expect("expiresAt");
     let last = view["lastUsedAt"].as_u64().expect("lastUsedAt");
@@ -422,7 +422,7 @@ async fn a_missing_runtime_image_is_built_once_from_the_embedded_dockerfile() {
 }
 
 #[tokio::test]
-async fn networks_default_and_none() {
+async fn networks_internet_and_none() {
     let server = TestServer::start().await;
     let none = server
         .create(json!({"sessionKey": "offline", "network": {"mode": "none"}}))
@@ -441,12 +441,14 @@ async fn networks_default_and_none() {
         "only loopback"
     );
 
+    // The default, internet: a network of its own, internal, with no
+    // address of the host on it (see tests/it/egress.rs for what it reaches).
     let online = server.create(json!({"sessionKey": "online"})).await;
-    let net_name = format!("{}-net", server.instance);
+    let link = format!("{}-{online}-link", server.instance);
     let info = server.inspect(&online).await;
     assert_eq!(
         info.host_config.and_then(|h| h.network_mode).as_deref(),
-        Some(net_name.as_str())
+        Some(link.as_str())
     );
     let nets = info
         .network_settings
@@ -454,29 +456,48 @@ async fn networks_default_and_none() {
         .unwrap_or_default();
     assert_eq!(
         nets.keys().collect::<Vec<_>>(),
-        [&net_name],
-        "only the sandbox network, not docker0's bridge"
+        [&link],
+        "only its link network, not docker0's bridge or the instance network"
     );
     let net = server
         .docker
         .inspect_network(
-            &net_name,
+            &link,
             None::<bollard::query_parameters::InspectNetworkOptions>,
         )
         .await
         .expect("network");
     assert_eq!(net.driver.as_deref(), Some("bridge"));
-    assert_eq!(
-        net.labels.unwrap_or_default().get("sandboxd.instance"),
-        Some(&server.instance)
-    );
+    assert_eq!(net.internal, Some(true), "no route out");
+    let labels = net.labels.unwrap_or_default();
+    assert_eq!(labels.get("sandboxd.instance"), Some(&server.instance));
+    assert_eq!(labels.get("sandboxd.sandbox_id"), Some(&online));
     assert_eq!(
         net.options
+            .unwrap_or_default()
+            .get("com.docker.network.bridge.inhibit_ipv4")
+            .map(String::as_str),
+        Some("true"),
+        "no address of the host on it"
+    );
+    // The instance network, where proxies publish and egress goes out,
+    // has inter-container traffic off.
+    let instance_net = server
+        .docker
+        .inspect_network(
+            &format!("{}-net", server.instance),
+            None::<bollard::query_parameters::InspectNetworkOptions>,
+        )
+        .await
+        .expect("instance network");
+    assert_eq!(
+        instance_net
+            .options
             .unwrap_or_default()
             .get("com.docker.network.bridge.enable_icc")
             .map(String::as_str),
         Some("false"),
-        "sandboxes cannot reach each other"
+        "nothing on it reaches anything else on it"
     );
 }
 

@@ -26,6 +26,7 @@ pub(crate) const INSTANCE_LABEL: &str = "sandboxd.instance";
 #[allow(unreachable_pub)]
 mod cleanup;
 use cleanup::remove_instance_objects;
+pub(crate) mod fakenet;
 
 /// A connected engine, or a panic that says how to get one. Never a skip.
 pub(crate) async fn docker() -> Docker {
@@ -457,10 +458,16 @@ impl TestServer {
             .collect()
     }
 
-    /// Every container of this instance.
+    /// Every container of this instance but the egress proxy `internet`
+    /// sandboxes share (it belongs to none of them and stays; a sandbox's
+    /// own egress proxy is listed).
     pub(crate) async fn containers(&self) -> Vec<bollard::models::ContainerSummary> {
+        let shared = format!("/{}-egress", self.instance);
         self.containers_with(INSTANCE_LABEL, &self.instance.clone())
             .await
+            .into_iter()
+            .filter(|c| !c.names.iter().flatten().any(|n| *n == shared))
+            .collect()
     }
 
     /// Every workspace volume of this instance (the volume that carries

@@ -1,0 +1,600 @@
+//! A sandbox's networks and its way out. Modes `internet` and `allowlist`
+//! put a sandbox on a link network of its own from the start: an internal
+//! bridge whose gateway address is never assigned, so nothing on it
+//! reaches the host, the engine's other networks or the internet. On it
+//! are the sandbox, its port proxies (see `ports`) and an egress proxy,
+//! the one way out: the agent binary's `egress` role, an HTTP proxy that
+//! resolves each destination, checks every address against the
+//! never-list (private, loopback, link-local and the like; see
+//! `sandboxd_proto::egress`) and the sandbox's allowlist, and connects to
+//! the address it checked. Every process of the sandbox gets
+//! `HTTP(S)_PROXY` pointing at it, so pip, npm, git and curl work as they
+//! are; a program that ignores them has no route to go around it.
+//!
+//! `internet` sandboxes share one egress container (joined to each of
+//! their link networks at a fixed address); an `allowlist` sandbox gets
+//! its own, its policy on its command line. Refusals are printed by the
+//! proxy; [`Sandboxes::watch_denials`] counts and logs them with the
+//! sandbox's id. Mode `open` keeps the instance's bridge network (and
+//! gets a link network only when a port is published).
+
+use std::collections::HashMap;
+use std::net::{IpAddr, Ipv4Addr};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use sandboxd_proto::egress::{Allowlist, Cidr, DomainPattern, EgressPolicy};
+use tokio_util::sync::CancellationToken;
+
+use super::agent_delivery::{AGENT_DIR, AGENT_PATH, AGENT_VERSION, agent_volume};
+use super::registry::Sandbox;
+use super::spec::NetworkMode;
+use super::{SandboxError, SandboxResult, Sandboxes, labels};
+use crate::engine::{EgressContainer, EngineError};
+use crate::subnet;
+
+/// The sandbox's DNS name on its link network. The container name resolves
+/// on the instance network too, where inter-container traffic is off; this
+/// alias exists only on the link network.
+pub const LINK_ALIAS: &str = "sandbox-link";
+/// The port the egress proxy listens on.
+pub const EGRESS_PORT: u16 = 3128;
+/// What the egress proxy prints (on stderr) once it accepts connections.
+const EGRESS_LISTENING: &str = "egress listening";
+/// How long a started egress proxy may take to listen.
+const EGRESS_START: Duration = Duration::from_secs(10);
+/// How often the denial watch looks for new egress containers; a
+/// follower reads a container's log from sandboxd's start, so a late look
+/// delays a count, never loses one.
+const WATCH_TICK: Duration = Duration::from_secs(2);
+/// Longest refusal line read; anything longer is not the proxy's.
+const MAX_DENIAL_LINE: usize = 1024;
+
+/// Engine name of a sandbox's link network.
+pub fn link_name(instance: &str, sandbox_id: &str) -> String {
+    format!("{instance}-{sandbox_id}-link")
+}
+
+/// Engine name of the egress proxy `internet` sandboxes share.
+pub fn shared_egress_name(instance: &str) -> String {
+    format!("{instance}-egress")
+}
+
+/// Engine name of an `allowlist` sandbox's own egress proxy.
+pub fn own_egress_name(instance: &str, sandbox_id: &str) -> String {
+    format!("{instance}-{sandbox_id}-egress")
+}
+
+/// The egress proxy's address on a link network: the block's last host
+/// (the engine hands out addresses from the bottom: gateway, sandbox,
+/// proxies).
+pub fn egress_address(subnet: &str) -> Option<Ipv4Addr> {
+    let (base, bits) = subnet.split_once('/')?;
+    let base = u32::from(base.parse::<Ipv4Addr>().ok()?);
+    let bits: u32 = bits.parse().ok().filter(|b| (8..=29).contains(b))?;
+    let size = 1u32 << (32 - bits);
+    Some(Ipv4Addr::from((base & !(size - 1)) + size - 2))
+}
+
+/// What every process of a sandbox behind `egress` gets: the proxy in
+/// both spellings each tool reads, loopback left direct.
+pub fn proxy_env(egress: Ipv4Addr) -> Vec<String> {
+    let url = format!("http://{egress}:{EGRESS_PORT}");
+    let direct = "localhost,127.0.0.1,::1";
+    vec![
+        format!("HTTP_PROXY={url}"),
+        format!("HTTPS_PROXY={url}"),
+        format!("http_proxy={url}"),
+        format!("https_proxy={url}"),
+        format!("NO_PROXY={direct}"),
+        format!("no_proxy={direct}"),
+        // Node's fetch reads the variables only when asked to.
+        "NODE_USE_ENV_PROXY=1".into(),
+    ]
+}
+
+/// One refusal line of an egress proxy: `egress-denied <client> <dest> <reason>`.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct Denial {
+    pub client: IpAddr,
+    pub destination: String,
+    pub reason: String,
+}
+
+impl Denial {
+    /// Parses a line the proxy printed. The proxy handles what sandboxes
+    /// send, so its lines are read as untrusted: bounded, every field
+    /// checked, anything else ignored.
+    pub(crate) fn parse(line: &str) -> Option<Denial> {
+        if line.len() > MAX_DENIAL_LINE {
+            return None;
+        }
+        let mut parts = line.trim_end().split(' ');
+        if parts.next()? != "egress-denied" {
+            return None;
+        }
+        let client = parts.next()?.parse().ok()?;
+        let destination = parts.next()?;
+        let reason = parts.next()?;
+        let printable = |s: &str, extra: &str| {
+            !s.is_empty()
+                && s.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c) || extra.contains(c))
+        };
+        if parts.next().is_some() || !printable(destination, ":[]*?") || !printable(reason, "") {
+            return None;
+        }
+        Some(Denial {
+            client,
+            destination: destination.to_string(),
+            reason: reason.to_string(),
+        })
+    }
+}
+
+/// The addresses of the machine sandboxd runs on, as far as it can see
+/// them (on the engine host: all of them; in a container: its own), from
+/// the kernel's tables. The never-list covers private ones; these cover a
+/// host with a public address, whose services the egress proxy would
+/// otherwise reach.
+fn own_addresses() -> Vec<IpAddr> {
+    let v4 = std::fs::read_to_string("/proc/net/fib_trie").unwrap_or_default();
+    let v6 = std::fs::read_to_string("/proc/net/if_inet6").unwrap_or_default();
+    let mut all = local_ipv4(&v4);
+    all.extend(local_ipv6(&v6));
+    all.sort();
+    all.dedup();
+    all
+}
+
+/// The addresses `/proc/net/fib_trie` lists as this host's (`/32 host
+/// LOCAL` under the address).
+fn local_ipv4(fib_trie: &str) -> Vec<IpAddr> {
+    let mut last: Option<IpAddr> = None;
+    let mut out = Vec::new();
+    for line in fib_trie.lines() {
+        let t = line.trim_start();
+        if let Some(addr) = t.strip_prefix("|-- ") {
+            last = addr.trim().parse().ok();
+        } else if t.starts_with("/32 host LOCAL") {
+            out.extend(last);
+        }
+    }
+    out
+}
+
+/// The addresses `/proc/net/if_inet6` lists (32 hex digits first).
+fn local_ipv6(if_inet6: &str) -> Vec<IpAddr> {
+    if_inet6
+        .lines()
+        .filter_map(|l| l.split_whitespace().next())
+        .filter_map(|hex| {
+            u128::from_str_radix(hex, 16)
+                .ok()
+                .filter(|_| hex.len() == 32)
+        })
+        .map(|v| IpAddr::V6(std::net::Ipv6Addr::from(v)))
+        .collect()
+}
+
+impl Sandboxes {
+    /// The subnet of sandbox `id`'s link network: found by label, or made
+    /// with a free block of `link_subnet_pool`.
+    pub async fn link_network(&self, sandbox_id: &str) -> SandboxResult<String> {
+        if let Some(subnet) = self.existing_link_subnet(sandbox_id).await? {
+            return Ok(subnet);
+        }
+        let name = link_name(&self.config.instance, sandbox_id);
+        let mut labels = labels::instance_only(&self.config.instance);
+        labels.insert(labels::SANDBOX_ID.into(), sandbox_id.to_string());
+        labels.insert(labels::ROLE.into(), labels::ROLE_LINK.into());
+        // Subnets in use by any sandboxd on this engine (reading others'
+        // networks is fine; we never change them).
+        let used: std::collections::HashSet<String> = self
+            .engine
+            .list_networks(&[(labels::ROLE, labels::ROLE_LINK)])
+            .await?
+            .into_iter()
+            .flat_map(|n| n.subnets)
+            .collect();
+        let prefix = subnet::link_prefix(self.config.max_ports);
+        let Some(range) = subnet::link_subnet_range(&self.config.link_subnet_pool, prefix) else {
+            return Err(
+                EngineError::Failed("link_subnet_pool is not a usable range".into()).into(),
+            );
+        };
+        // Start where the sandbox id points, so concurrent creates rarely
+        // try the same block.
+        let offset = u32::from_str_radix(sandbox_id.get(..6).unwrap_or("0"), 16).unwrap_or(0);
+        for i in 0..range.2 {
+            let subnet = subnet::link_subnet(range, offset.wrapping_add(i));
+            if used.contains(&subnet) {
+                continue;
+            }
+            match self
+                .engine
+                .create_isolated_network(&name, labels.clone(), &subnet)
+                .await
+            {
+                Ok(()) => return Ok(subnet),
+                // Taken meanwhile: the next block.
+                Err(EngineError::Conflict(m)) if m.contains("overlap") => continue,
+                // The network exists (made by a request that raced us).
+                Err(EngineError::Conflict(_)) => {
+                    return self.existing_link_subnet(sandbox_id).await?.ok_or_else(|| {
+                        EngineError::Failed(format!("link network {name} has no subnet")).into()
+                    });
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Err(SandboxError::NoLinkBlock {
+            prefix,
+            pool: self.config.link_subnet_pool.clone(),
+        })
+    }
+
+    async fn existing_link_subnet(&self, sandbox_id: &str) -> SandboxResult<Option<String>> {
+        Ok(self
+            .engine
+            .list_networks(&[
+                (labels::INSTANCE, &self.config.instance),
+                (labels::SANDBOX_ID, sandbox_id),
+                (labels::ROLE, labels::ROLE_LINK),
+            ])
+            .await?
+            .into_iter()
+            .find_map(|n| n.subnets.into_iter().next()))
+    }
+
+    /// The policy a sandbox's egress proxy enforces: the never-list and
+    /// `egress_deny` always (with the link pool: sandboxes' own networks
+    /// are never a destination, whatever range the pool is; and every
+    /// address of this machine sandboxd can see), and for
+    /// `allowlist` the configured entries plus the sandbox's own.
+    fn egress_policy(&self, mode: NetworkMode, allow: &[String]) -> EgressPolicy {
+        let deny = self
+            .config
+            .egress_deny
+            .iter()
+            .chain(std::iter::once(&self.config.link_subnet_pool))
+            .filter_map(|c| Cidr::parse(c).ok())
+            .chain(
+                own_addresses()
+                    .into_iter()
+                    .filter(|a| sandboxd_proto::egress::never_reason(*a).is_none())
+                    .filter_map(|a| Cidr::parse(&a.to_string()).ok()),
+            )
+            .collect();
+        let allowlist = (mode == NetworkMode::Allowlist).then(|| {
+            let entries = self.config.egress_allow.iter().chain(allow);
+            let mut list = Allowlist {
+                domains: Vec::new(),
+                cidrs: Vec::new(),
+            };
+            for e in entries {
+                if let Ok(c) = Cidr::parse(e) {
+                    list.cidrs.push(c);
+                } else if let Ok(d) = DomainPattern::parse(e) {
+                    list.domains.push(d);
+                }
+            }
+            list
+        });
+        EgressPolicy { allowlist, deny }
+    }
+
+    fn egress_spec(
+        &self,
+        name: String,
+        labels: HashMap<String, String>,
+        policy: &EgressPolicy,
+    ) -> EgressContainer {
+        let command = [
+            AGENT_PATH.to_string(),
+            "egress".into(),
+            "--listen".into(),
+            EGRESS_PORT.to_string(),
+        ]
+        .into_iter()
+        .chain(policy.to_args())
+        .collect();
+        EgressContainer {
+            name,
+            image: self
+                .config
+                .egress_image
+                .clone()
+                .unwrap_or_else(|| self.config.image.clone()),
+            user: self.config.sandbox_user.clone(),
+            network: self.config.network_name().to_string(),
+            agent_volume: agent_volume(&self.config.instance),
+            agent_dir: AGENT_DIR.into(),
+            command,
+            dns: self.config.egress_dns.clone(),
+            labels,
+        }
+    }
+
+    /// Gives a sandbox behind the egress proxy its way out on the link
+    /// network `subnet`: joins the shared proxy to it, or starts the
+    /// sandbox's own. Idempotent: also what rehydration calls.
+    pub(super) async fn attach_egress(
+        &self,
+        sandbox_id: &str,
+        mode: NetworkMode,
+        allow: &[String],
+        subnet: &str,
+    ) -> SandboxResult<()> {
+        let address = egress_address(subnet)
+            .ok_or_else(|| EngineError::Failed(format!("link subnet {subnet} has no room")))?;
+        let network = link_name(&self.config.instance, sandbox_id);
+        match mode {
+            NetworkMode::Internet => {
+                let name = self.ensure_shared_egress().await?;
+                self.engine
+                    .connect_network(&network, &name, &[], Some(address))
+                    .await?;
+            }
+            NetworkMode::Allowlist => {
+                let name = own_egress_name(&self.config.instance, sandbox_id);
+                let mut labels = labels::instance_only(&self.config.instance);
+                labels.insert(labels::ROLE.into(), labels::ROLE_EGRESS.into());
+                labels.insert(labels::SANDBOX_ID.into(), sandbox_id.to_string());
+                labels.insert(labels::AGENT.into(), AGENT_VERSION.into());
+                let spec = self.egress_spec(name.clone(), labels, &self.egress_policy(mode, allow));
+                self.start_egress(&spec, &[(network, address)]).await?;
+            }
+            NetworkMode::None | NetworkMode::Open => {}
+        }
+        Ok(())
+    }
+
+    /// Makes sure an egress container runs (made, joined to `links`, and
+    /// listening) or is at least started; a container of another agent
+    /// version is replaced.
+    async fn start_egress(
+        &self,
+        spec: &EgressContainer,
+        links: &[(String, Ipv4Addr)],
+    ) -> SandboxResult<()> {
+        match self.engine.container_status(&spec.name).await? {
+            Some(s) if s.labels.get(labels::AGENT).map(String::as_str) == Some(AGENT_VERSION) => {
+                if !s.running {
+                    self.engine.start_container(&spec.name).await?;
+                }
+                for (network, address) in links {
+                    self.engine
+                        .connect_network(network, &spec.name, &[], Some(*address))
+                        .await?;
+                }
+                return Ok(());
+            }
+            Some(_) => self.engine.remove_container(&spec.name).await?,
+            None => {}
+        }
+        self.engine.create_egress(spec).await?;
+        let started = async {
+            for (network, address) in links {
+                self.engine
+                    .connect_network(network, &spec.name, &[], Some(*address))
+                    .await?;
+            }
+            self.engine.start_container(&spec.name).await?;
+            if !self
+                .engine
+                .wait_for_output(&spec.name, EGRESS_LISTENING, EGRESS_START)
+                .await?
+            {
+                return Err(EngineError::Failed(format!(
+                    "egress proxy {} did not start listening within {EGRESS_START:?}",
+                    spec.name
+                )));
+            }
+            Ok(())
+        };
+        if let Err(e) = started.await {
+            let _ = self.engine.remove_container(&spec.name).await;
+            return Err(e.into());
+        }
+        tracing::info!(container = %spec.name, "egress proxy started");
+        Ok(())
+    }
+
+    /// The shared egress proxy, running; made (and joined to the link
+    /// network of every `internet` sandbox there is) when missing.
+    async fn ensure_shared_egress(&self) -> SandboxResult<String> {
+        let name = shared_egress_name(&self.config.instance);
+        let _one = self.egress_start.lock().await;
+        if self.engine.container_status(&name).await?.is_some_and(|s| {
+            s.running && s.labels.get(labels::AGENT).map(String::as_str) == Some(AGENT_VERSION)
+        }) {
+            return Ok(name);
+        }
+        let links: Vec<(String, Ipv4Addr)> = self
+            .registry
+            .list()
+            .into_iter()
+            .filter(|s| s.network == NetworkMode::Internet)
+            .filter_map(|s| {
+                let subnet = s.ports().link_subnet?;
+                Some((
+                    link_name(&self.config.instance, &s.id),
+                    egress_address(&subnet)?,
+                ))
+            })
+            .collect();
+        let mut labels = labels::instance_only(&self.config.instance);
+        labels.insert(labels::ROLE.into(), labels::ROLE_EGRESS.into());
+        labels.insert(labels::AGENT.into(), AGENT_VERSION.into());
+        let spec = self.egress_spec(
+            name.clone(),
+            labels,
+            &self.egress_policy(NetworkMode::Internet, &[]),
+        );
+        self.start_egress(&spec, &links).await?;
+        Ok(name)
+    }
+
+    /// Before a link network goes: the shared egress proxy leaves it (the
+    /// engine refuses to remove a network with containers on it).
+    pub(super) async fn detach_shared_egress(&self, network: &str) -> SandboxResult<()> {
+        let name = shared_egress_name(&self.config.instance);
+        self.engine.disconnect_network(network, &name).await?;
+        Ok(())
+    }
+
+    /// Follows the refusals of every egress proxy of this instance until
+    /// `shutdown`: each is counted (`sandboxd_egress_denied_total`) and
+    /// logged with the sandbox it came from.
+    pub async fn watch_denials(self: Arc<Self>, shutdown: CancellationToken) {
+        let since = i32::try_from(crate::clock::now_ms() / 1000).unwrap_or(i32::MAX);
+        let mut followed: HashMap<String, tokio::task::JoinHandle<()>> = HashMap::new();
+        let mut tick = tokio::time::interval(WATCH_TICK);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => break,
+                _ = tick.tick() => {}
+            }
+            let filter = [
+                (labels::INSTANCE, self.config.instance.as_str()),
+                (labels::ROLE, labels::ROLE_EGRESS),
+            ];
+            let Ok(list) = self.engine.list_containers(&filter).await else {
+                continue;
+            };
+            followed.retain(|_, task| !task.is_finished());
+            for c in list.into_iter().filter(|c| c.running) {
+                if followed.contains_key(&c.name) {
+                    continue;
+                }
+                let this = Arc::clone(&self);
+                let name = c.name.clone();
+                let task = tokio::spawn(async move { this.follow_denials(&name, since).await });
+                followed.insert(c.name, task);
+            }
+        }
+        for (_, task) in followed {
+            task.abort();
+        }
+    }
+
+    async fn follow_denials(&self, container: &str, since: i32) {
+        let mut lines = self
+            .engine
+            .follow_stdout_lines(container, since, MAX_DENIAL_LINE);
+        while let Some(line) = lines.next().await {
+            let Some(d) = Denial::parse(&line) else {
+                continue;
+            };
+            let sandbox = self.sandbox_of(d.client);
+            let (id, key) = sandbox
+                .as_deref()
+                .map_or(("", ""), |s| (s.id.as_str(), s.session_key.as_str()));
+            crate::telemetry::egress_denied();
+            tracing::warn!(
+                event = "egress_denied",
+                sandbox_id = id,
+                session_key = key,
+                client = %d.client,
+                destination = %d.destination,
+                reason = %d.reason,
+                "a sandbox's connection was refused by the egress policy"
+            );
+        }
+    }
+
+    /// The sandbox whose link network holds `client`.
+    fn sandbox_of(&self, client: IpAddr) -> Option<Arc<Sandbox>> {
+        self.registry.list().into_iter().find(|s| {
+            s.ports()
+                .link_subnet
+                .and_then(|n| Cidr::parse(&n).ok())
+                .is_some_and(|n| n.contains(client))
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_egress_address_is_the_blocks_last_host() {
+        assert_eq!(
+            egress_address("10.213.0.16/28"),
+            Some(Ipv4Addr::new(10, 213, 0, 30))
+        );
+        assert_eq!(
+            egress_address("10.213.1.0/24"),
+            Some(Ipv4Addr::new(10, 213, 1, 254))
+        );
+        assert_eq!(egress_address("10.213.0.0/30"), None, "no room");
+        assert_eq!(egress_address("nonsense"), None);
+    }
+
+    #[test]
+    fn every_spelling_of_the_proxy_variables_is_set() {
+        let env = proxy_env(Ipv4Addr::new(10, 213, 0, 30));
+        for k in ["HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"] {
+            assert!(
+                env.contains(&format!("{k}=http://10.213.0.30:3128")),
+                "{k}: {env:?}"
+            );
+        }
+        assert!(env.contains(&"NO_PROXY=localhost,127.0.0.1,::1".to_string()));
+        assert!(env.contains(&"no_proxy=localhost,127.0.0.1,::1".to_string()));
+    }
+
+    #[test]
+    fn the_hosts_own_addresses_are_read_from_the_kernel_tables() {
+        let fib = "Main:\n  +-- 0.0.0.0/0 3 0 5\n     |-- 0.0.0.0\n        /0 universe UNICAST\n     +-- 127.0.0.0/8 2 0 2\n        |-- 127.0.0.1\n           /32 host LOCAL\n     |-- 198.51.100.1\n        /32 link UNICAST\n        /32 host LOCAL\n     |-- 203.0.113.255\n        /32 link BROADCAST\n";
+        assert_eq!(
+            local_ipv4(fib),
+            vec![
+                "127.0.0.1".parse::<IpAddr>().expect("ip"),
+                "198.51.100.1".parse().expect("ip")
+            ]
+        );
+        let inet6 = "00000000000000000000000000000001 01 80 10 80       lo\n20010db8000000000000000000000005 02 40 00 80     eth0\nnot-hex\n";
+        assert_eq!(
+            local_ipv6(inet6),
+            vec![
+                "::1".parse::<IpAddr>().expect("ip"),
+                "2001:db8::5".parse().expect("ip")
+            ]
+        );
+        assert!(!own_addresses().is_empty(), "this machine has addresses");
+    }
+
+    #[test]
+    fn refusal_lines_are_read_strictly() {
+        assert_eq!(
+            Denial::parse("egress-denied 10.213.0.18 10.0.0.1:80 private\n"),
+            Some(Denial {
+                client: "10.213.0.18".parse().expect("ip"),
+                destination: "10.0.0.1:80".into(),
+                reason: "private".into(),
+            })
+        );
+        assert_eq!(
+            Denial::parse("egress-denied 10.213.0.18 [fd00::1]:443 unique-local")
+                .map(|d| d.destination),
+            Some("[fd00::1]:443".into())
+        );
+        for bad in [
+            "",
+            "egress-denied",
+            "egress-denied 10.213.0.18 10.0.0.1:80",
+            "egress-denied nothost 10.0.0.1:80 private",
+            "egress-denied 10.213.0.18 10.0.0.1:80 private extra",
+            "egress-denied 10.213.0.18 a\u{1b}[31m:80 private",
+            "egress-allowed 10.213.0.18 10.0.0.1:80 private",
+            &format!("egress-denied 10.213.0.18 {}:80 private", "a".repeat(2000)),
+        ] {
+            assert_eq!(Denial::parse(bad), None, "{bad:?}");
+        }
+    }
+}
