@@ -50,6 +50,11 @@
 //!   the agent binary in it, read by `docker exec`. MB here is 2^20 bytes.
 //! - memory: sandboxd's RSS at start, after the run, and its growth while a
 //!   command prints 1 GB that nobody reads.
+//! - egress: 100 MB from a server in a network namespace on this machine
+//!   (tests/it/harness/fakenet.rs; needs root), `curl` by name through the
+//!   egress proxy of an `internet` sandbox; floor column: the same download
+//!   by address straight out of an `open` sandbox. Each timed as one command
+//!   (start + wait), 3 samples after one warm-up.
 //!
 //! `--profile` also prints where the time of an exec round trip goes.
 //! Not part of `cargo test`.
@@ -70,6 +75,10 @@ use sandboxd::sandbox::agent_delivery;
 
 #[path = "support.rs"]
 mod support;
+// The egress line's "internet": a network namespace on this machine.
+#[path = "../tests/it/harness/fakenet.rs"]
+#[allow(dead_code)]
+mod fakenet;
 use serde_json::{Value, json};
 use support::{Res, Server, cleanup, median, ms, pct};
 
@@ -335,6 +344,7 @@ const IDLE_RSS: &str = "sandboxd idle RSS (MB)";
 const AFTER_RSS: &str = "sandboxd RSS after the run (MB)";
 const GROWTH: &str = "sandboxd RSS growth, 1 GB unread (MB)";
 const DRAINED: &str = "1 GB unread drained (MB/s)";
+const EGRESS: &str = "download 100 MB through the egress policy (MB/s)";
 
 fn ratio_at_most(v: f64, f: Option<f64>, r: f64) -> bool {
     f.is_some_and(|f| v <= f * r)
@@ -404,6 +414,11 @@ fn lines() -> Vec<Line> {
         line(AFTER_RSS, "", None),
         line(GROWTH, "< 64 MB", Some(|v, _| v < 64.0)),
         line(DRAINED, "", None),
+        line(
+            EGRESS,
+            "≥ 0.8× direct in mode open (floor column)",
+            Some(|v, f| f.is_some_and(|f| v >= 0.8 * f)),
+        ),
     ]
 }
 
@@ -468,7 +483,15 @@ async fn run(runs: usize, profile: bool, json_out: PathBuf) -> Res<()> {
         println!("\nrun {r} of {runs}");
         let instance = format!("bench-{}-{r}", std::process::id());
         let config = std::env::temp_dir().join(format!("{instance}.toml"));
-        std::fs::write(&config, "[runtimes.gvisor]\noci_runtime = \"runsc\"\n")?;
+        std::fs::write(
+            &config,
+            format!(
+                "network_modes = [\"none\", \"internet\", \"allowlist\", \"open\"]\n\
+                 egress_dns = [\"{}\"]\n\
+                 [runtimes.gvisor]\noci_runtime = \"runsc\"\n",
+                fakenet::DNS
+            ),
+        )?;
         let server = Server::start(&instance, Some(&config)).await?;
         println!("sandboxd log: {}", server.log.display());
         let floor = Floor {
@@ -984,6 +1007,42 @@ async fn measure(
         None,
     );
     fig.value(DRAINED, FLOOD_BYTES as f64 / flood_secs / 1e6, None);
+    egress(server, fig).await
+}
+
+/// 100 MB from the fake internet's "public" server: by name through the
+/// egress proxy of an `internet` sandbox, against the same download by
+/// address straight out of an `open` sandbox; both timed as one command
+/// (start + wait), 3 samples each, interleaved.
+async fn egress(server: &Server, fig: &mut RunFigures) -> Res<()> {
+    const MB: f64 = 100.0;
+    let _net = fakenet::FakeNet::start().await;
+    let through = id_of(
+        &server
+            .post("/v1/sandboxes", json!({"sessionKey": "egress"}))
+            .await?,
+        "sandboxId",
+    )?;
+    let direct = id_of(
+        &server
+            .post(
+                "/v1/sandboxes",
+                json!({"sessionKey": "egress-open", "network": {"mode": "open"}}),
+            )
+            .await?,
+        "sandboxId",
+    )?;
+    let get = |url: String| json!({"command": format!("curl -sSf -o /dev/null '{url}'"), "timeoutMs": 120000});
+    let via_proxy = get(format!("http://public.test/big?mb={MB}"));
+    let straight = get(format!("http://{}/big?mb={MB}", fakenet::PUBLIC));
+    run_cmd(server, &through, via_proxy.clone()).await?;
+    run_cmd(server, &direct, straight.clone()).await?;
+    let (mut a, mut b) = (Vec::new(), Vec::new());
+    for _ in 0..3 {
+        a.push(MB / (run_cmd(server, &through, via_proxy.clone()).await?.0 / 1000.0));
+        b.push(MB / (run_cmd(server, &direct, straight.clone()).await?.0 / 1000.0));
+    }
+    fig.p50(EGRESS, &a, &b);
     Ok(())
 }
 

@@ -115,6 +115,13 @@ logs=$(api GET "/v1/sandboxes/$sid/commands/$cmd/logs")
 [ "$(api GET "/v1/sandboxes/$sid/commands/$cmd/wait" | jq -r .exitCode)" = 0 ] || fail "wait"
 ok "command with streamed logs"
 
+# The egress policy works with only the engine socket: a private address is
+# refused by the proxy (before any connection is made), and there is no
+# route around it.
+egress=$(api POST "/v1/sandboxes/$sid/commands:run" '{"command":"curl -s -o /dev/null -w %{http_code} http://10.250.77.10/; echo; curl -s -m 3 --noproxy \"*\" -o /dev/null -w %{http_code} http://10.250.77.10/; echo"}' | jq -r .stdout)
+[ "$egress" = "$(printf '403\n000')" ] || fail "egress policy in compose: $egress"
+ok "egress policy: private refused by the proxy, no route around it"
+
 content=$(printf 'deployed\n' | base64)
 [ "$(api POST "/v1/sandboxes/$sid/files:write" "{\"files\":[{\"path\":\"/workspace/note.txt\",\"contentBase64\":\"$content\"}]}" | jq -r .ok)" = true ] || fail "write"
 [ "$(api GET "/v1/sandboxes/$sid/files:read?path=/workspace/note.txt" | jq -r .contentBase64)" = "$content" ] || fail "read"

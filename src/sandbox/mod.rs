@@ -360,11 +360,24 @@ impl Sandboxes {
             // reach out or publish through it.
             self.ensure_network().await?;
         }
-        let link = if spec.network.through_egress() {
-            Some(self.link_network(&sandbox.id).await?)
-        } else {
-            None
-        };
+        // The link network and the volume do not depend on each other.
+        let volume_labels = labels::encode(&self.config.instance, record);
+        let (link, volume) = tokio::join!(
+            async {
+                if spec.network.through_egress() {
+                    self.link_network(&sandbox.id).await.map(Some)
+                } else {
+                    Ok(None)
+                }
+            },
+            self.engine.create_volume(
+                &sandbox.volume,
+                self.config.workspace_size_mb,
+                volume_labels.clone(),
+            )
+        );
+        let link = link?;
+        volume?;
         let container = self.container_for(
             sandbox,
             spec.image.clone(),
@@ -373,14 +386,6 @@ impl Sandboxes {
             needs_owner,
             link.as_deref(),
         );
-        let volume_labels = labels::encode(&self.config.instance, record);
-        self.engine
-            .create_volume(
-                &sandbox.volume,
-                self.config.workspace_size_mb,
-                volume_labels.clone(),
-            )
-            .await?;
         if needs_owner {
             // The image has no workspace of the sandbox user: the new
             // volume's root (the engine's, root's) is given to it.
