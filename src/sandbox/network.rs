@@ -8,7 +8,7 @@
 //! never-list (private, loopback, link-local and the like; see
 //! `sandboxd_proto::egress`) and the sandbox's allowlist, and connects to
 //! the address it checked. Every process of the sandbox gets
-//! `HTTP(S)_PROXY` pointing at it, so pip, npm, git and curl work as they
+//! `HTTP(S)_PROXY` pointing at it, so pip, npm and curl work as they
 //! are; a program that ignores them has no route to go around it.
 //!
 //! `internet` sandboxes share one egress container (joined to each of

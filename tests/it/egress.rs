@@ -112,6 +112,15 @@ async fn internet_reaches_public_addresses_and_never_the_host_or_private_ones() 
         )
         .await;
     assert_eq!(py["stdout"], "public\n", "python's urllib: {py}");
+    // Node 18's own fetch ignores the proxy variables (docs/API.md says
+    // so): it gets no connection, rather than going around the proxy.
+    let node = server
+        .sh(
+            &sid,
+            "node -e 'fetch(\"http://public.test/\").then(() => console.log(\"reached\"), () => console.log(\"no connection\"))'",
+        )
+        .await;
+    assert_eq!(node["stdout"], "no connection\n", "node's fetch: {node}");
     // Package managers as they are (RemcoChat installs with both).
     let pip = server
         .sh(
