@@ -159,8 +159,16 @@ async fn internet_reaches_public_addresses_and_never_the_host_or_private_ones() 
         "unusual port",
         &curl(&server, &sid, &format!("http://{PRIVATE}:8022/")).await,
     );
-    let tunnel = curl(&server, &sid, &format!("--proxytunnel http://{PRIVATE}/")).await;
-    assert_ne!(tunnel.0, 200, "a CONNECT to a private address: {tunnel:?}");
+    let tunnel = server
+        .sh(
+            &sid,
+            &format!("curl -s -o /dev/null -w '%{{http_connect}}' --proxytunnel http://{PRIVATE}/"),
+        )
+        .await;
+    assert_eq!(
+        tunnel["stdout"], "403",
+        "a CONNECT to a private address: {tunnel}"
+    );
     refused(
         "IPv6 unique-local",
         &curl(&server, &sid, "http://v6private.test/").await,

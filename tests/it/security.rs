@@ -114,10 +114,17 @@ async fn escape_attempts_from_inside_fail() {
         .await;
     assert_eq!(r["stdout"], "0\n");
     let r = server.sh_with_timeout(&sid,
-        "gw=$(awk '$2==\"00000000\"{print $3; exit}' /proc/net/route); ip=$(printf '%d.%d.%d.%d' 0x${gw:6:2} 0x${gw:4:2} 0x${gw:2:2} 0x${gw:0:2}); for p in 2375 2376; do (exec 3<>/dev/tcp/$ip/$p) 2>/dev/null && echo open-$p; done; echo checked $ip", 20000)
+        "net=$(awk '$1!=\"Iface\" && $2!=\"00000000\"{print $2; exit}' /proc/net/route); ip=$(printf '%d.%d.%d.%d' 0x${net:6:2} 0x${net:4:2} 0x${net:2:2} $((0x${net:0:2} + 1))); for p in 2375 2376; do (exec 3<>/dev/tcp/$ip/$p) 2>/dev/null && echo open-$p; done; echo checked $ip", 20000)
     .await;
     let out = r["stdout"].as_str().unwrap_or("");
+    // The address probed is the gateway address of the sandbox's link
+    // network (the block's first host, in the default link_subnet_pool),
+    // not an empty route read as 0.0.0.0.
     assert!(out.starts_with("checked "), "no engine port answers: {out}");
+    assert!(
+        out.starts_with("checked 10.213."),
+        "the gateway address was probed: {out}"
+    );
     // Masked /proc paths stay masked.
     let r = server.sh_with_timeout(&sid, "for p in /proc/kcore /proc/keys /proc/timer_list; do printf '%s ' \"$(wc -c < $p 2>/dev/null || echo 0)\"; done", 20000).await;
     assert_eq!(r["stdout"], "0 0 0 ", "{r}");
