@@ -131,6 +131,18 @@ fn hardened(memory: i64, pids: i64, nano_cpus: i64, network: String) -> HostConf
     }
 }
 
+/// The agent's volume, read-only (nothing in the container can replace it
+/// on disk).
+fn agent_mount(volume: &str, dir: &str) -> Mount {
+    Mount {
+        target: Some(dir.to_string()),
+        source: Some(volume.to_string()),
+        typ: Some(MountType::VOLUME),
+        read_only: Some(true),
+        ..Default::default()
+    }
+}
+
 /// The engine request for a sandbox container. `under_gvisor`: its OCI
 /// runtime is gVisor's runsc (the engine knows, see `Engine::is_gvisor`).
 pub fn sandbox_container_body(spec: &SandboxContainer, under_gvisor: bool) -> ContainerCreateBody {
@@ -157,13 +169,10 @@ pub fn sandbox_container_body(spec: &SandboxContainer, under_gvisor: bool) -> Co
                     }),
                     ..Default::default()
                 })
-                .chain(std::iter::once(Mount {
-                    target: Some(spec.agent_dir.clone()),
-                    source: Some(spec.agent_volume.clone()),
-                    typ: Some(MountType::VOLUME),
-                    read_only: Some(true),
-                    ..Default::default()
-                }))
+                .chain(std::iter::once(agent_mount(
+                    &spec.agent_volume,
+                    &spec.agent_dir,
+                )))
                 .collect(),
         ),
         runtime: spec.oci_runtime.clone(),
@@ -354,13 +363,7 @@ const EGRESS_PIDS: i64 = 128;
 /// sandbox of its networks depends on it).
 pub(crate) fn egress_container_body(spec: &EgressContainer) -> ContainerCreateBody {
     let host_config = HostConfig {
-        mounts: Some(vec![Mount {
-            target: Some(spec.agent_dir.clone()),
-            source: Some(spec.agent_volume.clone()),
-            typ: Some(MountType::VOLUME),
-            read_only: Some(true),
-            ..Default::default()
-        }]),
+        mounts: Some(vec![agent_mount(&spec.agent_volume, &spec.agent_dir)]),
         dns: Some(spec.dns.clone()).filter(|d| !d.is_empty()),
         log_config: Some(bounded_log()),
         restart_policy: Some(RestartPolicy {

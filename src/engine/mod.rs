@@ -363,18 +363,25 @@ impl Engine {
 
     /// Creates (does not start) a hardened sandbox container.
     pub async fn create_container(&self, spec: &SandboxContainer) -> EngineResult<()> {
-        let docker = self.docker()?;
+        let under_gvisor = self.is_gvisor(spec.oci_runtime.as_deref()).await;
+        self.create_named(
+            &spec.name,
+            container::sandbox_container_body(spec, under_gvisor),
+        )
+        .await
+    }
+
+    /// Creates a container called `name` from `body`.
+    async fn create_named(
+        &self,
+        name: &str,
+        body: bollard::models::ContainerCreateBody,
+    ) -> EngineResult<()> {
         let options = bollard::query_parameters::CreateContainerOptions {
-            name: Some(spec.name.clone()),
+            name: Some(name.to_string()),
             platform: String::new(),
         };
-        let under_gvisor = self.is_gvisor(spec.oci_runtime.as_deref()).await;
-        docker
-            .create_container(
-                Some(options),
-                container::sandbox_container_body(spec, under_gvisor),
-            )
-            .await?;
+        self.docker()?.create_container(Some(options), body).await?;
         Ok(())
     }
 
@@ -840,13 +847,7 @@ impl Engine {
 
     /// Creates a proxy container and starts it.
     pub async fn start_proxy(&self, spec: &ProxyContainer) -> EngineResult<()> {
-        let docker = self.docker()?;
-        let options = bollard::query_parameters::CreateContainerOptions {
-            name: Some(spec.name.clone()),
-            platform: String::new(),
-        };
-        docker
-            .create_container(Some(options), container::proxy_container_body(spec))
+        self.create_named(&spec.name, container::proxy_container_body(spec))
             .await?;
         self.connect_network(&spec.link_network, &spec.name, &[], None)
             .await?;
@@ -867,15 +868,8 @@ impl Engine {
     /// Creates an egress proxy (not started: it joins its link networks
     /// first, see `connect_network`).
     pub async fn create_egress(&self, spec: &EgressContainer) -> EngineResult<()> {
-        let docker = self.docker()?;
-        let options = bollard::query_parameters::CreateContainerOptions {
-            name: Some(spec.name.clone()),
-            platform: String::new(),
-        };
-        docker
-            .create_container(Some(options), container::egress_container_body(spec))
-            .await?;
-        Ok(())
+        self.create_named(&spec.name, container::egress_container_body(spec))
+            .await
     }
 
     /// The lines `container` prints on stdout from `since` (unix seconds)
