@@ -448,21 +448,33 @@ settings! {
     /// Domains (`pypi.org`, `*.npmjs.org`) and CIDRs every `allowlist`
     /// sandbox may reach besides its own list.
     egress_allow: Vec<String> = Vec::new(), key "egress_allow",
-        check |v| v.iter().try_for_each(|e| {
+        check |v| egress_list_fits(v).and_then(|()| v.iter().try_for_each(|e| {
             let cidr = sandboxd_proto::egress::Cidr::parse(e).is_ok();
             let domain = sandboxd_proto::egress::DomainPattern::parse(e).is_ok();
             if cidr || domain { Ok(()) } else { Err(format!("{e:?} is neither a CIDR nor a domain pattern")) }
-        });
+        }));
     /// CIDRs no sandbox may reach (in every mode but `open`), on top of the
     /// built-in never-list (private, loopback, link-local and the like).
     egress_deny: Vec<String> = Vec::new(), key "egress_deny",
-        check |v| v.iter().try_for_each(|e| sandboxd_proto::egress::Cidr::parse(e).map(|_| ()).map_err(|_| format!("{e:?} is not a CIDR")));
+        check |v| egress_list_fits(v).and_then(|()| v.iter().try_for_each(|e| sandboxd_proto::egress::Cidr::parse(e).map(|_| ()).map_err(|_| format!("{e:?} is not a CIDR"))));
     /// Name servers of the egress proxy (IP addresses); default: the
     /// engine's.
     egress_dns: Vec<String> = Vec::new(), key "egress_dns",
         check |d| d.iter().try_for_each(|a| a.parse::<IpAddr>().map(|_| ()).map_err(|_| format!("{a:?} is not an IP address")));
     /// Image of the egress proxy containers; default: `image`.
     egress_image: Option<String> = None, key "egress_image";
+}
+
+/// Most entries of `egress_allow` or `egress_deny`: an egress proxy takes
+/// at most `MAX_ENTRIES` of each kind, and a sandbox's own allowlist (up
+/// to 64) or this machine's addresses come on top.
+const MAX_EGRESS_LIST: usize = sandboxd_proto::egress::MAX_ENTRIES / 2;
+
+fn egress_list_fits(list: &[String]) -> Result<(), String> {
+    if list.len() > MAX_EGRESS_LIST {
+        return Err(format!("{} entries; at most {MAX_EGRESS_LIST}", list.len()));
+    }
+    Ok(())
 }
 
 /// Every network mode there is.
@@ -945,6 +957,22 @@ mod tests {
             ]),
         )
         .expect("token given");
+    }
+
+    #[test]
+    fn egress_lists_fit_what_an_egress_proxy_takes() {
+        let list = |n: usize| {
+            (0..n)
+                .map(|i| format!("\"10.{}.{}.0/24\"", i / 256, i % 256))
+                .collect::<Vec<_>>()
+                .join(",")
+        };
+        for key in ["egress_deny", "egress_allow"] {
+            Config::from_toml_and_env(&format!("{key} = [{}]", list(128)), env_of(&[]))
+                .unwrap_or_else(|e| panic!("{key} of 128: {e}"));
+            let e = err_of(&format!("{key} = [{}]", list(129)), &[]);
+            assert!(e.contains(key) && e.contains("at most 128"), "{e}");
+        }
     }
 
     #[test]

@@ -50,7 +50,7 @@ pub async fn run(config: Config) -> std::io::Result<()> {
         Arc::clone(&app.commands),
         shutdown.clone(),
     ));
-    tasks.spawn(Arc::clone(&app.sandboxes).watch_denials(shutdown.clone()));
+    tasks.spawn(Arc::clone(&app.sandboxes).watch_egress(shutdown.clone()));
 
     let auth = match (&app.config.admin_token, addr.ip().is_loopback()) {
         (Some(_), _) => "admin token required",

@@ -3,12 +3,28 @@
 
 use std::net::Ipv4Addr;
 
-/// The prefix length of a link network: room for the network and
-/// broadcast addresses, the gateway, the sandbox, its egress proxy and one
-/// port proxy per port (/28 for the default four ports).
+/// The prefix length of a link network. The engine hands out addresses
+/// from the block's lower half only (see [`allocation_range`]): room there
+/// for the network address, the gateway, the sandbox and one port proxy
+/// per port; the upper half keeps the egress proxy's fixed address free
+/// (/28 for the default four ports).
 pub fn link_prefix(max_ports: usize) -> u32 {
-    let needed = (max_ports as u32).saturating_add(5);
-    32 - needed.next_power_of_two().trailing_zeros()
+    let half = (max_ports as u32).saturating_add(3).next_power_of_two();
+    32 - half.saturating_mul(2).trailing_zeros()
+}
+
+/// The lower half of `subnet` ("10.213.0.16/28" → "10.213.0.16/29"): where
+/// the engine allocates addresses on a link network. Its allocator moves on
+/// from the last address it gave, so without a range a proxy replaced often
+/// enough would take the egress proxy's address.
+pub fn allocation_range(subnet: &str) -> Option<String> {
+    let (base, bits) = subnet.split_once('/')?;
+    let (base, bits) = (base.parse::<Ipv4Addr>().ok()?, bits.parse::<u32>().ok()?);
+    if !(8..=29).contains(&bits) {
+        return None;
+    }
+    let start = u32::from(base) & (u32::MAX << (32 - bits));
+    Some(format!("{}/{}", Ipv4Addr::from(start), bits + 1))
 }
 
 /// The link-network blocks of `pool` ("10.213.0.0/16"), each `/prefix`:
@@ -39,14 +55,27 @@ mod tests {
         assert_eq!(
             link_prefix(4),
             28,
-            "sandbox + egress + 4 proxies + gateway need a /28"
+            "network, gateway, sandbox and 4 proxies in the lower half of a /28"
         );
         assert_eq!(link_prefix(1), 29);
-        assert_eq!(link_prefix(3), 29);
-        assert_eq!(link_prefix(4), 28);
-        assert_eq!(link_prefix(11), 28);
-        assert_eq!(link_prefix(12), 27);
-        assert_eq!(link_prefix(64), 25);
+        assert_eq!(
+            link_prefix(3),
+            28,
+            "3 + 3 do not fit the lower half of a /29"
+        );
+        assert_eq!(link_prefix(5), 28);
+        assert_eq!(link_prefix(6), 27);
+        assert_eq!(link_prefix(64), 24);
+        assert_eq!(
+            allocation_range("10.213.0.16/28").as_deref(),
+            Some("10.213.0.16/29")
+        );
+        assert_eq!(
+            allocation_range("10.213.1.0/24").as_deref(),
+            Some("10.213.1.0/25")
+        );
+        assert_eq!(allocation_range("10.213.0.0/30"), None, "no room");
+        assert_eq!(allocation_range("nonsense"), None);
         let r = link_subnet_range("10.213.0.0/16", 29).expect("range");
         assert_eq!(r.2, 8192);
         assert_eq!(link_subnet(r, 0), "10.213.0.0/29");

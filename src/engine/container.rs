@@ -99,7 +99,8 @@ fn ulimits(spec: &SandboxContainer, under_gvisor: bool) -> Vec<ResourcesUlimits>
 /// What every container sandboxd starts has, sandbox or proxy: a read-only
 /// root, no capabilities, no privilege gain (seccomp and AppArmor stay at
 /// the engine's defaults), no devices or bind mounts, its own IPC and
-/// cgroup namespaces, an init, and no restarts behind sandboxd's back.
+/// cgroup namespaces, an init, no IPv6 and no forwarding, and no
+/// restarts behind sandboxd's back.
 fn hardened(memory: i64, pids: i64, nano_cpus: i64, network: String) -> HostConfig {
     HostConfig {
         readonly_rootfs: Some(true),
@@ -127,8 +128,30 @@ fn hardened(memory: i64, pids: i64, nano_cpus: i64, network: String) -> HostConf
             name: Some(RestartPolicyNameEnum::NO),
             maximum_retry_count: None,
         }),
+        sysctls: Some(network_sysctls()),
         ..Default::default()
     }
+}
+
+/// Kernel network settings of every container: IPv6 off (the networks
+/// are IPv4-only; an IPv6 link-local address would still reach the host
+/// side of a bridge, which engines from Docker 26 on leave configured),
+/// and no forwarding (port and egress proxies sit on two networks and
+/// must not route between them; a new network namespace inherits the
+/// host's `ip_forward`, which the engine turns on). All three are
+/// per-namespace, so the engine allows them without privileges.
+pub(crate) fn network_sysctls() -> HashMap<String, String> {
+    HashMap::from([
+        (
+            "net.ipv6.conf.all.disable_ipv6".to_string(),
+            "1".to_string(),
+        ),
+        (
+            "net.ipv6.conf.default.disable_ipv6".to_string(),
+            "1".to_string(),
+        ),
+        ("net.ipv4.ip_forward".to_string(), "0".to_string()),
+    ])
 }
 
 /// The agent's volume, read-only (nothing in the container can replace it
@@ -359,16 +382,18 @@ const EGRESS_MEMORY: i64 = 256 * MIB;
 const EGRESS_PIDS: i64 = 128;
 
 /// The engine request for an egress proxy: hardened like the rest, and
-/// restarted by the engine if it dies (it holds no state, and every
+/// restarted by the engine if it crashes (it holds no state, and every
 /// sandbox of its networks depends on it).
 pub(crate) fn egress_container_body(spec: &EgressContainer) -> ContainerCreateBody {
     let host_config = HostConfig {
         mounts: Some(vec![agent_mount(&spec.agent_volume, &spec.agent_dir)]),
         dns: Some(spec.dns.clone()).filter(|d| !d.is_empty()),
         log_config: Some(bounded_log()),
+        // A crash is retried by the engine a few times (CIS 5.14 allows
+        // no more); anything else sandboxd notices and replaces it.
         restart_policy: Some(RestartPolicy {
-            name: Some(RestartPolicyNameEnum::UNLESS_STOPPED),
-            maximum_retry_count: None,
+            name: Some(RestartPolicyNameEnum::ON_FAILURE),
+            maximum_retry_count: Some(5),
         }),
         ..hardened(
             EGRESS_MEMORY,
@@ -608,10 +633,13 @@ mod tests {
         );
         assert_eq!(hc.network_mode.as_deref(), Some("inst-net"));
         assert_eq!(hc.dns, Some(vec!["203.0.113.53".to_string()]));
+        let restart = hc.restart_policy.expect("restart policy");
         assert_eq!(
-            hc.restart_policy.and_then(|r| r.name),
-            Some(RestartPolicyNameEnum::UNLESS_STOPPED)
+            (restart.name, restart.maximum_retry_count),
+            (Some(RestartPolicyNameEnum::ON_FAILURE), Some(5)),
+            "a crash is retried, within CIS 5.14"
         );
+        assert_eq!(hc.sysctls, Some(network_sysctls()));
         let mounts = hc.mounts.expect("mounts");
         assert_eq!(mounts.len(), 1, "the agent only");
         assert_eq!(mounts[0].read_only, Some(true));

@@ -121,6 +121,34 @@ pub struct ContainerStatus {
     pub labels: HashMap<String, String>,
 }
 
+/// One line of a container's log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LogLine {
+    /// When the engine logged it, as `YYYY-MM-DDTHH:MM:SS.nnnnnnnnn`:
+    /// later lines sort after earlier ones.
+    pub at: String,
+    pub text: String,
+}
+
+impl LogLine {
+    /// A line as the engine sends it with time stamps: RFC 3339 with up
+    /// to nine fraction digits (trailing zeros dropped), in UTC, a space,
+    /// the text. The fraction is padded so stamps compare as strings.
+    fn parse(line: &str) -> Option<LogLine> {
+        let (stamp, text) = line.split_once(' ')?;
+        let stamp = stamp.strip_suffix('Z')?;
+        let (seconds, fraction) = stamp.split_once('.').unwrap_or((stamp, ""));
+        let digits = |s: &str| s.bytes().all(|b| b.is_ascii_digit());
+        if seconds.len() != 19 || fraction.len() > 9 || !digits(fraction) {
+            return None;
+        }
+        Some(LogLine {
+            at: format!("{seconds}.{fraction:0<9}"),
+            text: text.to_string(),
+        })
+    }
+}
+
 /// A network as listed.
 #[derive(Debug, Clone)]
 pub struct NetworkRecord {
@@ -720,6 +748,7 @@ impl Engine {
         name: &str,
         labels: HashMap<String, String>,
         subnet: &str,
+        ip_range: &str,
     ) -> EngineResult<()> {
         let docker = self.docker()?;
         let req = NetworkCreateRequest {
@@ -734,6 +763,7 @@ impl Engine {
             ipam: Some(Ipam {
                 config: Some(vec![IpamConfig {
                     subnet: Some(subnet.to_string()),
+                    ip_range: Some(ip_range.to_string()),
                     ..Default::default()
                 }]),
                 ..Default::default()
@@ -873,26 +903,29 @@ impl Engine {
     }
 
     /// The lines `container` prints on stdout from `since` (unix seconds)
-    /// on, as they come, until it stops; lines longer than `max` bytes
-    /// (and what cannot be read as text) are skipped, so what is held is
-    /// bounded.
+    /// on, as they come, until it stops, each with the time the engine
+    /// logged it; lines longer than `max` bytes (and what cannot be read
+    /// as text) are skipped, so what is held is bounded.
     pub fn follow_stdout_lines(
         &self,
         container: &str,
         since: i32,
         max: usize,
-    ) -> impl futures_util::Stream<Item = String> + use<> {
+    ) -> impl futures_util::Stream<Item = LogLine> + use<> {
         use futures_util::StreamExt;
         let options = LogsOptionsBuilder::new()
             .follow(true)
             .stdout(true)
             .stderr(false)
             .since(since)
+            .timestamps(true)
             .build();
         let chunks = match self.docker() {
             Ok(docker) => docker.logs(container, Some(options)).boxed(),
             Err(_) => futures_util::stream::empty().boxed(),
         };
+        // Room for the engine's time stamp in front of each line.
+        let max = max + 64;
         let mut partial: Vec<u8> = Vec::new();
         let mut skipping = false;
         chunks
@@ -902,7 +935,11 @@ impl Engine {
                 for &b in chunk.map(|c| c.into_bytes()).unwrap_or_default().iter() {
                     if b == b'\n' {
                         if !skipping {
-                            lines.extend(String::from_utf8(std::mem::take(&mut partial)).ok());
+                            lines.extend(
+                                String::from_utf8(std::mem::take(&mut partial))
+                                    .ok()
+                                    .and_then(|l| LogLine::parse(&l)),
+                            );
                         }
                         partial.clear();
                         skipping = false;
@@ -976,4 +1013,28 @@ fn label_filter(labels: &[(&str, &str)]) -> HashMap<String, Vec<String>> {
         "label".to_string(),
         labels.iter().map(|(k, v)| format!("{k}={v}")).collect(),
     )])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::LogLine;
+
+    #[test]
+    fn log_time_stamps_are_padded_to_sort_as_strings() {
+        let a = LogLine::parse("2026-11-25T10:00:00.1Z egress-denied x").expect("line");
+        let b = LogLine::parse("2026-11-25T10:00:00.12Z next").expect("line");
+        let c = LogLine::parse("2026-11-25T10:00:01Z later").expect("line");
+        assert_eq!(a.at, "2026-11-25T10:00:00.100000000");
+        assert_eq!(a.text, "egress-denied x");
+        assert!(a.at < b.at && b.at < c.at, "{a:?} {b:?} {c:?}");
+        for bad in [
+            "no-stamp",
+            "2026-11-25T10:00:00.1 no-zone",
+            "2026-11-25T10:00:00.1234567890Z too-fine",
+            "2026-11-25T10:00:00.1xZ not-digits",
+            "10:00:00Z short",
+        ] {
+            assert_eq!(LogLine::parse(bad), None, "{bad}");
+        }
+    }
 }

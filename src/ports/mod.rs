@@ -8,7 +8,7 @@
 //! small bridge holding only that sandbox and its proxies (the engine keeps
 //! bridge networks apart from each other). Link networks get explicit
 //! subnets from `link_subnet_pool`, each just big enough for `max_ports`
-//! proxies (/29 for the default four; see `subnet::link_prefix`), so they
+//! proxies (/28 for the default four; see `subnet::link_prefix`), so they
 //! do not use up the engine's address pools. The ports a sandbox allowlists
 //! are published in the background right after create (or a reconnect that
 //! adds some), so the first GET of a port is a quick check, not a container

@@ -35,6 +35,10 @@ pub const ROLE_LINK: &str = "link";
 pub const ROLE_EGRESS: &str = "egress";
 /// Label on proxies: the sandbox port they publish.
 pub const PORT: &str = "sandboxd.port";
+/// Label on egress proxies: a fingerprint of what they were started with
+/// (command line with the policy, name servers, image); one that differs
+/// from what sandboxd would start now is replaced.
+pub const EGRESS_POLICY: &str = "sandboxd.egress.policy";
 
 /// Whether a network's labels mark it as a link network.
 pub fn is_link_network(labels: &HashMap<String, String>) -> bool {

@@ -14,11 +14,11 @@
 //! `internet` sandboxes share one egress container (joined to each of
 //! their link networks at a fixed address); an `allowlist` sandbox gets
 //! its own, its policy on its command line. Refusals are printed by the
-//! proxy; [`Sandboxes::watch_denials`] counts and logs them with the
-//! sandbox's id. Mode `open` keeps the instance's bridge network (and
+//! proxy; [`Sandboxes::watch_egress`] counts and logs them with the
+//! sandbox's id, and replaces a proxy that is gone. Mode `open` keeps the instance's bridge network (and
 //! gets a link network only when a port is published).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
 use std::time::Duration;
@@ -31,7 +31,7 @@ use super::agent_delivery::{AGENT_DIR, AGENT_PATH, AGENT_VERSION, agent_volume};
 use super::registry::Sandbox;
 use super::spec::NetworkMode;
 use super::{SandboxError, SandboxResult, Sandboxes, labels};
-use crate::engine::{EgressContainer, EngineError};
+use crate::engine::{ContainerStatus, EgressContainer, EngineError};
 use crate::subnet;
 
 /// The sandbox's DNS name on its link network. The container name resolves
@@ -212,9 +212,14 @@ impl Sandboxes {
             if used.contains(&subnet) {
                 continue;
             }
+            let Some(allocated) = subnet::allocation_range(&subnet) else {
+                return Err(
+                    EngineError::Failed(format!("link subnet {subnet} has no room")).into(),
+                );
+            };
             match self
                 .engine
-                .create_isolated_network(&name, labels.clone(), &subnet)
+                .create_isolated_network(&name, labels.clone(), &subnet, &allocated)
                 .await
             {
                 Ok(()) => return Ok(subnet),
@@ -285,13 +290,15 @@ impl Sandboxes {
         EgressPolicy { allowlist, deny }
     }
 
+    /// The egress container sandboxd would start now, labelled with a
+    /// fingerprint of what decides its behaviour.
     fn egress_spec(
         &self,
         name: String,
-        labels: HashMap<String, String>,
+        mut labels: HashMap<String, String>,
         policy: &EgressPolicy,
     ) -> EgressContainer {
-        let command = [
+        let command: Vec<String> = [
             AGENT_PATH.to_string(),
             "egress".into(),
             "--listen".into(),
@@ -300,13 +307,24 @@ impl Sandboxes {
         .into_iter()
         .chain(policy.to_args())
         .collect();
+        let image = self
+            .config
+            .egress_image
+            .clone()
+            .unwrap_or_else(|| self.config.image.clone());
+        labels.insert(labels::AGENT.into(), AGENT_VERSION.into());
+        labels.insert(
+            labels::EGRESS_POLICY.into(),
+            fingerprint(
+                command
+                    .iter()
+                    .chain(&self.config.egress_dns)
+                    .chain([&image]),
+            ),
+        );
         EgressContainer {
             name,
-            image: self
-                .config
-                .egress_image
-                .clone()
-                .unwrap_or_else(|| self.config.image.clone()),
+            image,
             user: self.config.sandbox_user.clone(),
             network: self.config.network_name().to_string(),
             agent_volume: agent_volume(&self.config.instance),
@@ -342,8 +360,7 @@ impl Sandboxes {
                 let mut labels = labels::instance_only(&self.config.instance);
                 labels.insert(labels::ROLE.into(), labels::ROLE_EGRESS.into());
                 labels.insert(labels::SANDBOX_ID.into(), sandbox_id.to_string());
-                labels.insert(labels::AGENT.into(), AGENT_VERSION.into());
-                let spec = self.egress_spec(name.clone(), labels, &self.egress_policy(mode, allow));
+                let spec = self.egress_spec(name, labels, &self.egress_policy(mode, allow));
                 self.start_egress(&spec, &[(network, address)]).await?;
             }
             NetworkMode::None | NetworkMode::Open => {}
@@ -351,36 +368,31 @@ impl Sandboxes {
         Ok(())
     }
 
-    /// Makes sure an egress container runs (made, joined to `links`, and
-    /// listening) or is at least started; a container of another agent
-    /// version is replaced.
+    /// Makes sure the egress container `spec` runs, listening and joined
+    /// to `links`. One that is stopped, or was started by another agent or
+    /// with another policy, is replaced: it holds no state, and a stopped
+    /// one may not start again (its crash retries used up).
     async fn start_egress(
         &self,
         spec: &EgressContainer,
         links: &[(String, Ipv4Addr)],
     ) -> SandboxResult<()> {
         match self.engine.container_status(&spec.name).await? {
-            Some(s) if s.labels.get(labels::AGENT).map(String::as_str) == Some(AGENT_VERSION) => {
-                if !s.running {
-                    self.engine.start_container(&spec.name).await?;
-                }
-                for (network, address) in links {
-                    self.engine
-                        .connect_network(network, &spec.name, &[], Some(*address))
-                        .await?;
-                }
-                return Ok(());
+            Some(s) if s.running && is_current(&s, spec) => {
+                return self.join_links(&spec.name, links).await;
             }
-            Some(_) => self.engine.remove_container(&spec.name).await?,
+            Some(_) => {
+                tracing::info!(container = %spec.name, "replacing an egress proxy that is stopped or of another agent or policy");
+                self.engine.remove_container(&spec.name).await?;
+            }
             None => {}
         }
+        // Its way out (removed out of band, the engine would refuse the
+        // create).
+        self.ensure_network().await?;
         self.engine.create_egress(spec).await?;
         let started = async {
-            for (network, address) in links {
-                self.engine
-                    .connect_network(network, &spec.name, &[], Some(*address))
-                    .await?;
-            }
+            self.join_links(&spec.name, links).await?;
             self.engine.start_container(&spec.name).await?;
             if !self
                 .engine
@@ -390,26 +402,57 @@ impl Sandboxes {
                 return Err(EngineError::Failed(format!(
                     "egress proxy {} did not start listening within {EGRESS_START:?}",
                     spec.name
-                )));
+                ))
+                .into());
             }
             Ok(())
         };
         if let Err(e) = started.await {
             let _ = self.engine.remove_container(&spec.name).await;
-            return Err(e.into());
+            return Err(e);
         }
         tracing::info!(container = %spec.name, "egress proxy started");
         Ok(())
     }
 
-    /// The shared egress proxy, running; made (and joined to the link
-    /// network of every `internet` sandbox there is) when missing.
+    /// Joins an egress container to link networks at their egress
+    /// address. A network that is gone belongs to a sandbox being removed
+    /// meanwhile: the others still get their way out.
+    async fn join_links(&self, container: &str, links: &[(String, Ipv4Addr)]) -> SandboxResult<()> {
+        for (network, address) in links {
+            match self
+                .engine
+                .connect_network(network, container, &[], Some(*address))
+                .await
+            {
+                Err(EngineError::NotFound(m)) => {
+                    tracing::debug!(network = %network, reason = %m, "a link network went meanwhile");
+                }
+                other => other?,
+            }
+        }
+        Ok(())
+    }
+
+    /// The shared egress proxy, running with the current policy; made
+    /// (and joined to the link network of every `internet` sandbox there
+    /// is) when missing, stopped or outdated.
     async fn ensure_shared_egress(&self) -> SandboxResult<String> {
         let name = shared_egress_name(&self.config.instance);
+        let mut labels = labels::instance_only(&self.config.instance);
+        labels.insert(labels::ROLE.into(), labels::ROLE_EGRESS.into());
+        let spec = self.egress_spec(
+            name.clone(),
+            labels,
+            &self.egress_policy(NetworkMode::Internet, &[]),
+        );
         let _one = self.egress_start.lock().await;
-        if self.engine.container_status(&name).await?.is_some_and(|s| {
-            s.running && s.labels.get(labels::AGENT).map(String::as_str) == Some(AGENT_VERSION)
-        }) {
+        if self
+            .engine
+            .container_status(&name)
+            .await?
+            .is_some_and(|s| s.running && is_current(&s, &spec))
+        {
             return Ok(name);
         }
         let links: Vec<(String, Ipv4Addr)> = self
@@ -425,14 +468,6 @@ impl Sandboxes {
                 ))
             })
             .collect();
-        let mut labels = labels::instance_only(&self.config.instance);
-        labels.insert(labels::ROLE.into(), labels::ROLE_EGRESS.into());
-        labels.insert(labels::AGENT.into(), AGENT_VERSION.into());
-        let spec = self.egress_spec(
-            name.clone(),
-            labels,
-            &self.egress_policy(NetworkMode::Internet, &[]),
-        );
         self.start_egress(&spec, &links).await?;
         Ok(name)
     }
@@ -445,12 +480,18 @@ impl Sandboxes {
         Ok(())
     }
 
-    /// Follows the refusals of every egress proxy of this instance until
-    /// `shutdown`: each is counted (`sandboxd_egress_denied_total`) and
-    /// logged with the sandbox it came from.
-    pub async fn watch_denials(self: Arc<Self>, shutdown: CancellationToken) {
+    /// Until `shutdown`: follows the refusals of every egress proxy of this
+    /// instance (each counted in `sandboxd_egress_denied_total` and logged
+    /// with the sandbox it came from), and gives sandboxes whose egress
+    /// proxy is gone or stopped (removed out of band, crashed past its
+    /// retries, the engine restarted) a new one.
+    pub async fn watch_egress(self: Arc<Self>, shutdown: CancellationToken) {
         let since = i32::try_from(crate::clock::now_ms() / 1000).unwrap_or(i32::MAX);
-        let mut followed: HashMap<String, tokio::task::JoinHandle<()>> = HashMap::new();
+        let mut followed: HashMap<String, tokio::task::JoinHandle<Option<String>>> = HashMap::new();
+        // Per container, the stamp of the last line read: a follower that
+        // ends (its container restarted) resumes after it, counting nothing
+        // twice.
+        let mut read_up_to: HashMap<String, String> = HashMap::new();
         let mut tick = tokio::time::interval(WATCH_TICK);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -465,15 +506,39 @@ impl Sandboxes {
             let Ok(list) = self.engine.list_containers(&filter).await else {
                 continue;
             };
-            followed.retain(|_, task| !task.is_finished());
-            for c in list.into_iter().filter(|c| c.running) {
-                if followed.contains_key(&c.name) {
+            let ended: Vec<String> = followed
+                .iter()
+                .filter(|(_, task)| task.is_finished())
+                .map(|(name, _)| name.clone())
+                .collect();
+            for name in ended {
+                if let Some(task) = followed.remove(&name)
+                    && let Ok(Some(at)) = task.await
+                {
+                    read_up_to.insert(name, at);
+                }
+            }
+            let present: HashSet<&str> = list.iter().map(|c| c.name.as_str()).collect();
+            read_up_to.retain(|name, _| present.contains(name.as_str()));
+            let running: HashSet<String> = list
+                .iter()
+                .filter(|c| c.running)
+                .map(|c| c.name.clone())
+                .collect();
+            for name in &running {
+                if followed.contains_key(name) {
                     continue;
                 }
                 let this = Arc::clone(&self);
-                let name = c.name.clone();
-                let task = tokio::spawn(async move { this.follow_denials(&name, since).await });
-                followed.insert(c.name, task);
+                let (name, after) = (name.clone(), read_up_to.get(name).cloned());
+                let task = {
+                    let name = name.clone();
+                    tokio::spawn(async move { this.follow_denials(&name, since, after).await })
+                };
+                followed.insert(name, task);
+            }
+            if *self.ready.borrow() {
+                self.repair_egress(running).await;
             }
         }
         for (_, task) in followed {
@@ -481,12 +546,24 @@ impl Sandboxes {
         }
     }
 
-    async fn follow_denials(&self, container: &str, since: i32) {
+    /// Reads `container`'s refusals logged after `since` and after the
+    /// stamp `after`; returns the stamp of the last line read.
+    async fn follow_denials(
+        &self,
+        container: &str,
+        since: i32,
+        after: Option<String>,
+    ) -> Option<String> {
         let mut lines = self
             .engine
             .follow_stdout_lines(container, since, MAX_DENIAL_LINE);
+        let mut last = after;
         while let Some(line) = lines.next().await {
-            let Some(d) = Denial::parse(&line) else {
+            if last.as_ref().is_some_and(|l| line.at <= *l) {
+                continue;
+            }
+            last = Some(line.at);
+            let Some(d) = Denial::parse(&line.text) else {
                 continue;
             };
             let sandbox = self.sandbox_of(d.client);
@@ -504,6 +581,41 @@ impl Sandboxes {
                 "a sandbox's connection was refused by the egress policy"
             );
         }
+        last
+    }
+
+    /// Gives each sandbox behind an egress proxy whose proxy is not among
+    /// `running` its way out again, under its session's lock (a stop in
+    /// progress is not given a new proxy).
+    async fn repair_egress(&self, mut running: HashSet<String>) {
+        for s in self.registry.list() {
+            let Some(subnet) = s.ports().link_subnet.filter(|_| s.network.through_egress()) else {
+                continue;
+            };
+            let name = match s.network {
+                NetworkMode::Internet => shared_egress_name(&self.config.instance),
+                _ => own_egress_name(&self.config.instance, &s.id),
+            };
+            if running.contains(&name) {
+                continue;
+            }
+            let _key = self.registry.lock_key(&s.session_key).await;
+            if self.registry.get(&s.id).is_none() {
+                continue;
+            }
+            match self
+                .attach_egress(&s.id, s.network, &s.allow, &subnet)
+                .await
+            {
+                Ok(()) => {
+                    tracing::warn!(sandbox_id = %s.id, container = %name, "an egress proxy was gone or stopped; a new one runs");
+                    running.insert(name);
+                }
+                Err(e) => {
+                    tracing::warn!(sandbox_id = %s.id, container = %name, error = %e, "an egress proxy is gone or stopped and could not be replaced; the sandbox's connections out fail until it is");
+                }
+            }
+        }
     }
 
     /// The sandbox whose link network holds `client`.
@@ -517,9 +629,48 @@ impl Sandboxes {
     }
 }
 
+/// Whether a running egress container is what `spec` would start: same
+/// agent, same policy.
+fn is_current(status: &ContainerStatus, spec: &EgressContainer) -> bool {
+    [labels::AGENT, labels::EGRESS_POLICY].iter().all(|k| {
+        status
+            .labels
+            .get(*k)
+            .is_some_and(|v| spec.labels.get(*k) == Some(v))
+    })
+}
+
+/// FNV-1a over the parts, each ended by a NUL: a label that changes when
+/// any part does (not a security measure; sandboxd writes and reads it).
+fn fingerprint<'a>(parts: impl Iterator<Item = &'a String>) -> String {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in parts.flat_map(|p| p.bytes().chain([0])) {
+        hash ^= u64::from(b);
+        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    format!("{hash:016x}")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_fingerprint_tells_policies_apart() {
+        let of = |parts: &[&str]| {
+            let owned: Vec<String> = parts.iter().map(|p| p.to_string()).collect();
+            fingerprint(owned.iter())
+        };
+        assert_eq!(
+            of(&["egress", "--deny", "10.0.0.0/8"]),
+            of(&["egress", "--deny", "10.0.0.0/8"])
+        );
+        assert_ne!(
+            of(&["egress", "--deny", "10.0.0.0/8"]),
+            of(&["egress", "--deny", "10.0.0.0/9"])
+        );
+        assert_ne!(of(&["ab", "c"]), of(&["a", "bc"]), "parts are delimited");
+    }
 
     #[test]
     fn the_egress_address_is_the_blocks_last_host() {

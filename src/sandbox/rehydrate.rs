@@ -11,6 +11,7 @@ use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 
 use super::registry::Sandbox;
+use super::spec::NetworkMode;
 use super::{Event, Sandboxes, labels};
 use crate::clock::now_ms;
 
@@ -67,7 +68,7 @@ impl Sandboxes {
         let mut adopted: BTreeSet<String> = BTreeSet::new();
         let mut keys: HashMap<String, String> = HashMap::new();
         for (record, c) in records {
-            let record = match record {
+            let mut record = match record {
                 Ok(r) => r,
                 Err(e) => {
                     tracing::warn!(container = %c.name, error = %e, "unreadable sandbox labels; removing it");
@@ -88,6 +89,16 @@ impl Sandboxes {
             if c.labels.get(labels::AGENT).map(String::as_str)
                 != Some(super::agent_delivery::AGENT_VERSION)
             {
+                // Mode `open` (also what sandboxes made before egress
+                // policies had) that the configuration no longer allows:
+                // the new container gets the default mode, never more.
+                if record.network == NetworkMode::Open
+                    && !self.config().network_modes.iter().any(|m| m == "open")
+                    && let Some(mode) = NetworkMode::parse(&self.config().network_default)
+                {
+                    tracing::info!(sandbox_id = %record.id, mode = %self.config().network_default, "network mode open is not allowed any more; the recreated sandbox gets the default mode");
+                    record.network = mode;
+                }
                 match self.recreate(&record).await {
                     Ok(()) => {
                         tracing::info!(sandbox_id = %record.id, "sandbox recreated with this sandboxd's agent; its workspace is kept");

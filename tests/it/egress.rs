@@ -294,6 +294,12 @@ async fn internet_reaches_public_addresses_and_never_the_host_or_private_ones() 
         .find(|l| l.contains("egress_denied") && l.contains(&format!("{PRIVATE}:80")))
         .expect("a refusal line");
     assert!(line.contains(&sid), "the line names the sandbox: {line}");
+    let denied = denied_total(&server).await;
+    assert!(denied >= 8.0, "denials counted: {denied}");
+}
+
+/// `sandboxd_egress_denied_total` (0 before the first refusal).
+async fn denied_total(server: &TestServer) -> f64 {
     let metrics = server
         .client
         .get(format!("{}/metrics", server.base))
@@ -303,13 +309,12 @@ async fn internet_reaches_public_addresses_and_never_the_host_or_private_ones() 
         .text()
         .await
         .expect("metrics text");
-    let denied: f64 = metrics
+    metrics
         .lines()
         .find(|l| l.starts_with("sandboxd_egress_denied_total"))
         .and_then(|l| l.rsplit(' ').next())
         .and_then(|v| v.parse().ok())
-        .expect("the denial counter");
-    assert!(denied >= 8.0, "denials counted: {denied}");
+        .unwrap_or(0.0)
 }
 
 #[tokio::test]
@@ -395,6 +400,13 @@ async fn none_has_no_network_and_open_needs_the_operator() {
         curl(&server, &sid_net, &format!("http://{PUBLIC}/")).await,
         (200, "public\n".into())
     );
+    // UDP does not leave an internet sandbox: a name server on the fake
+    // internet gets no query (names are resolved by the proxy).
+    assert_eq!(
+        server.sh(&sid_net, &dns_query()).await["stdout"],
+        "no answer\n",
+        "a DNS query from an internet sandbox"
+    );
 
     drop(server);
     // Enabled by the operator: open is the engine's bridge, no proxy.
@@ -406,6 +418,272 @@ async fn none_has_no_network_and_open_needs_the_operator() {
     let r = curl(&server, &sid, &format!("--noproxy '*' http://{PUBLIC}/")).await;
     assert_eq!(r, (200, "public\n".into()), "open goes direct");
     assert_eq!(net.hits(PUBLIC).await, before + 1);
+    // The control for the DNS query above: from an open sandbox the same
+    // query is answered.
+    assert_eq!(
+        server.sh(&sid, &dns_query()).await["stdout"],
+        "answered\n",
+        "a DNS query from an open sandbox"
+    );
+}
+
+/// A script that asks the fake name server for `public.test` over UDP
+/// and prints `answered` or `no answer` (within 3 s).
+fn dns_query() -> String {
+    format!(
+        r#"python3 - <<'EOF'
+import socket, struct
+q = struct.pack(">HHHHHH", 0x5eed, 0x0100, 1, 0, 0, 0)
+q += b"".join(bytes([len(p)]) + p.encode() for p in "public.test".split(".")) + b"\0"
+q += struct.pack(">HH", 1, 1)
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.settimeout(3)
+try:
+    s.sendto(q, ("{DNS}", 53))
+    print("answered" if s.recv(512)[:2] == b"\x5e\xed" else "garbage")
+except OSError:
+    print("no answer")
+EOF"#
+    )
+}
+
+/// No container sandboxd makes has IPv6 (an IPv6 link-local address would
+/// reach the host side of a bridge on engines that leave it on), and none
+/// forwards between its networks: the sandbox, its port proxy and the
+/// egress proxy each carry the settings, and inside the sandbox the kernel
+/// shows them (without them the engine gives a container `ip_forward` 1,
+/// inherited from the host). The engine hands out link-network addresses
+/// from the block's lower half only, so no proxy can take the egress
+/// proxy's address at the top.
+#[tokio::test]
+async fn no_container_has_ipv6_or_forwards_and_the_egress_address_stays_free() {
+    let server = server(&[]).await;
+    let sid = server
+        .create(json!({"sessionKey": "v6", "ports": [3000]}))
+        .await;
+    let (s, v) = server.get(&format!("/v1/sandboxes/{sid}/ports/3000")).await;
+    assert_eq!(s, 200, "{v}");
+    let mut names = vec![
+        server.container_name(&sid),
+        format!("{}-egress", server.instance),
+    ];
+    names.extend(
+        server
+            .containers_with("sandboxd.role", "proxy")
+            .await
+            .into_iter()
+            .filter_map(|c| c.names.and_then(|n| n.into_iter().next()))
+            .map(|n| n.trim_start_matches('/').to_string()),
+    );
+    assert_eq!(
+        names.len(),
+        3,
+        "sandbox, egress proxy, port proxy: {names:?}"
+    );
+    for name in &names {
+        let sysctls = server
+            .docker
+            .inspect_container(
+                name,
+                None::<bollard::query_parameters::InspectContainerOptions>,
+            )
+            .await
+            .expect("inspect")
+            .host_config
+            .and_then(|h| h.sysctls)
+            .unwrap_or_default();
+        for (k, v) in [
+            ("net.ipv6.conf.all.disable_ipv6", "1"),
+            ("net.ipv6.conf.default.disable_ipv6", "1"),
+            ("net.ipv4.ip_forward", "0"),
+        ] {
+            assert_eq!(sysctls.get(k).map(String::as_str), Some(v), "{name}: {k}");
+        }
+    }
+    let inside = server
+        .sh(
+            &sid,
+            r#"echo "v6 addresses: $(wc -l < /proc/net/if_inet6)"; echo "forwarding: $(cat /proc/sys/net/ipv4/ip_forward)""#,
+        )
+        .await;
+    assert_eq!(
+        inside["stdout"], "v6 addresses: 0\nforwarding: 0\n",
+        "{inside}"
+    );
+
+    let link = format!("{}-{sid}-link", server.instance);
+    let network = server
+        .docker
+        .inspect_network(
+            &link,
+            None::<bollard::query_parameters::InspectNetworkOptions>,
+        )
+        .await
+        .expect("the link network");
+    let ipam = network
+        .ipam
+        .and_then(|i| i.config)
+        .and_then(|c| c.into_iter().next())
+        .expect("its address range");
+    let subnet = ipam.subnet.expect("subnet");
+    let (base, bits) = subnet.split_once('/').expect("a CIDR");
+    let bits: u32 = bits.parse().expect("prefix");
+    assert_eq!(
+        ipam.ip_range,
+        Some(format!("{base}/{}", bits + 1)),
+        "addresses come from the lower half of {subnet}"
+    );
+    let base = u32::from(base.parse::<std::net::Ipv4Addr>().expect("IPv4"));
+    let half = 1u32 << (32 - bits - 1);
+    let endpoints: Vec<_> = network
+        .containers
+        .unwrap_or_default()
+        .into_values()
+        .collect();
+    assert_eq!(endpoints.len(), 3, "sandbox, port proxy, egress proxy");
+    for endpoint in endpoints {
+        let addr = endpoint.ipv4_address.expect("an address");
+        let ip = u32::from(
+            addr.split('/')
+                .next()
+                .and_then(|a| a.parse::<std::net::Ipv4Addr>().ok())
+                .expect("IPv4"),
+        );
+        let egress = endpoint.name.as_deref() == Some(&format!("{}-egress", server.instance));
+        assert_eq!(
+            ip >= base + half,
+            egress,
+            "{:?} at {addr}: only the egress proxy is in the upper half",
+            endpoint.name
+        );
+    }
+}
+
+/// The shared egress proxy is replaced when it is removed or stopped
+/// behind sandboxd's back (the sandbox's way out comes back by itself),
+/// and when the policy changes (a restart with a new `egress_deny`
+/// refuses what the old proxy let through).
+#[tokio::test]
+async fn a_lost_or_outdated_egress_proxy_is_replaced() {
+    let _net = FakeNet::start().await;
+    let mut server = server(&[]).await;
+    let sid = server.create(json!({"sessionKey": "repair"})).await;
+    let ok = (200, "public\n".to_string());
+    assert_eq!(curl(&server, &sid, "http://public.test/").await, ok);
+    let egress = format!("{}-egress", server.instance);
+    let id_of = |server: &TestServer| {
+        let docker = server.docker.clone();
+        let egress = egress.clone();
+        async move {
+            docker
+                .inspect_container(
+                    &egress,
+                    None::<bollard::query_parameters::InspectContainerOptions>,
+                )
+                .await
+                .ok()
+                .filter(|c| c.state.as_ref().and_then(|s| s.running) == Some(true))
+                .and_then(|c| c.id)
+        }
+    };
+    // Restarted in place: its log is read on from the last refusal
+    // counted, not counted again. The second refusal (another port) shows
+    // that the proxy's log is followed again; by then a recount of the
+    // first would have happened.
+    refused(
+        "a private address",
+        &curl(&server, &sid, &format!("http://{PRIVATE}/")).await,
+    );
+    eventually(
+        Duration::from_secs(10),
+        "the refusal is counted",
+        || async { denied_total(&server).await == 1.0 },
+    )
+    .await;
+    server
+        .docker
+        .restart_container(
+            &egress,
+            None::<bollard::query_parameters::RestartContainerOptions>,
+        )
+        .await
+        .expect("restart the proxy");
+    eventually(
+        Duration::from_secs(20),
+        "the proxy serves again",
+        || async { curl(&server, &sid, "http://public.test/").await == ok },
+    )
+    .await;
+    refused(
+        "a private address at another port",
+        &curl(&server, &sid, &format!("http://{PRIVATE}:8022/")).await,
+    );
+    eventually(
+        Duration::from_secs(10),
+        "the second refusal is logged",
+        || async { server.log_text().contains(&format!("{PRIVATE}:8022")) },
+    )
+    .await;
+    assert_eq!(
+        denied_total(&server).await,
+        2.0,
+        "each refusal counted once"
+    );
+    let first = id_of(&server).await.expect("the shared proxy runs");
+
+    // Removed out of band.
+    server
+        .docker
+        .remove_container(
+            &egress,
+            Some(bollard::query_parameters::RemoveContainerOptions {
+                force: true,
+                ..Default::default()
+            }),
+        )
+        .await
+        .expect("remove the proxy");
+    eventually(Duration::from_secs(20), "a new proxy runs", || async {
+        id_of(&server).await.is_some_and(|id| id != first)
+    })
+    .await;
+    assert_eq!(
+        curl(&server, &sid, "http://public.test/").await,
+        ok,
+        "after removal"
+    );
+
+    // Stopped (a clean exit: the engine does not restart it).
+    let second = id_of(&server).await.expect("the new proxy");
+    server
+        .docker
+        .stop_container(
+            &egress,
+            None::<bollard::query_parameters::StopContainerOptions>,
+        )
+        .await
+        .expect("stop the proxy");
+    eventually(Duration::from_secs(20), "a running proxy again", || async {
+        id_of(&server).await.is_some_and(|id| id != second)
+    })
+    .await;
+    assert_eq!(
+        curl(&server, &sid, "http://public.test/").await,
+        ok,
+        "after a stop"
+    );
+    assert!(
+        server.log_text().contains("a new one runs"),
+        "the replacement is logged"
+    );
+
+    // A new policy: the public server is denied from now on.
+    server.set_env("SANDBOXD_EGRESS_DENY", &format!("{PUBLIC}/32"));
+    server.restart().await;
+    refused(
+        "a destination the new policy denies",
+        &curl(&server, &sid, "http://public.test/").await,
+    );
 }
 
 async fn server_open() -> TestServer {

@@ -912,10 +912,54 @@ async fn a_sandbox_of_another_agent_version_is_recreated_on_rehydration() {
     assert_eq!(server.inspect(&id).await.id, made.id, "container kept");
 
     server.stop_process();
-    let name = server.container_name(&id);
+    let old = remake_container(&server, &id, made, &[("sandboxd.agent", "another-build")]).await;
+
+    server.restart().await;
+    let now = server.inspect(&id).await;
+    assert_ne!(now.id.as_ref(), Some(&old), "the container was recreated");
+    assert_eq!(
+        now.config
+            .and_then(|c| c.labels)
+            .and_then(|mut l| l.remove("sandboxd.agent")),
+        Some(agent_version),
+        "with this agent"
+    );
+    assert!(
+        server
+            .docker
+            .inspect_container(
+                &old,
+                None::<bollard::query_parameters::InspectContainerOptions>
+            )
+            .await
+            .is_err(),
+        "the old container, and every process in it, is gone"
+    );
+    let r = server.sh(&id, "cat /workspace/note").await;
+    assert_eq!(r["stdout"], "kept\n", "the workspace stays: {r}");
+    assert!(
+        server
+            .log_text()
+            .contains("sandbox recreated with this sandboxd's agent"),
+        "the log says so"
+    );
+}
+
+/// While sandboxd is down: makes sandbox `id`'s container again, as
+/// `made` was but for `labels` (the engine cannot relabel a container),
+/// and starts it; returns the new container's id.
+async fn remake_container(
+    server: &TestServer,
+    id: &str,
+    made: bollard::models::ContainerInspectResponse,
+    changed: &[(&str, &str)],
+) -> String {
+    let name = server.container_name(id);
     let config = made.config.expect("config");
     let mut labels = config.labels.clone().unwrap_or_default();
-    labels.insert("sandboxd.agent".into(), "another-build".into());
+    for (k, v) in changed {
+        labels.insert(k.to_string(), v.to_string());
+    }
     server
         .docker
         .remove_container(
@@ -947,7 +991,7 @@ async fn a_sandbox_of_another_agent_version_is_recreated_on_rehydration() {
             },
         )
         .await
-        .expect("the container of another agent version")
+        .expect("the remade container")
         .id;
     server
         .docker
@@ -957,34 +1001,71 @@ async fn a_sandbox_of_another_agent_version_is_recreated_on_rehydration() {
         )
         .await
         .expect("start it");
+    old
+}
 
-    server.restart().await;
-    let now = server.inspect(&id).await;
-    assert_ne!(now.id.as_ref(), Some(&old), "the container was recreated");
+/// A sandbox made before egress policies (network label `default`: the
+/// instance's bridge, the host included), or in mode `open` that the
+/// configuration no longer allows, is recreated in the default mode when
+/// sandboxd starts with a new agent: behind the egress proxy, its
+/// workspace kept.
+#[tokio::test]
+async fn a_recreated_sandbox_of_a_mode_no_longer_allowed_gets_the_default_mode() {
+    let mut server = TestServer::start_with(
+        ServerOptions::default().env("SANDBOXD_NETWORK_MODES", "none,internet,allowlist,open"),
+    )
+    .await;
+    let id = server
+        .create(json!({"sessionKey": "legacy", "network": {"mode": "open"}}))
+        .await;
     assert_eq!(
-        now.config
-            .and_then(|c| c.labels)
-            .and_then(|mut l| l.remove("sandboxd.agent")),
-        Some(agent_version),
-        "with this agent"
-    );
-    assert!(
         server
-            .docker
-            .inspect_container(
-                &old,
-                None::<bollard::query_parameters::InspectContainerOptions>
+            .sh(
+                &id,
+                "echo kept > /workspace/note; env | grep -c ^HTTP_PROXY= || true"
             )
-            .await
-            .is_err(),
-        "the old container, and every process in it, is gone"
+            .await["stdout"],
+        "0\n",
+        "open: no proxy"
     );
-    let r = server.sh(&id, "cat /workspace/note").await;
-    assert_eq!(r["stdout"], "kept\n", "the workspace stays: {r}");
+    let made = server.inspect(&id).await;
+    server.stop_process();
+    remake_container(
+        &server,
+        &id,
+        made,
+        &[
+            ("sandboxd.agent", "another-build"),
+            ("sandboxd.network", "default"),
+        ],
+    )
+    .await;
+    server.set_env("SANDBOXD_NETWORK_MODES", "none,internet,allowlist");
+    server.restart().await;
+
+    let (_, info) = server.get(&format!("/v1/sandboxes/{id}")).await;
+    assert_eq!(info["network"]["mode"], "internet", "{info}");
+    let labels = server
+        .inspect(&id)
+        .await
+        .config
+        .and_then(|c| c.labels)
+        .unwrap_or_default();
+    assert_eq!(
+        labels.get("sandboxd.network").map(String::as_str),
+        Some("internet")
+    );
+    let r = server
+        .sh(&id, "cat /workspace/note; env | grep -c ^HTTP_PROXY=")
+        .await;
+    assert_eq!(
+        r["stdout"], "kept\n1\n",
+        "workspace kept, behind the proxy: {r}"
+    );
     assert!(
         server
             .log_text()
-            .contains("sandbox recreated with this sandboxd's agent"),
+            .contains("network mode open is not allowed any more"),
         "the log says so"
     );
 }

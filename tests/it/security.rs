@@ -321,6 +321,7 @@ async fn every_container_passes_cis_section_5() {
     let mut names = vec![
         server.container_name(&online),
         server.container_name(&offline),
+        format!("{}-egress", server.instance),
     ];
     for p in server.containers_with("sandboxd.role", "proxy").await {
         names.push(
@@ -331,8 +332,8 @@ async fn every_container_passes_cis_section_5() {
     }
     assert_eq!(
         names.len(),
-        3,
-        "a networked sandbox, an offline one, a proxy"
+        4,
+        "a networked sandbox, an offline one, the egress proxy, a port proxy"
     );
     let mut failures = Vec::new();
     for name in &names {

@@ -254,6 +254,12 @@ impl TestServer {
         self.wait_ready().await;
     }
 
+    /// Sets (or replaces) an environment variable for the next start.
+    pub(crate) fn set_env(&mut self, k: &str, v: &str) {
+        self.options.env.retain(|(key, _)| key != k);
+        self.options.env.push((k.to_string(), v.to_string()));
+    }
+
     /// Stops and starts the process again with the same instance and options.
     pub(crate) async fn restart(&mut self) {
         self.stop_process();
