@@ -603,6 +603,13 @@ impl Sandboxes {
             if self.registry.get(&s.id).is_none() {
                 continue;
             }
+            // Listed before a create in flight made it, perhaps.
+            if let Ok(Some(status)) = self.engine.container_status(&name).await
+                && status.running
+            {
+                running.insert(name);
+                continue;
+            }
             match self
                 .attach_egress(&s.id, s.network, &s.allow, &subnet)
                 .await
