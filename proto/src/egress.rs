@@ -7,10 +7,10 @@
 //! A destination passes three tests in order, and the first refusal wins:
 //! 1. never: addresses no sandbox may reach, whatever its policy says
 //!    ([`never_reason`]: loopback, private networks, link-local with the
-//!    cloud metadata service, multicast, …), judged for the IPv6 forms that
-//!    embed an IPv4 address by the IPv4 address inside. A listed CIDR or an
-//!    allowed domain does not lift this: a policy cannot open the host's
-//!    own networks to a sandbox;
+//!    cloud metadata service, Azure's WireServer, multicast, …), judged for
+//!    the IPv6 forms that embed an IPv4 address by the IPv4 address inside.
+//!    A listed CIDR or an allowed domain does not lift this: a policy
+//!    cannot open the host's own networks to a sandbox;
 //! 2. the policy's deny list of CIDRs;
 //! 3. in allowlist mode, the allowlist: a name that matches one of its
 //!    domain patterns, or an address in one of its CIDRs.
@@ -51,6 +51,10 @@ const REASONS: &[(&str, &str)] = &[
     ("teredo", "Teredo address (2001::/32)"),
     ("discard", "discard-only address (100::/64)"),
     ("nat64-local", "local-use NAT64 address (64:ff9b:1::/48)"),
+    (
+        "cloud-metadata",
+        "cloud metadata address (Azure's WireServer, 168.63.129.16)",
+    ),
     (DENY_LIST, "in the sandbox's deny list"),
     (NOT_ALLOWLISTED, "not on the sandbox's allowlist"),
 ];
@@ -58,7 +62,12 @@ const DENY_LIST: &str = "deny-list";
 const NOT_ALLOWLISTED: &str = "not-allowlisted";
 
 /// IPv4 networks no sandbox may reach, in the order they are tried (the
-/// broadcast address before the reserved block that holds it).
+/// broadcast address before the reserved block that holds it). Most cloud
+/// metadata services sit in link-local space (169.254.169.254) or in one
+/// of these blocks already (AWS's fd00:ec2::254 is unique-local,
+/// Alibaba's 100.100.100.200 shared address space); Azure's WireServer is
+/// a public address its hosts answer on every VM's behalf, which hands out
+/// the VM's configuration and certificates, so it is named here.
 /// Documentation networks (192.0.2.0/24, 198.51.100.0/24, 203.0.113.0/24)
 /// are not here: they route nowhere anyway, and tests use them as
 /// stand-ins for public servers.
@@ -68,6 +77,7 @@ const NEVER_V4: &[(Ipv4Addr, u32, &str)] = &[
     (Ipv4Addr::new(10, 0, 0, 0), 8, "private"),
     (Ipv4Addr::new(100, 64, 0, 0), 10, "shared-address-space"),
     (Ipv4Addr::new(127, 0, 0, 0), 8, "loopback"),
+    (Ipv4Addr::new(168, 63, 129, 16), 32, "cloud-metadata"),
     (Ipv4Addr::new(169, 254, 0, 0), 16, "link-local"),
     (Ipv4Addr::new(172, 16, 0, 0), 12, "private"),
     (Ipv4Addr::new(192, 0, 0, 0), 24, "ietf-protocol"),
@@ -553,6 +563,7 @@ mod tests {
             ("100.127.255.254", "shared-address-space"),
             ("127.0.0.1", "loopback"),
             ("127.255.0.9", "loopback"),
+            ("168.63.129.16", "cloud-metadata"),
             ("169.254.169.254", "link-local"),
             ("169.254.0.1", "link-local"),
             ("172.16.0.1", "private"),
@@ -584,6 +595,8 @@ mod tests {
             "100.128.0.0",
             "126.255.255.255",
             "128.0.0.0",
+            "168.63.129.15",
+            "168.63.129.17",
             "169.253.255.255",
             "169.255.0.0",
             "172.15.255.255",
@@ -639,6 +652,7 @@ mod tests {
             ("::ffff:127.0.0.1", Some("loopback")),
             ("::ffff:10.0.0.1", Some("private")),
             ("::ffff:169.254.169.254", Some("link-local")),
+            ("::ffff:168.63.129.16", Some("cloud-metadata")),
             ("::ffff:0.0.0.0", Some("unspecified")),
             ("::ffff:8.8.8.8", None),
             ("::ffff:203.0.113.10", None),
@@ -652,11 +666,13 @@ mod tests {
             ("64:ff9b::127.0.0.1", Some("loopback")),
             ("64:ff9b::10.0.0.1", Some("private")),
             ("64:ff9b::169.254.169.254", Some("link-local")),
+            ("64:ff9b::168.63.129.16", Some("cloud-metadata")),
             ("64:ff9b::8.8.8.8", None),
             // 6to4: the IPv4 address in bits 16..48.
             ("2002:7f00:1::", Some("loopback")),
             ("2002:a00:1::1", Some("private")),
             ("2002:a9fe:a9fe::1", Some("link-local")),
+            ("2002:a83f:8110::", Some("cloud-metadata")),
             ("2002:808:808::1", None),
             ("2002:cb00:710a:1::", None),
         ];
