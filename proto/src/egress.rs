@@ -7,13 +7,19 @@
 //! A destination passes three tests in order, and the first refusal wins:
 //! 1. never: addresses no sandbox may reach, whatever its policy says
 //!    ([`never_reason`]: loopback, private networks, link-local with the
-//!    cloud metadata service, multicast, …), judged for the IPv6 forms that
-//!    embed an IPv4 address by the IPv4 address inside. A listed CIDR or an
-//!    allowed domain does not lift this: a policy cannot open the host's
-//!    own networks to a sandbox;
+//!    cloud metadata service, Azure's WireServer, multicast, …), judged for
+//!    the IPv6 forms that embed an IPv4 address by the IPv4 address inside.
+//!    A listed CIDR or an allowed domain does not lift this: a policy
+//!    cannot open the host's own networks to a sandbox;
 //! 2. the policy's deny list of CIDRs;
 //! 3. in allowlist mode, the allowlist: a name that matches one of its
 //!    domain patterns, or an address in one of its CIDRs.
+//!
+//! The IPv6 forms that embed an IPv4 address are held to the IPv4 address
+//! inside by the policy's lists too: a deny CIDR refuses them if it holds
+//! either the address or the IPv4 inside, and an allowlist CIDR passes
+//! them only if it holds the IPv4 inside (so an IPv6 entry such as
+//! `64:ff9b::/96` cannot open IPv4 addresses the allowlist leaves out).
 //!
 //! A name is judged by every address it resolves to, and if any is refused
 //! the whole name is ([`EgressPolicy::check_resolved`]): otherwise a
@@ -51,6 +57,10 @@ const REASONS: &[(&str, &str)] = &[
     ("teredo", "Teredo address (2001::/32)"),
     ("discard", "discard-only address (100::/64)"),
     ("nat64-local", "local-use NAT64 address (64:ff9b:1::/48)"),
+    (
+        "cloud-metadata",
+        "cloud metadata address (Azure's WireServer, 168.63.129.16)",
+    ),
     (DENY_LIST, "in the sandbox's deny list"),
     (NOT_ALLOWLISTED, "not on the sandbox's allowlist"),
 ];
@@ -58,7 +68,12 @@ const DENY_LIST: &str = "deny-list";
 const NOT_ALLOWLISTED: &str = "not-allowlisted";
 
 /// IPv4 networks no sandbox may reach, in the order they are tried (the
-/// broadcast address before the reserved block that holds it).
+/// broadcast address before the reserved block that holds it). Most cloud
+/// metadata services sit in link-local space (169.254.169.254) or in one
+/// of these blocks already (AWS's fd00:ec2::254 is unique-local,
+/// Alibaba's 100.100.100.200 shared address space); Azure's WireServer is
+/// a public address its hosts answer on every VM's behalf, which hands out
+/// the VM's configuration and certificates, so it is named here.
 /// Documentation networks (192.0.2.0/24, 198.51.100.0/24, 203.0.113.0/24)
 /// are not here: they route nowhere anyway, and tests use them as
 /// stand-ins for public servers.
@@ -68,6 +83,7 @@ const NEVER_V4: &[(Ipv4Addr, u32, &str)] = &[
     (Ipv4Addr::new(10, 0, 0, 0), 8, "private"),
     (Ipv4Addr::new(100, 64, 0, 0), 10, "shared-address-space"),
     (Ipv4Addr::new(127, 0, 0, 0), 8, "loopback"),
+    (Ipv4Addr::new(168, 63, 129, 16), 32, "cloud-metadata"),
     (Ipv4Addr::new(169, 254, 0, 0), 16, "link-local"),
     (Ipv4Addr::new(172, 16, 0, 0), 12, "private"),
     (Ipv4Addr::new(192, 0, 0, 0), 24, "ietf-protocol"),
@@ -433,15 +449,28 @@ impl EgressPolicy {
     /// the deny list, then in allowlist mode the allowlist, which passes
     /// the address if it came from a name the allowlist names
     /// (`via_allowed_name`) or lies in one of its CIDRs.
+    ///
+    /// An IPv6 address that embeds an IPv4 one (mapped, compatible, NAT64,
+    /// 6to4) reaches that IPv4 address through the kernel or a translator,
+    /// so the lists judge the IPv4 inside as well: a deny CIDR holding
+    /// either refuses it, and only an allowlist CIDR holding the IPv4
+    /// inside passes it; an IPv6 CIDR that happens to cover the IPv6 form
+    /// (`64:ff9b::/96`, `2002::/16`) does not.
     pub fn check_addr(&self, ip: IpAddr, via_allowed_name: bool) -> Result<(), Denied> {
         if let Some(reason) = never_reason(ip) {
             return Err(Denied { reason });
         }
-        if self.deny.iter().any(|c| c.contains(ip)) {
+        let inside = match ip {
+            IpAddr::V6(v6) => embedded_v4(v6).map(IpAddr::V4),
+            IpAddr::V4(_) => None,
+        };
+        let denied = |c: &Cidr| c.contains(ip) || inside.is_some_and(|v4| c.contains(v4));
+        if self.deny.iter().any(denied) {
             return Err(Denied { reason: DENY_LIST });
         }
+        let judged = inside.unwrap_or(ip);
         match &self.allowlist {
-            Some(list) if !via_allowed_name && !list.cidrs.iter().any(|c| c.contains(ip)) => {
+            Some(list) if !via_allowed_name && !list.cidrs.iter().any(|c| c.contains(judged)) => {
                 Err(Denied {
                     reason: NOT_ALLOWLISTED,
                 })
@@ -553,6 +582,7 @@ mod tests {
             ("100.127.255.254", "shared-address-space"),
             ("127.0.0.1", "loopback"),
             ("127.255.0.9", "loopback"),
+            ("168.63.129.16", "cloud-metadata"),
             ("169.254.169.254", "link-local"),
             ("169.254.0.1", "link-local"),
             ("172.16.0.1", "private"),
@@ -584,6 +614,8 @@ mod tests {
             "100.128.0.0",
             "126.255.255.255",
             "128.0.0.0",
+            "168.63.129.15",
+            "168.63.129.17",
             "169.253.255.255",
             "169.255.0.0",
             "172.15.255.255",
@@ -639,6 +671,7 @@ mod tests {
             ("::ffff:127.0.0.1", Some("loopback")),
             ("::ffff:10.0.0.1", Some("private")),
             ("::ffff:169.254.169.254", Some("link-local")),
+            ("::ffff:168.63.129.16", Some("cloud-metadata")),
             ("::ffff:0.0.0.0", Some("unspecified")),
             ("::ffff:8.8.8.8", None),
             ("::ffff:203.0.113.10", None),
@@ -652,11 +685,13 @@ mod tests {
             ("64:ff9b::127.0.0.1", Some("loopback")),
             ("64:ff9b::10.0.0.1", Some("private")),
             ("64:ff9b::169.254.169.254", Some("link-local")),
+            ("64:ff9b::168.63.129.16", Some("cloud-metadata")),
             ("64:ff9b::8.8.8.8", None),
             // 6to4: the IPv4 address in bits 16..48.
             ("2002:7f00:1::", Some("loopback")),
             ("2002:a00:1::1", Some("private")),
             ("2002:a9fe:a9fe::1", Some("link-local")),
+            ("2002:a83f:8110::", Some("cloud-metadata")),
             ("2002:808:808::1", None),
             ("2002:cb00:710a:1::", None),
         ];
@@ -922,6 +957,119 @@ mod tests {
         assert_eq!(reason(nothing.check_name("pypi.org")), "not-allowlisted");
         assert_eq!(
             reason(nothing.check_addr(ip("8.8.8.8"), false)),
+            "not-allowlisted"
+        );
+    }
+
+    #[test]
+    fn deny_cidrs_hold_the_ipv4_inside_ipv6_forms() {
+        let p = EgressPolicy {
+            allowlist: None,
+            deny: vec![
+                Cidr::parse("203.0.113.0/24").expect("cidr"),
+                Cidr::parse("2001:db8:dead::/48").expect("cidr"),
+            ],
+        };
+        for refused in [
+            "203.0.113.9",
+            // Mapped, compatible, NAT64 and 6to4 forms of 203.0.113.9.
+            "::ffff:203.0.113.9",
+            "::203.0.113.9",
+            "64:ff9b::203.0.113.9",
+            "64:ff9b::cb00:7109",
+            "2002:cb00:7109::",
+            "2002:cb00:7109:ffff::1",
+            "2001:db8:dead::1",
+        ] {
+            assert_eq!(
+                reason(p.check_addr(ip(refused), false)),
+                "deny-list",
+                "{refused}"
+            );
+            assert_eq!(reason(p.check_name(refused)), "deny-list", "{refused}");
+            assert_eq!(
+                reason(p.check_addr(ip(refused), true)),
+                "deny-list",
+                "{refused} from an allowed name"
+            );
+        }
+        for passed in [
+            "203.0.114.9",
+            "::ffff:203.0.114.9",
+            "64:ff9b::203.0.114.9",
+            "2002:cb00:7209::",
+            "2001:db8:beef::1",
+        ] {
+            assert_eq!(p.check_addr(ip(passed), false), Ok(()), "{passed}");
+        }
+        // An IPv6 deny CIDR covering the translated forms refuses those,
+        // not the plain IPv4 addresses they stand for.
+        let nat64 = EgressPolicy {
+            allowlist: None,
+            deny: vec![
+                Cidr::parse("64:ff9b::/96").expect("cidr"),
+                Cidr::parse("2002::/16").expect("cidr"),
+            ],
+        };
+        assert_eq!(
+            reason(nat64.check_addr(ip("64:ff9b::8.8.8.8"), false)),
+            "deny-list"
+        );
+        assert_eq!(
+            reason(nat64.check_addr(ip("2002:808:808::"), false)),
+            "deny-list"
+        );
+        assert_eq!(nat64.check_addr(ip("8.8.8.8"), false), Ok(()));
+    }
+
+    #[test]
+    fn allow_cidrs_judge_the_ipv4_inside_ipv6_forms() {
+        let p = allowlist(&[], &["198.51.100.0/24", "64:ff9b::/96", "2002::/16"]);
+        // An allowed IPv4 network is allowed in every form.
+        for passed in [
+            "198.51.100.7",
+            "::ffff:198.51.100.7",
+            "::198.51.100.7",
+            "64:ff9b::198.51.100.7",
+            "2002:c633:6407::1",
+        ] {
+            assert_eq!(p.check_addr(ip(passed), false), Ok(()), "{passed}");
+        }
+        // IPv4 addresses off the list stay off it in every form, even where
+        // an IPv6 entry covers the form itself.
+        for refused in [
+            "8.8.8.8",
+            "::ffff:8.8.8.8",
+            "::8.8.8.8",
+            "64:ff9b::8.8.8.8",
+            "2002:808:808::",
+        ] {
+            assert_eq!(
+                reason(p.check_addr(ip(refused), false)),
+                "not-allowlisted",
+                "{refused}"
+            );
+        }
+        // A listed name still decides for the addresses it resolves to,
+        // within the never list and the deny list.
+        let mut named = allowlist(&["pypi.org"], &[]);
+        named
+            .deny
+            .push(Cidr::parse("203.0.113.0/24").expect("cidr"));
+        assert_eq!(named.check_addr(ip("64:ff9b::8.8.8.8"), true), Ok(()));
+        assert_eq!(
+            reason(named.check_addr(ip("64:ff9b::203.0.113.1"), true)),
+            "deny-list"
+        );
+        assert_eq!(
+            reason(named.check_addr(ip("64:ff9b::10.0.0.1"), true)),
+            "private"
+        );
+        // Plain IPv6 addresses are judged as before.
+        let v6 = allowlist(&[], &["2001:db8::/32"]);
+        assert_eq!(v6.check_addr(ip("2001:db8::1"), false), Ok(()));
+        assert_eq!(
+            reason(v6.check_addr(ip("2606:4700::1111"), false)),
             "not-allowlisted"
         );
     }

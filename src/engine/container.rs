@@ -380,6 +380,14 @@ pub struct EgressContainer {
 /// Limits of an egress proxy: it carries every sandbox's downloads.
 const EGRESS_MEMORY: i64 = 256 * MIB;
 const EGRESS_PIDS: i64 = 128;
+/// Descriptors the egress proxy may hold: it serves at most 2048
+/// connections of two sockets each (`MAX_CONNECTIONS` in the agent's
+/// `egress.rs`), plus a socket per lookup under way (64 at most) and a
+/// few of its own; twice that is room to spare. Soft equal to hard, and
+/// stated rather than left to the engine's default (which varies with
+/// the host's systemd, 1024 on some).
+const EGRESS_NOFILE: i64 = 8192;
+const _: () = assert!(EGRESS_NOFILE >= 2 * 2048 + 64 + 16);
 
 /// The engine request for an egress proxy: hardened like the rest, and
 /// restarted by the engine if it crashes (it holds no state, and every
@@ -387,6 +395,11 @@ const EGRESS_PIDS: i64 = 128;
 pub(crate) fn egress_container_body(spec: &EgressContainer) -> ContainerCreateBody {
     let host_config = HostConfig {
         mounts: Some(vec![agent_mount(&spec.agent_volume, &spec.agent_dir)]),
+        ulimits: Some(vec![ResourcesUlimits {
+            name: Some("nofile".into()),
+            soft: Some(EGRESS_NOFILE),
+            hard: Some(EGRESS_NOFILE),
+        }]),
         dns: Some(spec.dns.clone()).filter(|d| !d.is_empty()),
         log_config: Some(bounded_log()),
         // A crash is retried by the engine a few times (CIS 5.14 allows
@@ -659,5 +672,33 @@ mod tests {
         let hc = body.host_config.expect("host config");
         assert_eq!(hc.network_mode.as_deref(), Some("none"));
         assert_eq!(hc.runtime.as_deref(), Some("runsc"));
+    }
+
+    #[test]
+    fn the_egress_proxy_has_descriptors_for_its_connections() {
+        let body = egress_container_body(&EgressContainer {
+            name: "inst-egress".into(),
+            image: "sandboxd-runtime:latest".into(),
+            user: "1000:1000".into(),
+            network: "inst-net".into(),
+            agent_volume: "inst-agent-0123".into(),
+            agent_dir: "/.sandboxd".into(),
+            command: vec!["/.sandboxd/sandboxd-agent".into(), "egress".into()],
+            dns: Vec::new(),
+            labels: HashMap::new(),
+        });
+        let hc = body.host_config.expect("host config");
+        assert_eq!(
+            hc.ulimits,
+            Some(vec![ResourcesUlimits {
+                name: Some("nofile".into()),
+                soft: Some(8192),
+                hard: Some(8192),
+            }])
+        );
+        // The agent's limits were sized against these two (its
+        // MAX_CONNECTIONS and LOOKUP_THREADS): a change here is one there.
+        assert_eq!(hc.pids_limit, Some(128), "sized for 64 lookup threads");
+        assert_eq!(hc.memory, Some(256 * MIB), "sized for 2048 connections");
     }
 }
