@@ -1,7 +1,8 @@
 //! Commands: each one a keeper process (see `keeper`) running it, a task
 //! here (its runner) that drains its output into its [`Log`], enforces its
 //! timeout, passes kills to the keeper and records its end; and the table
-//! of all of them, with the settings sandboxd sent.
+//! of all of them, with the settings sandboxd sent. One keeper is started
+//! ahead of need and waits for the next command (the spare).
 //!
 //! A command ends when its own process exits, whatever it left running;
 //! what the leftovers print later is still recorded after the `exit`
@@ -159,7 +160,46 @@ pub(crate) struct Commands {
     keepers: RefCell<HashSet<i32>>,
     /// This binary, started again as each command's keeper.
     exe: PathBuf,
+    /// A keeper started ahead of the next command, waiting for its start
+    /// message: a command then costs one process creation, not two (under
+    /// gVisor each is several milliseconds).
+    spare: RefCell<Option<StartedKeeper>>,
+    /// A spare is being started.
+    refilling: Cell<bool>,
 }
+
+/// A started keeper: its process, its control socket and the read ends of
+/// its command's output pipes.
+#[derive(Debug)]
+struct StartedKeeper {
+    child: std::process::Child,
+    control: tokio::net::UnixStream,
+    out: pipe::Receiver,
+    err: pipe::Receiver,
+}
+
+impl StartedKeeper {
+    fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+
+    /// Whether it still waits for its start: a keeper that died (the
+    /// sandbox user may kill it) has closed its end of the control socket.
+    fn is_waiting(&self) -> bool {
+        matches!(
+            self.control.try_read(&mut [0u8; 1]),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock
+        )
+    }
+}
+
+/// The parts of a keeper as started, before they join the runtime.
+type KeeperParts = (
+    std::process::Child,
+    std::os::unix::net::UnixStream,
+    OwnedFd,
+    OwnedFd,
+);
 
 impl Commands {
     pub(crate) fn new(exe: PathBuf) -> Rc<Commands> {
@@ -168,6 +208,54 @@ impl Commands {
             table: RefCell::new(BTreeMap::new()),
             keepers: RefCell::new(HashSet::new()),
             exe,
+            spare: RefCell::new(None),
+            refilling: Cell::new(false),
+        })
+    }
+
+    /// Starts a spare keeper in the background unless there is one (or
+    /// one is starting). A spare that cannot start (the sandbox at its
+    /// pids limit) is simply not there: the next command starts its own.
+    pub(crate) fn refill_spare(self: &Rc<Self>) {
+        if self.spare.borrow().is_some() || self.refilling.replace(true) {
+            return;
+        }
+        let this = Rc::clone(self);
+        tokio::task::spawn_local(async move {
+            let exe = this.exe.clone();
+            // Off the agent's thread: process creation blocks it.
+            let parts = tokio::task::spawn_blocking(move || spawn_keeper(&exe)).await;
+            this.refilling.set(false);
+            if let Ok(Ok(parts)) = parts
+                && let Ok(keeper) = this.adopt_keeper(parts)
+            {
+                *this.spare.borrow_mut() = Some(keeper);
+            }
+        });
+    }
+
+    /// Ends the spare keeper, if any (its process is one the sandbox may
+    /// need).
+    fn drop_spare(&self) {
+        if let Some(mut k) = self.spare.borrow_mut().take() {
+            self.keepers.borrow_mut().remove(&k.pid());
+            let _ = k.child.kill();
+        }
+    }
+
+    /// Records a started keeper as one and turns its ends into the
+    /// runtime's.
+    fn adopt_keeper(
+        &self,
+        (child, ours, out_r, err_r): KeeperParts,
+    ) -> std::io::Result<StartedKeeper> {
+        self.keepers.borrow_mut().insert(child.id() as i32);
+        ours.set_nonblocking(true)?;
+        Ok(StartedKeeper {
+            child,
+            control: tokio::net::UnixStream::from_std(ours)?,
+            out: pipe::Receiver::from_owned_fd(out_r)?,
+            err: pipe::Receiver::from_owned_fd(err_r)?,
         })
     }
 
@@ -248,45 +336,59 @@ impl Commands {
         let timeout = Duration::from_millis(spec.meta.timeout_ms);
         let started = Instant::now();
         let oom_before = cgroup::oom_kills();
-        let (mut child, control, out, err) = self.start_keeper().await?;
-        let keeper_pid = child.id() as i32;
-        let mut framed = Framed::new(control, keeper::codec());
         let start = ToKeeper::Start(keeper::Start {
             argv: spec.argv,
             env: spec.env,
             cwd: spec.cwd.unwrap_or_else(|| settings.workspace.clone()),
             stdin: spec.stdin,
         });
-        let first = async {
-            let body = sandboxd_proto::encode(&start).map_err(std::io::Error::other)?;
-            framed.send(body).await?;
-            match framed.next().await {
-                Some(Ok(frame)) => {
-                    sandboxd_proto::decode::<FromKeeper>(&frame).map_err(std::io::Error::other)
+        let body = sandboxd_proto::encode(&start)
+            .map_err(|e| Failure::new(FailureKind::Invalid, format!("the start: {e}")))?;
+        let (mut child, framed, out, err, first) = loop {
+            let (keeper, was_spare) = self.keeper_for_command().await?;
+            let StartedKeeper {
+                mut child,
+                control,
+                out,
+                err,
+            } = keeper;
+            let keeper_pid = child.id() as i32;
+            let mut framed = Framed::new(control, keeper::codec());
+            let first = async {
+                framed.send(body.clone()).await?;
+                match framed.next().await {
+                    Some(Ok(frame)) => {
+                        sandboxd_proto::decode::<FromKeeper>(&frame).map_err(std::io::Error::other)
+                    }
+                    Some(Err(e)) => Err(e),
+                    None => Err(std::io::Error::other("the keeper exited")),
                 }
-                Some(Err(e)) => Err(e),
-                None => Err(std::io::Error::other("the keeper exited")),
+            };
+            match tokio::time::timeout(SPAWN_WITHIN, first).await {
+                Ok(Ok(m)) => break (child, framed, out, err, m),
+                Ok(Err(e)) => {
+                    self.keepers.borrow_mut().remove(&keeper_pid);
+                    let _ = child.kill();
+                    // The spare died after it was checked: a new keeper.
+                    if was_spare {
+                        continue;
+                    }
+                    return Err(Failure::new(
+                        FailureKind::Other,
+                        format!("the command's keeper failed: {e}"),
+                    ));
+                }
+                Err(_) => {
+                    self.keepers.borrow_mut().remove(&keeper_pid);
+                    let _ = child.kill();
+                    return Err(Failure::new(
+                        FailureKind::NoProcesses,
+                        "the command did not start in time (is the sandbox at its pids limit?)",
+                    ));
+                }
             }
         };
-        let first = match tokio::time::timeout(SPAWN_WITHIN, first).await {
-            Ok(Ok(m)) => m,
-            Ok(Err(e)) => {
-                self.keepers.borrow_mut().remove(&keeper_pid);
-                let _ = child.kill();
-                return Err(Failure::new(
-                    FailureKind::Other,
-                    format!("the command's keeper failed: {e}"),
-                ));
-            }
-            Err(_) => {
-                self.keepers.borrow_mut().remove(&keeper_pid);
-                let _ = child.kill();
-                return Err(Failure::new(
-                    FailureKind::NoProcesses,
-                    "the command did not start in time (is the sandbox at its pids limit?)",
-                ));
-            }
-        };
+        let keeper_pid = child.id() as i32;
         let (tx, rx) = mpsc::channel(8);
         let cmd = Rc::new(Cmd {
             id: spec.command.clone(),
@@ -340,47 +442,37 @@ impl Commands {
             main_usage: None,
         };
         tokio::task::spawn_local(runner.run(rx));
+        self.refill_spare();
         Ok(pid)
+    }
+
+    /// A keeper for a new command: the spare while it waits (and whether
+    /// it was the spare), else a new one.
+    async fn keeper_for_command(&self) -> Result<(StartedKeeper, bool), Failure> {
+        let spare = self.spare.borrow_mut().take();
+        if let Some(mut k) = spare {
+            if k.is_waiting() {
+                return Ok((k, true));
+            }
+            self.keepers.borrow_mut().remove(&k.pid());
+            let _ = k.child.kill();
+        }
+        Ok((self.start_keeper().await?, false))
     }
 
     /// Starts a keeper with a control socket and the output pipes; while
     /// the sandbox is at its pids limit, ends leftovers and tries again.
-    async fn start_keeper(
-        &self,
-    ) -> Result<
-        (
-            std::process::Child,
-            tokio::net::UnixStream,
-            pipe::Receiver,
-            pipe::Receiver,
-        ),
-        Failure,
-    > {
+    async fn start_keeper(&self) -> Result<StartedKeeper, Failure> {
         let fail = |what: &str, e: &dyn std::fmt::Display| {
             Failure::new(FailureKind::Other, format!("{what}: {e}"))
         };
         let deadline = Instant::now() + SPAWN_RETRY_FOR;
         loop {
-            let (ours, theirs) =
-                std::os::unix::net::UnixStream::pair().map_err(|e| fail("socketpair", &e))?;
-            let (out_r, out_w) = pipe_pair().map_err(|e| fail("pipe", &e))?;
-            let (err_r, err_w) = pipe_pair().map_err(|e| fail("pipe", &e))?;
-            let spawned = std::process::Command::new(&self.exe)
-                .arg("keep")
-                .current_dir("/")
-                .stdin(Stdio::from(OwnedFd::from(theirs)))
-                .stdout(Stdio::from(out_w))
-                .stderr(Stdio::from(err_w))
-                .spawn();
-            match spawned {
-                Ok(child) => {
-                    self.keepers.borrow_mut().insert(child.id() as i32);
-                    ours.set_nonblocking(true).map_err(|e| fail("socket", &e))?;
-                    let control =
-                        tokio::net::UnixStream::from_std(ours).map_err(|e| fail("socket", &e))?;
-                    let out = pipe::Receiver::from_owned_fd(out_r).map_err(|e| fail("pipe", &e))?;
-                    let err = pipe::Receiver::from_owned_fd(err_r).map_err(|e| fail("pipe", &e))?;
-                    return Ok((child, control, out, err));
+            match spawn_keeper(&self.exe) {
+                Ok(parts) => {
+                    return self
+                        .adopt_keeper(parts)
+                        .map_err(|e| fail("the keeper's ends", &e));
                 }
                 Err(e)
                     if e.raw_os_error() == Some(rustix::io::Errno::AGAIN.raw_os_error())
@@ -463,6 +555,7 @@ impl Commands {
     /// Ends the largest leftover tree, if there is one; see
     /// [`Commands::relieve_if_pressed`].
     pub(crate) fn relieve(&self, why: &str) {
+        self.drop_spare();
         let procs = tree::snapshot();
         let by_memory = why.contains("memory");
         let victim = self
@@ -512,6 +605,22 @@ impl Commands {
             std::thread::sleep(Duration::from_millis(5));
         }
     }
+}
+
+/// Starts `exe keep` with a control socket on its stdin and new pipes on
+/// its stdout and stderr; returns the process and the agent's ends.
+fn spawn_keeper(exe: &std::path::Path) -> std::io::Result<KeeperParts> {
+    let (ours, theirs) = std::os::unix::net::UnixStream::pair()?;
+    let (out_r, out_w) = pipe_pair()?;
+    let (err_r, err_w) = pipe_pair()?;
+    let child = std::process::Command::new(exe)
+        .arg("keep")
+        .current_dir("/")
+        .stdin(Stdio::from(OwnedFd::from(theirs)))
+        .stdout(Stdio::from(out_w))
+        .stderr(Stdio::from(err_w))
+        .spawn()?;
+    Ok((child, ours, out_r, err_r))
 }
 
 fn pipe_pair() -> std::io::Result<(OwnedFd, OwnedFd)> {

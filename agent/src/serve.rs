@@ -138,6 +138,8 @@ async fn serve(listener: std::os::unix::net::UnixListener, agent: Rc<Agent>) -> 
     };
     tokio::task::spawn_local(reaper());
     tokio::task::spawn_local(monitor(Rc::clone(&agent.commands)));
+    // The first command finds a keeper waiting too.
+    agent.commands.refill_spare();
     loop {
         match listener.accept().await {
             Ok((stream, _)) => {

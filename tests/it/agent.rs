@@ -527,3 +527,47 @@ async fn the_agent_cannot_be_replaced_from_inside() {
     // And the real one still answers.
     assert_eq!(server.sh(&sid, "echo still").await["stdout"], "still\n");
 }
+
+/// The agent keeps one keeper started ahead of the next command (so a
+/// command costs one process creation). The sandbox user can kill it; the
+/// next command then starts with a new keeper, and a spare is there again.
+#[tokio::test]
+async fn a_killed_spare_keeper_does_not_fail_the_next_command() {
+    let server = TestServer::start().await;
+    let sid = server.offline_sandbox().await;
+    // Keepers with no child: the spare (this command's keeper runs bash).
+    let idle = r#"for p in $(pgrep -f '^/.sandboxd/sandboxd-agent keep$'); do [ -z "$(pgrep -P "$p")" ] && echo "$p"; done"#;
+    // Each command takes the spare and a new one starts behind it: kill
+    // that one (retried while it is still starting).
+    eventually(
+        Duration::from_secs(10),
+        "the spare keeper is killed",
+        || async {
+            let killed = server
+                .sh(
+                    &sid,
+                    &format!("for p in $({idle}); do kill -KILL \"$p\" && echo killed; done"),
+                )
+                .await;
+            killed["stdout"] == "killed\n"
+        },
+    )
+    .await;
+    for i in 0..3 {
+        let r = server.sh(&sid, &format!("echo run-{i}")).await;
+        assert_eq!(
+            (r["exitCode"].clone(), r["stdout"].clone()),
+            (
+                serde_json::json!(0),
+                serde_json::json!(format!("run-{i}\n"))
+            ),
+            "{r}"
+        );
+    }
+    eventually(
+        Duration::from_secs(5),
+        "a spare keeper waits again",
+        || async { server.sh(&sid, &format!("{idle} | wc -l")).await["stdout"] == "1\n" },
+    )
+    .await;
+}
