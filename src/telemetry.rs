@@ -49,8 +49,8 @@ pub fn command_ended(outcome: &'static str, seconds: f64) {
 }
 
 /// The egress policy refused a sandbox's connection.
-pub fn egress_denied() {
-    counter!("sandboxd_egress_denied_total").increment(1);
+pub fn egress_denied(count: u64) {
+    counter!("sandboxd_egress_denied_total").increment(count);
 }
 
 /// An engine call failed; `kind` is the error class.

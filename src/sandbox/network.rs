@@ -102,6 +102,40 @@ pub(crate) struct Denial {
     pub reason: String,
 }
 
+/// Refusals past a proxy's line budget for one client (it prints at most
+/// a burst, then a few a second, per client), as its summary line says:
+/// `egress-denied-suppressed <client> <count>`. Counted, not logged one
+/// by one.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct Suppressed {
+    pub client: IpAddr,
+    pub count: u64,
+}
+
+impl Suppressed {
+    /// Parses a summary line; untrusted like every line of the proxy.
+    pub(crate) fn parse(line: &str) -> Option<Suppressed> {
+        if line.len() > MAX_DENIAL_LINE {
+            return None;
+        }
+        let mut parts = line.trim_end().split(' ');
+        if parts.next()? != "egress-denied-suppressed" {
+            return None;
+        }
+        let client = parts.next()?.parse().ok()?;
+        let count = parts.next()?;
+        // One proxy cannot refuse more than this in a second.
+        let count = count
+            .parse::<u64>()
+            .ok()
+            .filter(|c| (1..=1_000_000).contains(c))?;
+        if parts.next().is_some() {
+            return None;
+        }
+        Some(Suppressed { client, count })
+    }
+}
+
 impl Denial {
     /// Parses a line the proxy printed. The proxy handles what sandboxes
     /// send, so its lines are read as untrusted: bounded, every field
@@ -563,6 +597,18 @@ impl Sandboxes {
                 continue;
             }
             last = Some(line.at);
+            if let Some(s) = Suppressed::parse(&line.text) {
+                crate::telemetry::egress_denied(s.count);
+                let sandbox = self.sandbox_of(s.client);
+                tracing::warn!(
+                    event = "egress_denied_unlisted",
+                    sandbox_id = sandbox.as_deref().map_or("", |s| s.id.as_str()),
+                    client = %s.client,
+                    count = s.count,
+                    "more of a sandbox's connections were refused than the proxy lists one by one"
+                );
+                continue;
+            }
             let Some(d) = Denial::parse(&line.text) else {
                 continue;
             };
@@ -570,7 +616,7 @@ impl Sandboxes {
             let (id, key) = sandbox
                 .as_deref()
                 .map_or(("", ""), |s| (s.id.as_str(), s.session_key.as_str()));
-            crate::telemetry::egress_denied();
+            crate::telemetry::egress_denied(1);
             tracing::warn!(
                 event = "egress_denied",
                 sandbox_id = id,
@@ -728,6 +774,28 @@ mod tests {
     }
 
     #[test]
+    fn suppressed_counts_are_read_strictly() {
+        assert_eq!(
+            Suppressed::parse("egress-denied-suppressed 10.213.0.18 7\n"),
+            Some(Suppressed {
+                client: "10.213.0.18".parse().expect("ip"),
+                count: 7
+            })
+        );
+        for bad in [
+            "egress-denied-suppressed 10.213.0.18",
+            "egress-denied-suppressed 10.213.0.18 0",
+            "egress-denied-suppressed 10.213.0.18 -3",
+            "egress-denied-suppressed 10.213.0.18 99999999999",
+            "egress-denied-suppressed 10.213.0.18 7 extra",
+            "egress-denied-suppressed nothost 7",
+            "egress-denied 10.213.0.18 10.0.0.1:80 private",
+        ] {
+            assert_eq!(Suppressed::parse(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
     fn refusal_lines_are_read_strictly() {
         assert_eq!(
             Denial::parse("egress-denied 10.213.0.18 10.0.0.1:80 private\n"),
@@ -750,6 +818,7 @@ mod tests {
             "egress-denied 10.213.0.18 10.0.0.1:80 private extra",
             "egress-denied 10.213.0.18 a\u{1b}[31m:80 private",
             "egress-allowed 10.213.0.18 10.0.0.1:80 private",
+            "egress-denied-suppressed 10.213.0.18 7",
             &format!("egress-denied 10.213.0.18 {}:80 private", "a".repeat(2000)),
         ] {
             assert_eq!(Denial::parse(bad), None, "{bad:?}");

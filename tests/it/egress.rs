@@ -768,3 +768,68 @@ async fn the_way_out_survives_a_sandboxd_restart_and_stop_leaves_nothing() {
         "no link network left"
     );
 }
+
+/// One sandbox cannot take the shared egress proxy from the others: the
+/// proxy tells sandboxes apart by their addresses on their own link
+/// networks, so one that holds more connections than its cap has the rest
+/// closed, while another sandbox is served at the same time.
+#[tokio::test]
+async fn one_sandbox_cannot_take_the_shared_proxy_from_another() {
+    let _net = FakeNet::start().await;
+    let server = server(&[]).await;
+    let greedy = server.create(json!({"sessionKey": "greedy"})).await;
+    let other = server.create(json!({"sessionKey": "other"})).await;
+    let ok = (200, "public\n".to_string());
+    assert_eq!(curl(&server, &greedy, "http://public.test/").await, ok);
+    // 140 idle connections: the proxy keeps 128 and closes the rest at
+    // once; the script writes how many it closed, then holds them.
+    let holder = server
+        .start_command(
+            &greedy,
+            json!({"command": r#"python3 - <<'EOF'
+import os, select, socket, time, urllib.parse
+proxy = urllib.parse.urlparse(os.environ["HTTP_PROXY"])
+socks = [socket.create_connection((proxy.hostname, proxy.port)) for _ in range(140)]
+time.sleep(2)
+closed = 0
+for s in socks:
+    r, _, _ = select.select([s], [], [], 0)
+    if r and s.recv(1) == b"":
+        closed += 1
+open("closed.tmp", "w").write(f"{closed}\n")
+os.rename("closed.tmp", "closed")
+time.sleep(60)
+EOF"#, "timeoutMs": 90000}),
+        )
+        .await;
+    eventually(Duration::from_secs(30), "the holder counted", || async {
+        !server.sh(&greedy, "cat closed 2>/dev/null").await["stdout"]
+            .as_str()
+            .unwrap_or_default()
+            .is_empty()
+    })
+    .await;
+    assert_eq!(
+        server.sh(&greedy, "cat closed").await["stdout"],
+        "12\n",
+        "connections past 128 are closed"
+    );
+    // While the greedy one holds its 128, the other is served, and the
+    // greedy one gets nothing more.
+    assert_eq!(curl(&server, &other, "http://public.test/").await, ok);
+    let (code, _) = curl(&server, &greedy, "http://public.test/").await;
+    assert_eq!(code, 0, "the greedy sandbox is at its cap");
+    let (s, v) = server
+        .post(
+            &format!("/v1/sandboxes/{greedy}/commands/{holder}:kill"),
+            Value::Null,
+        )
+        .await;
+    assert_eq!(s, 200, "{v}");
+    eventually(
+        Duration::from_secs(10),
+        "served again once it lets go",
+        || async { curl(&server, &greedy, "http://public.test/").await == ok },
+    )
+    .await;
+}
