@@ -39,6 +39,9 @@ const READ_CHUNK: usize = 64 * 1024;
 const SPAWN_WITHIN: Duration = Duration::from_secs(10);
 /// How long a spawn may retry while the sandbox is at its pids limit.
 const SPAWN_RETRY_FOR: Duration = Duration::from_secs(5);
+/// Why a command was refused at the pids limit.
+const AT_PIDS_LIMIT: &str =
+    "no process can be started: the sandbox is at its pids limit and running commands hold it";
 /// Headroom under the pids limit below which leftovers are ended.
 const PIDS_HEADROOM: u64 = 16;
 /// Share of the memory limit above which leftovers are ended.
@@ -221,25 +224,30 @@ impl Commands {
             return;
         }
         let this = Rc::clone(self);
+        // After the current request's answer: it does not wait for this.
+        // On the agent's thread, not a blocking pool's: a pool thread is a
+        // process of the sandbox's pids limit that comes and goes.
         tokio::task::spawn_local(async move {
-            let exe = this.exe.clone();
-            // Off the agent's thread: process creation blocks it.
-            let parts = tokio::task::spawn_blocking(move || spawn_keeper(&exe)).await;
+            tokio::task::yield_now().await;
+            let parts = spawn_keeper(&this.exe);
             this.refilling.set(false);
-            if let Ok(Ok(parts)) = parts
+            if let Ok(parts) = parts
                 && let Ok(keeper) = this.adopt_keeper(parts)
             {
-                *this.spare.borrow_mut() = Some(keeper);
+                this.keep_as_spare(keeper);
             }
         });
     }
 
-    /// Ends the spare keeper, if any (its process is one the sandbox may
-    /// need).
-    fn drop_spare(&self) {
-        if let Some(mut k) = self.spare.borrow_mut().take() {
-            self.keepers.borrow_mut().remove(&k.pid());
-            let _ = k.child.kill();
+    /// Makes `keeper` (waiting for a start) the spare, or ends it when
+    /// there is one.
+    fn keep_as_spare(&self, mut keeper: StartedKeeper) {
+        let mut spare = self.spare.borrow_mut();
+        if spare.is_none() {
+            *spare = Some(keeper);
+        } else {
+            self.keepers.borrow_mut().remove(&keeper.pid());
+            let _ = keeper.child.kill();
         }
     }
 
@@ -389,6 +397,17 @@ impl Commands {
             }
         };
         let keeper_pid = child.id() as i32;
+        if first == FromKeeper::NoProcesses {
+            // The keeper stays, waiting for another start: a refusal frees
+            // no process for whatever holds the sandbox at its limit.
+            self.keep_as_spare(StartedKeeper {
+                child,
+                control: framed.into_inner(),
+                out,
+                err,
+            });
+            return Err(Failure::new(FailureKind::NoProcesses, AT_PIDS_LIMIT));
+        }
         let (tx, rx) = mpsc::channel(8);
         let cmd = Rc::new(Cmd {
             id: spec.command.clone(),
@@ -482,10 +501,7 @@ impl Commands {
                     tokio::time::sleep(Duration::from_millis(50)).await;
                 }
                 Err(e) if e.raw_os_error() == Some(rustix::io::Errno::AGAIN.raw_os_error()) => {
-                    return Err(Failure::new(
-                        FailureKind::NoProcesses,
-                        "no process can be started: the sandbox is at its pids limit and running commands hold it",
-                    ));
+                    return Err(Failure::new(FailureKind::NoProcesses, AT_PIDS_LIMIT));
                 }
                 Err(e) => return Err(fail("starting the keeper", &e)),
             }
@@ -555,7 +571,6 @@ impl Commands {
     /// Ends the largest leftover tree, if there is one; see
     /// [`Commands::relieve_if_pressed`].
     pub(crate) fn relieve(&self, why: &str) {
-        self.drop_spare();
         let procs = tree::snapshot();
         let by_memory = why.contains("memory");
         let victim = self
@@ -837,7 +852,9 @@ impl Runner {
                 self.cmd.touch();
                 true
             }
-            FromKeeper::Started { .. } | FromKeeper::Failed { .. } => false,
+            FromKeeper::Started { .. } | FromKeeper::Failed { .. } | FromKeeper::NoProcesses => {
+                false
+            }
         }
     }
 

@@ -72,6 +72,10 @@ pub(crate) enum FromKeeper {
         exit_code: i32,
         message: String,
     },
+    /// The command could not start because the sandbox is at its pids
+    /// limit (for all of the retry time): no command, a refusal. The keeper
+    /// waits for another start.
+    NoProcesses,
     /// The command's own process ended.
     Exited {
         code: Option<i32>,
@@ -133,18 +137,24 @@ fn keep(mut control: UnixStream) -> std::io::Result<()> {
     // control socket is the agent's); a command it starts is dumpable again.
     let _ = rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable);
     rustix::process::set_child_subreaper(Some(rustix::process::getpid()))?;
-    let ToKeeper::Start(start) = read_message(&mut control)? else {
-        return Err(std::io::Error::other("the first message must be Start"));
-    };
     // Inherited by the command: under memory pressure the kernel's OOM
     // killer picks commands before the agent (0), and leftovers (raised to
     // 1000 once the command ends) before commands.
     set_oom_score_adj("self", 500);
-    let child = match spawn(&start) {
-        Ok(c) => c,
-        Err((exit_code, message)) => {
-            write_message(&mut control, &FromKeeper::Failed { exit_code, message })?;
-            return write_message(&mut control, &FromKeeper::Empty);
+    let child = loop {
+        let ToKeeper::Start(start) = read_message(&mut control)? else {
+            return Err(std::io::Error::other(
+                "a keeper's first message must be Start",
+            ));
+        };
+        match spawn(&start) {
+            Ok(c) => break c,
+            // Refused for now; the agent may send another start.
+            Err(None) => write_message(&mut control, &FromKeeper::NoProcesses)?,
+            Err(Some((exit_code, message))) => {
+                write_message(&mut control, &FromKeeper::Failed { exit_code, message })?;
+                return write_message(&mut control, &FromKeeper::Empty);
+            }
         }
     };
     write_message(&mut control, &FromKeeper::Started { pid: child.id() })?;
@@ -153,27 +163,37 @@ fn keep(mut control: UnixStream) -> std::io::Result<()> {
 }
 
 /// Starts the command with the keeper's stdout and stderr (the pipes).
-fn spawn(start: &Start) -> Result<std::process::Child, (i32, String)> {
-    let program = start.argv.first().ok_or((127, "empty argv".to_string()))?;
+/// The error is the exit code and message of a command that could not
+/// start, or none when the sandbox stayed at its pids limit.
+fn spawn(start: &Start) -> Result<std::process::Child, Option<(i32, String)>> {
+    let program = start
+        .argv
+        .first()
+        .ok_or_else(|| Some((127, "empty argv".to_string())))?;
     if let Err(e) = std::fs::create_dir_all(&start.cwd) {
-        return Err((
+        return Err(Some((
             126,
             format!(
                 "sandboxd: cannot create the working directory {}: {e}\n",
                 start.cwd
             ),
-        ));
+        )));
     }
     let stdout = std::io::stdout().as_fd().try_clone_to_owned();
     let stderr = std::io::stderr().as_fd().try_clone_to_owned();
     let (Ok(stdout), Ok(stderr)) = (stdout, stderr) else {
-        return Err((126, "sandboxd: the output pipes are gone\n".into()));
+        return Err(Some((126, "sandboxd: the output pipes are gone\n".into())));
     };
     let deadline = Instant::now() + SPAWN_RETRY_FOR;
     loop {
         let (stdout, stderr) = match (stdout.try_clone(), stderr.try_clone()) {
             (Ok(o), Ok(e)) => (o, e),
-            _ => return Err((126, "sandboxd: cannot duplicate the output pipes\n".into())),
+            _ => {
+                return Err(Some((
+                    126,
+                    "sandboxd: cannot duplicate the output pipes\n".into(),
+                )));
+            }
         };
         let mut cmd = Command::new(program);
         cmd.args(&start.argv[1..])
@@ -201,6 +221,9 @@ fn spawn(start: &Start) -> Result<std::process::Child, (i32, String)> {
             {
                 std::thread::sleep(Duration::from_millis(50));
             }
+            Err(e) if e.raw_os_error() == Some(rustix::io::Errno::AGAIN.raw_os_error()) => {
+                return Err(None);
+            }
             Err(e) => {
                 let code = match e.kind() {
                     std::io::ErrorKind::NotFound => 127,
@@ -211,7 +234,7 @@ fn spawn(start: &Start) -> Result<std::process::Child, (i32, String)> {
                     std::io::ErrorKind::PermissionDenied => "permission denied".to_string(),
                     _ => e.to_string(),
                 };
-                return Err((code, format!("sandboxd: {program}: {why}\n")));
+                return Err(Some((code, format!("sandboxd: {program}: {why}\n"))));
             }
         }
     }
