@@ -363,13 +363,22 @@ impl Commands {
             let keeper_pid = child.id() as i32;
             let mut framed = Framed::new(control, keeper::codec());
             let first = async {
-                framed.send(body.clone()).await?;
-                match framed.next().await {
-                    Some(Ok(frame)) => {
-                        sandboxd_proto::decode::<FromKeeper>(&frame).map_err(std::io::Error::other)
+                let retry_until = Instant::now() + SPAWN_RETRY_FOR;
+                loop {
+                    framed.send(body.clone()).await?;
+                    let answer = match framed.next().await {
+                        Some(Ok(frame)) => sandboxd_proto::decode::<FromKeeper>(&frame)
+                            .map_err(std::io::Error::other)?,
+                        Some(Err(e)) => return Err(e),
+                        None => return Err(std::io::Error::other("the keeper exited")),
+                    };
+                    // At the pids limit: end leftovers, then ask again.
+                    if answer == FromKeeper::NoProcesses && Instant::now() < retry_until {
+                        self.relieve("the sandbox reached its pids limit");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
                     }
-                    Some(Err(e)) => Err(e),
-                    None => Err(std::io::Error::other("the keeper exited")),
+                    return Ok(answer);
                 }
             };
             match tokio::time::timeout(SPAWN_WITHIN, first).await {

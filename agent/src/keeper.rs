@@ -37,8 +37,6 @@ const MAX_MESSAGE: usize = 256 * 1024 * 1024;
 /// Stdin up to this size is written before the command starts (it fits in
 /// the pipe); larger stdin is fed by a thread.
 const STDIN_INLINE: usize = 60 * 1024;
-/// How long a start may retry while the sandbox is at its pids limit.
-const SPAWN_RETRY_FOR: Duration = Duration::from_secs(5);
 
 /// Agent to keeper.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -184,58 +182,38 @@ fn spawn(start: &Start) -> Result<std::process::Child, Option<(i32, String)>> {
     let (Ok(stdout), Ok(stderr)) = (stdout, stderr) else {
         return Err(Some((126, "sandboxd: the output pipes are gone\n".into())));
     };
-    let deadline = Instant::now() + SPAWN_RETRY_FOR;
-    loop {
-        let (stdout, stderr) = match (stdout.try_clone(), stderr.try_clone()) {
-            (Ok(o), Ok(e)) => (o, e),
-            _ => {
-                return Err(Some((
-                    126,
-                    "sandboxd: cannot duplicate the output pipes\n".into(),
-                )));
+    let mut cmd = Command::new(program);
+    cmd.args(&start.argv[1..])
+        .envs(start.env.iter().map(|(k, v)| (k, v)))
+        .current_dir(&start.cwd)
+        .stdin(if start.stdin.is_empty() {
+            Stdio::null()
+        } else {
+            Stdio::piped()
+        })
+        .stdout(Stdio::from(stdout))
+        .stderr(Stdio::from(stderr));
+    match cmd.spawn() {
+        Ok(mut child) => {
+            if let Some(stdin) = child.stdin.take() {
+                feed_stdin(stdin, start.stdin.clone());
             }
-        };
-        let mut cmd = Command::new(program);
-        cmd.args(&start.argv[1..])
-            .envs(start.env.iter().map(|(k, v)| (k, v)))
-            .current_dir(&start.cwd)
-            .stdin(if start.stdin.is_empty() {
-                Stdio::null()
-            } else {
-                Stdio::piped()
-            })
-            .stdout(Stdio::from(stdout))
-            .stderr(Stdio::from(stderr));
-        match cmd.spawn() {
-            Ok(mut child) => {
-                if let Some(stdin) = child.stdin.take() {
-                    feed_stdin(stdin, start.stdin.clone());
-                }
-                return Ok(child);
-            }
-            // The sandbox is at its pids limit: the agent is ending
-            // leftovers meanwhile; try again for a while.
-            Err(e)
-                if e.raw_os_error() == Some(rustix::io::Errno::AGAIN.raw_os_error())
-                    && Instant::now() < deadline =>
-            {
-                std::thread::sleep(Duration::from_millis(50));
-            }
-            Err(e) if e.raw_os_error() == Some(rustix::io::Errno::AGAIN.raw_os_error()) => {
-                return Err(None);
-            }
-            Err(e) => {
-                let code = match e.kind() {
-                    std::io::ErrorKind::NotFound => 127,
-                    _ => 126,
-                };
-                let why = match e.kind() {
-                    std::io::ErrorKind::NotFound => "command not found".to_string(),
-                    std::io::ErrorKind::PermissionDenied => "permission denied".to_string(),
-                    _ => e.to_string(),
-                };
-                return Err(Some((code, format!("sandboxd: {program}: {why}\n"))));
-            }
+            Ok(child)
+        }
+        // The sandbox is at its pids limit: the agent ends leftovers and
+        // sends the start again.
+        Err(e) if e.raw_os_error() == Some(rustix::io::Errno::AGAIN.raw_os_error()) => Err(None),
+        Err(e) => {
+            let code = match e.kind() {
+                std::io::ErrorKind::NotFound => 127,
+                _ => 126,
+            };
+            let why = match e.kind() {
+                std::io::ErrorKind::NotFound => "command not found".to_string(),
+                std::io::ErrorKind::PermissionDenied => "permission denied".to_string(),
+                _ => e.to_string(),
+            };
+            Err(Some((code, format!("sandboxd: {program}: {why}\n"))))
         }
     }
 }
