@@ -221,16 +221,29 @@ impl Log {
 
     /// Whether `incoming` more bytes would push out records that a reader
     /// who keeps reading has not read: then the command should wait.
+    /// Making room can take several records (a small one the reader has
+    /// read may sit before a large one it has not), so this finds the last
+    /// record that would go, not only the oldest.
     pub(crate) fn must_wait(&self, incoming: usize, now: Instant) -> bool {
-        if self.retained + largest_record(incoming) <= self.cap {
+        let need = (self.retained + largest_record(incoming)).saturating_sub(self.cap);
+        if need == 0 {
             return false;
         }
-        let Some(oldest) = self.records.front() else {
+        let mut freed = 0;
+        let mut last_going = None;
+        for r in &self.records {
+            freed += r.size;
+            last_going = Some(r.seq);
+            if freed >= need {
+                break;
+            }
+        }
+        let Some(last_going) = last_going else {
             return false;
         };
         self.followers
             .values()
-            .any(|f| now.duration_since(f.seen) < FOLLOWER_IDLE && f.after < oldest.seq)
+            .any(|f| now.duration_since(f.seen) < FOLLOWER_IDLE && f.after < last_going)
     }
 
     /// Appends output of one stream. Whether to wait for readers first is
@@ -584,6 +597,32 @@ mod tests {
                 "nothing unread was pushed out ({byte:#x})"
             );
         }
+    }
+
+    #[test]
+    fn a_small_read_record_before_a_large_unread_one_does_not_let_it_go() {
+        // The case a flood met: "ready" (read), then chunks up to the cap.
+        let chunk = 1000;
+        let cap = 10 * (chunk + RECORD_OVERHEAD);
+        let mut log = Log::new(cap);
+        log.followers.clear();
+        let now = Instant::now();
+        log.append(Stream::Stdout, b"ready\n");
+        log.follow(1, 1, now);
+        let mut appended = 0;
+        while !log.must_wait(chunk, now) && appended < 100 {
+            log.append(Stream::Stdout, &vec![b'x'; chunk]);
+            appended += 1;
+        }
+        assert!(appended >= 1, "room for one at least");
+        let front = log.records.iter().map(|r| r.seq).find(|s| *s > 1);
+        assert_eq!(front, Some(2), "the unread record behind \"ready\" stays");
+        assert!(
+            log.read(1, 1 << 20, false, false)
+                .records
+                .iter()
+                .all(|r| !matches!(r.body, RecordBody::Dropped { .. }))
+        );
     }
 
     #[test]
