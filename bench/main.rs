@@ -57,6 +57,9 @@
 //!   (start + wait), 3 samples after one warm-up.
 //!
 //! `--profile` also prints where the time of an exec round trip goes.
+//! `--only egress` or `--only gvisor` measures that section alone (for
+//! looking into one figure; the other lines say "not measured", and the
+//! JSON is written only where `--json` says).
 //! Not part of `cargo test`.
 
 use std::collections::BTreeMap;
@@ -464,7 +467,19 @@ fn meta(docker_version: &bollard::models::SystemVersion, runsc: bool, runs: usiz
     })
 }
 
-async fn run(runs: usize, profile: bool, json_out: PathBuf) -> Res<()> {
+/// A section `--only` measures alone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Section {
+    Egress,
+    Gvisor,
+}
+
+async fn run(
+    runs: usize,
+    profile: bool,
+    only: Option<Section>,
+    json_out: Option<PathBuf>,
+) -> Res<()> {
     let docker = Docker::connect_with_local_defaults()?
         .negotiate_version()
         .await?;
@@ -500,7 +515,11 @@ async fn run(runs: usize, profile: bool, json_out: PathBuf) -> Res<()> {
             network: format!("{instance}-net"),
         };
         let mut figures = RunFigures::default();
-        let result = measure(&server, &floor, &mut figures, profile, runsc).await;
+        let result = match only {
+            None => measure(&server, &floor, &mut figures, profile, runsc).await,
+            Some(Section::Egress) => egress(&server, &mut figures).await,
+            Some(Section::Gvisor) => gvisor(&server, &floor, &mut figures).await,
+        };
         drop(server);
         cleanup(&docker, &instance).await;
         let _ = std::fs::remove_file(&config);
@@ -527,8 +546,10 @@ async fn run(runs: usize, profile: bool, json_out: PathBuf) -> Res<()> {
         "lines": lines_json,
         "notes": all.iter().map(|f| f.notes.clone()).collect::<Vec<_>>(),
     });
-    std::fs::write(&json_out, serde_json::to_string_pretty(&out)?)?;
-    println!("JSON written to {}", json_out.display());
+    if let Some(json_out) = json_out {
+        std::fs::write(&json_out, serde_json::to_string_pretty(&out)?)?;
+        println!("JSON written to {}", json_out.display());
+    }
     Ok(())
 }
 
@@ -1235,6 +1256,15 @@ fn main() -> std::process::ExitCode {
             .and_then(|i| args.get(i + 1).cloned())
     };
     let profile = args.iter().any(|a| a == "--profile");
+    let only = match value_of("--only").as_deref() {
+        None => None,
+        Some("egress") => Some(Section::Egress),
+        Some("gvisor") => Some(Section::Gvisor),
+        Some(other) => {
+            eprintln!("bench: --only takes egress or gvisor, not {other:?}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
     let runs = match value_of("--runs").map(|r| r.parse::<usize>()) {
         None => 3,
         Some(Ok(n)) if n >= 1 => n,
@@ -1243,9 +1273,10 @@ fn main() -> std::process::ExitCode {
             return std::process::ExitCode::FAILURE;
         }
     };
-    let json_out = value_of("--json")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("bench/last-run.json"));
+    let json_out = value_of("--json").map(PathBuf::from).or_else(|| {
+        only.is_none()
+            .then(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("bench/last-run.json"))
+    });
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -1256,7 +1287,7 @@ fn main() -> std::process::ExitCode {
             return std::process::ExitCode::FAILURE;
         }
     };
-    match rt.block_on(run(runs, profile, json_out)) {
+    match rt.block_on(run(runs, profile, only, json_out)) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("bench: {e}");

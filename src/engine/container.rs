@@ -378,7 +378,7 @@ pub struct EgressContainer {
 }
 
 /// Limits of an egress proxy: it carries every sandbox's downloads.
-const EGRESS_MEMORY: i64 = 256 * MIB;
+const EGRESS_MEMORY: i64 = 384 * MIB;
 const EGRESS_PIDS: i64 = 128;
 /// Descriptors the egress proxy may hold: it serves at most 2048
 /// connections of two sockets each (`MAX_CONNECTIONS` in the agent's
@@ -699,6 +699,6 @@ mod tests {
         // The agent's limits were sized against these two (its
         // MAX_CONNECTIONS and LOOKUP_THREADS): a change here is one there.
         assert_eq!(hc.pids_limit, Some(128), "sized for 64 lookup threads");
-        assert_eq!(hc.memory, Some(256 * MIB), "sized for 2048 connections");
+        assert_eq!(hc.memory, Some(384 * MIB), "sized for 2048 connections");
     }
 }
