@@ -2,7 +2,10 @@
 //! here (its runner) that drains its output into its [`Log`], enforces its
 //! timeout, passes kills to the keeper and records its end; and the table
 //! of all of them, with the settings sandboxd sent. One keeper is started
-//! ahead of need and waits for the next command (the spare).
+//! ahead of need and waits for the next command (the spare): when the
+//! agent starts, and again when a command's own process has ended, not
+//! while a command starts (under gVisor a process creation then slowed
+//! the command's round trip by a third).
 //!
 //! A command ends when its own process exits, whatever it left running;
 //! what the leftovers print later is still recorded after the `exit`
@@ -470,7 +473,6 @@ impl Commands {
             main_usage: None,
         };
         tokio::task::spawn_local(runner.run(rx));
-        self.refill_spare();
         Ok(pid)
     }
 
@@ -839,6 +841,7 @@ impl Runner {
                     let exit_code = code.unwrap_or_else(|| 128 + signal.unwrap_or(9));
                     self.cmd.finish(exit_code, false, false, usage, oom);
                 }
+                self.commands.refill_spare();
                 false
             }
             FromKeeper::Stopped { within_grace } => {
@@ -854,6 +857,7 @@ impl Runner {
                     }
                 }
                 self.stopping = None;
+                self.commands.refill_spare();
                 false
             }
             FromKeeper::Empty => {

@@ -535,21 +535,23 @@ async fn the_agent_cannot_be_replaced_from_inside() {
 async fn a_killed_spare_keeper_does_not_fail_the_next_command() {
     let server = TestServer::start().await;
     let sid = server.offline_sandbox().await;
-    // Keepers with no child: the spare (this command's keeper runs bash).
+    // Keepers with no child: the spare. One is made when the agent starts
+    // and again when a command's process ends.
     let idle = r#"for p in $(pgrep -f '^/.sandboxd/sandboxd-agent keep$'); do [ -z "$(pgrep -P "$p")" ] && echo "$p"; done"#;
-    // Each command takes the spare and a new one starts behind it: kill
-    // that one (retried while it is still starting).
+    assert_eq!(server.sh(&sid, "true").await["exitCode"], 0);
+    // Killed from outside the agent's commands (a command would take the
+    // spare itself), retried while it is still starting.
     eventually(
         Duration::from_secs(10),
         "the spare keeper is killed",
         || async {
-            let killed = server
-                .sh(
+            let (_, out) = server
+                .docker_exec(
                     &sid,
                     &format!("for p in $({idle}); do kill -KILL \"$p\" && echo killed; done"),
                 )
                 .await;
-            killed["stdout"] == "killed\n"
+            out == "killed\n"
         },
     )
     .await;
@@ -567,7 +569,7 @@ async fn a_killed_spare_keeper_does_not_fail_the_next_command() {
     eventually(
         Duration::from_secs(5),
         "a spare keeper waits again",
-        || async { server.sh(&sid, &format!("{idle} | wc -l")).await["stdout"] == "1\n" },
+        || async { server.docker_exec(&sid, &format!("{idle} | wc -l")).await.1 == "1\n" },
     )
     .await;
 }
