@@ -227,9 +227,10 @@ impl Commands {
             return;
         }
         let this = Rc::clone(self);
-        // After the current request's answer: it does not wait for this.
-        // On the agent's thread, not a blocking pool's: a pool thread is a
-        // process of the sandbox's pids limit that comes and goes.
+        // After what is already woken (the answer to a wait for the command
+        // that just ended): it does not wait for this. On the agent's
+        // thread, not a blocking pool's: a pool thread is a process of the
+        // sandbox's pids limit that comes and goes.
         tokio::task::spawn_local(async move {
             tokio::task::yield_now().await;
             let parts = spawn_keeper(&this.exe);

@@ -67,7 +67,7 @@ use tokio::time::Instant;
 /// write, and on the origin's [`ORIGIN_BUFFER`] read: with 16 KiB on both
 /// sides 81 KiB of resident memory each was measured (with hyper's default
 /// buffers it was 1 MiB, and the 4096 connections allowed before could ask
-/// for 4 GiB); the origin's larger buffer adds at most 48 KiB, 129 KiB in
+/// for 4 GiB); the origin's larger buffer adds about 48 KiB, 129 KiB in
 /// all. A stalled tunnel holds two 8 KiB copy buffers, 20 KiB measured.
 /// 2048 × 129 KiB is 258 MiB at worst, which leaves 126 MiB for the
 /// process itself (a few MiB) and for the kernel's socket buffers, which
@@ -97,9 +97,9 @@ const LOOKUP_WAIT: Duration = Duration::from_secs(2);
 const HEAD_BUFFER: usize = 16 * 1024;
 /// The most the origin's side of a forwarded request buffers: its
 /// response head must fit (502 past it; nginx's default for a proxied
-/// head is 4 or 8 KiB) and its body comes through in
-/// pieces of at most this. Pieces of [`HEAD_BUFFER`] halved a 100 MB
-/// download's speed (bench/: 0.36× a direct download, 0.62× with this).
+/// head is 4 or 8 KiB) and its body comes through in pieces of at most
+/// this. Pieces of [`HEAD_BUFFER`] halved a 100 MB download's speed
+/// (bench/: 0.36× a direct download, 0.62× with this).
 const ORIGIN_BUFFER: usize = 64 * 1024;
 /// Longest a client may take to send a request's head, or to start the
 /// next one on a kept-alive connection.

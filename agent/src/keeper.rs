@@ -71,8 +71,8 @@ pub(crate) enum FromKeeper {
         message: String,
     },
     /// The command could not start because the sandbox is at its pids
-    /// limit (for all of the retry time): no command, a refusal. The keeper
-    /// waits for another start.
+    /// limit: no command, a refusal. The keeper waits for another start
+    /// (the agent ends leftovers and sends it again, for a while).
     NoProcesses,
     /// The command's own process ended.
     Exited {
@@ -162,7 +162,7 @@ fn keep(mut control: UnixStream) -> std::io::Result<()> {
 
 /// Starts the command with the keeper's stdout and stderr (the pipes).
 /// The error is the exit code and message of a command that could not
-/// start, or none when the sandbox stayed at its pids limit.
+/// start, or none when the sandbox is at its pids limit.
 fn spawn(start: &Start) -> Result<std::process::Child, Option<(i32, String)>> {
     let program = start
         .argv

@@ -115,14 +115,7 @@ pub(crate) struct Suppressed {
 impl Suppressed {
     /// Parses a summary line; untrusted like every line of the proxy.
     pub(crate) fn parse(line: &str) -> Option<Suppressed> {
-        if line.len() > MAX_DENIAL_LINE {
-            return None;
-        }
-        let mut parts = line.trim_end().split(' ');
-        if parts.next()? != "egress-denied-suppressed" {
-            return None;
-        }
-        let client = parts.next()?.parse().ok()?;
+        let (client, mut parts) = proxy_line(line, "egress-denied-suppressed")?;
         let count = parts.next()?;
         // One proxy cannot refuse more than this in a second.
         let count = count
@@ -141,14 +134,7 @@ impl Denial {
     /// send, so its lines are read as untrusted: bounded, every field
     /// checked, anything else ignored.
     pub(crate) fn parse(line: &str) -> Option<Denial> {
-        if line.len() > MAX_DENIAL_LINE {
-            return None;
-        }
-        let mut parts = line.trim_end().split(' ');
-        if parts.next()? != "egress-denied" {
-            return None;
-        }
-        let client = parts.next()?.parse().ok()?;
+        let (client, mut parts) = proxy_line(line, "egress-denied")?;
         let destination = parts.next()?;
         let reason = parts.next()?;
         let printable = |s: &str, extra: &str| {
@@ -165,6 +151,20 @@ impl Denial {
             reason: reason.to_string(),
         })
     }
+}
+
+/// A proxy line within bounds that starts with `tag` and a client
+/// address: the address, and the fields after it.
+fn proxy_line<'a>(line: &'a str, tag: &str) -> Option<(IpAddr, std::str::Split<'a, char>)> {
+    if line.len() > MAX_DENIAL_LINE {
+        return None;
+    }
+    let mut parts = line.trim_end().split(' ');
+    if parts.next()? != tag {
+        return None;
+    }
+    let client = parts.next()?.parse().ok()?;
+    Some((client, parts))
 }
 
 /// The addresses of the machine sandboxd runs on, as far as it can see
