@@ -6,7 +6,8 @@
 //!
 //! Two kinds of request are proxied, each checked against the policy
 //! before any byte reaches the destination:
-//! - `CONNECT host:port`: a tunnel (HTTPS and anything else over TCP);
+//! - `CONNECT host:port`: a tunnel (HTTPS and anything else over TCP),
+//!   its bytes moved in the kernel (`splice.rs`);
 //! - absolute-form `http://` requests: forwarded as origin-form HTTP/1.1,
 //!   bodies streamed both ways.
 //!
@@ -54,11 +55,13 @@ use hyper::service::service_fn;
 use hyper::{Method, Request, Response, StatusCode, Uri, Version};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use sandboxd_proto::egress::{Denied, EgressPolicy};
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
+
+use crate::splice;
 
 /// Connections served at once, tunnels included; beyond, new ones are
 /// closed at once rather than queued behind a flood. Sized against the
@@ -68,8 +71,9 @@ use tokio::time::Instant;
 /// sides 81 KiB of resident memory each was measured (with hyper's default
 /// buffers it was 1 MiB, and the 4096 connections allowed before could ask
 /// for 4 GiB); the origin's larger buffer adds about 48 KiB, 129 KiB in
-/// all. A stalled tunnel holds two 8 KiB copy buffers, 20 KiB measured.
-/// 2048 × 129 KiB is 258 MiB at worst, which leaves 126 MiB for the
+/// all. A tunnel's bytes go through the kernel (`splice.rs`): a stalled
+/// one holds no buffer here, and at most a pipe's 64 KiB each way there,
+/// 128 KiB. 2048 × 129 KiB is 258 MiB at worst, which leaves 126 MiB for the
 /// process itself (a few MiB) and for the kernel's socket buffers, which
 /// the container is charged for and which the kernel stops growing as the
 /// container nears its limit. Each connection holds two descriptors, the
@@ -560,16 +564,24 @@ async fn tunnel(
     let idle = proxy.limits.idle_timeout;
     tokio::spawn(async move {
         let _slot = slot;
-        if let Ok(upgraded) = hyper::upgrade::on(req).await {
-            let mut downstream = TokioIo::new(upgraded);
-            // Every byte either way is read from or written to the
-            // destination: watching that one socket sees them all.
-            let activity = Activity::new();
-            let mut upstream = Watched::new(upstream, activity.clone());
-            tokio::select! {
-                _ = tokio::io::copy_bidirectional(&mut downstream, &mut upstream) => {}
-                () = activity.idle_for(idle) => {}
-            }
+        // The client's socket back from hyper, with whatever it sent
+        // after its request head (a TLS hello that did not wait for 200).
+        let Ok(upgraded) = hyper::upgrade::on(req).await else {
+            return;
+        };
+        let Ok(parts) = upgraded.downcast::<TokioIo<TcpStream>>() else {
+            return;
+        };
+        let downstream = parts.io.into_inner();
+        let mut upstream = upstream;
+        if upstream.write_all(&parts.read_buf).await.is_err() {
+            return;
+        }
+        let activity = Activity::new();
+        let moved = || activity.touch();
+        tokio::select! {
+            _ = splice::join(&downstream, &upstream, &moved) => {}
+            () = activity.idle_for(idle) => {}
         }
     });
     Response::new(Either::Left(Full::new(Bytes::new())))
@@ -658,7 +670,7 @@ async fn forward(
     }
 }
 
-/// When a byte last went through a [`Watched`] socket.
+/// When a byte last went through a [`Watched`] socket or a spliced tunnel.
 #[derive(Debug, Clone)]
 struct Activity {
     since: Instant,
@@ -1732,6 +1744,28 @@ mod tests {
         assert!(answer.starts_with("HTTP/1.1 200 OK\r\n"), "{answer}");
         assert!(answer.ends_with("\r\n\r\n0123456789"), "{answer}");
         assert!(closed_unanswered(&mut served).await);
+    }
+
+    #[tokio::test]
+    async fn bytes_sent_with_the_connect_head_reach_the_destination() {
+        let (origin, proxy) = origin_and_proxy(|_| {}).await;
+        let target = origin.local_addr().expect("addr");
+        let mut client = connect_from(2, proxy).await;
+        // A client that does not wait for 200 (TLS false start, or a
+        // pipelined hello): the bytes after the head are the tunnel's.
+        let request = format!("CONNECT {target} HTTP/1.1\r\nhost: {target}\r\n\r\nhello");
+        client.write_all(request.as_bytes()).await.expect("write");
+        let (mut served, _) = origin.accept().await.expect("accept");
+        let head = read_head(&mut client).await;
+        assert!(head.starts_with("HTTP/1.1 200 OK\r\n"), "{head}");
+        let mut early = [0; 5];
+        served.read_exact(&mut early).await.expect("read");
+        assert_eq!(&early, b"hello");
+        served.write_all(b"back").await.expect("write");
+        drop(served);
+        let mut rest = Vec::new();
+        client.read_to_end(&mut rest).await.expect("read");
+        assert_eq!(rest, b"back");
     }
 
     #[tokio::test]

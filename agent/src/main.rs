@@ -27,6 +27,7 @@ mod keeper;
 mod log;
 mod relay;
 mod serve;
+mod splice;
 mod tree;
 
 use std::process::ExitCode;
