@@ -337,6 +337,9 @@ pub fn reply_name(r: &Reply) -> &'static str {
         Reply::Data(_) => "Data",
         Reply::Entries(_) => "Entries",
         Reply::Probed { .. } => "Probed",
+        Reply::PtyOutput(_) => "PtyOutput",
+        Reply::Ptys(_) => "Ptys",
+        Reply::PtyEnded(_) => "PtyEnded",
         Reply::Error(_) => "Error",
     }
 }

@@ -349,10 +349,12 @@ impl Commands {
         let started = Instant::now();
         let oom_before = cgroup::oom_kills();
         let start = ToKeeper::Start(keeper::Start {
+            program: None,
             argv: spec.argv,
             env: spec.env,
             cwd: spec.cwd.unwrap_or_else(|| settings.workspace.clone()),
             stdin: spec.stdin,
+            terminal: false,
         });
         let body = sandboxd_proto::encode(&start)
             .map_err(|e| Failure::new(FailureKind::Invalid, format!("the start: {e}")))?;
@@ -520,6 +522,58 @@ impl Commands {
         }
     }
 
+    /// Starts a keeper for a terminal session: `terminal` (a pty's slave)
+    /// is its stdout and stderr. While the sandbox is at its pids limit,
+    /// ends leftovers and tries again, like a command's. The keeper counts
+    /// as one until [`Commands::keeper_done`].
+    pub(crate) async fn start_terminal_keeper(
+        &self,
+        terminal: OwnedFd,
+    ) -> Result<(std::process::Child, tokio::net::UnixStream), Failure> {
+        let fail = |what: &str, e: &dyn std::fmt::Display| {
+            Failure::new(FailureKind::Other, format!("{what}: {e}"))
+        };
+        let deadline = Instant::now() + SPAWN_RETRY_FOR;
+        loop {
+            let err = terminal.try_clone().map_err(|e| fail("the terminal", &e))?;
+            let out = terminal.try_clone().map_err(|e| fail("the terminal", &e))?;
+            match spawn_keeper_on(&self.exe, out, err) {
+                Ok((child, ours)) => {
+                    self.keepers.borrow_mut().insert(child.id() as i32);
+                    let control = ours
+                        .set_nonblocking(true)
+                        .and_then(|()| tokio::net::UnixStream::from_std(ours));
+                    return match control {
+                        Ok(control) => Ok((child, control)),
+                        Err(e) => {
+                            self.keeper_done(child.id() as i32);
+                            let mut child = child;
+                            let _ = child.kill();
+                            Err(fail("the keeper's control socket", &e))
+                        }
+                    };
+                }
+                Err(e)
+                    if e.raw_os_error() == Some(rustix::io::Errno::AGAIN.raw_os_error())
+                        && Instant::now() < deadline =>
+                {
+                    self.relieve("the sandbox reached its pids limit");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                Err(e) if e.raw_os_error() == Some(rustix::io::Errno::AGAIN.raw_os_error()) => {
+                    return Err(Failure::new(FailureKind::NoProcesses, AT_PIDS_LIMIT));
+                }
+                Err(e) => return Err(fail("starting the keeper", &e)),
+            }
+        }
+    }
+
+    /// A keeper has exited (or was killed): its orphans are no longer
+    /// spared by [`Commands::end_orphans`].
+    pub(crate) fn keeper_done(&self, pid: i32) {
+        self.keepers.borrow_mut().remove(&pid);
+    }
+
     /// Keeps finished commands within `max_finished` (oldest go first) and
     /// all logs within the memory budget (finished logs are emptied first,
     /// oldest first, then running ones are halved).
@@ -637,17 +691,29 @@ impl Commands {
 /// Starts `exe keep` with a control socket on its stdin and new pipes on
 /// its stdout and stderr; returns the process and the agent's ends.
 fn spawn_keeper(exe: &std::path::Path) -> std::io::Result<KeeperParts> {
-    let (ours, theirs) = std::os::unix::net::UnixStream::pair()?;
     let (out_r, out_w) = pipe_pair()?;
     let (err_r, err_w) = pipe_pair()?;
+    let (child, ours) = spawn_keeper_on(exe, out_w, err_w)?;
+    Ok((child, ours, out_r, err_r))
+}
+
+/// Starts `exe keep` with a control socket on its stdin and `out` and
+/// `err` as its stdout and stderr; returns the process and the agent's
+/// end of the socket.
+fn spawn_keeper_on(
+    exe: &std::path::Path,
+    out: OwnedFd,
+    err: OwnedFd,
+) -> std::io::Result<(std::process::Child, std::os::unix::net::UnixStream)> {
+    let (ours, theirs) = std::os::unix::net::UnixStream::pair()?;
     let child = std::process::Command::new(exe)
         .arg("keep")
         .current_dir("/")
         .stdin(Stdio::from(OwnedFd::from(theirs)))
-        .stdout(Stdio::from(out_w))
-        .stderr(Stdio::from(err_w))
+        .stdout(Stdio::from(out))
+        .stderr(Stdio::from(err))
         .spawn()?;
-    Ok((child, ours, out_r, err_r))
+    Ok((child, ours))
 }
 
 fn pipe_pair() -> std::io::Result<(OwnedFd, OwnedFd)> {

@@ -19,6 +19,7 @@
 use std::io::{Read, Write};
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::UnixStream;
+use std::os::unix::process::CommandExt;
 use std::process::{Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
 
@@ -52,11 +53,22 @@ pub(crate) enum ToKeeper {
 /// A command to run.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct Start {
+    /// The file run; `None`: `argv[0]`. A login shell is `/bin/bash` run
+    /// as `-bash`.
+    pub(crate) program: Option<String>,
     pub(crate) argv: Vec<String>,
     pub(crate) env: Vec<(String, String)>,
     pub(crate) cwd: String,
     #[serde(with = "serde_bytes")]
     pub(crate) stdin: Vec<u8>,
+    /// The keeper's stdout is a terminal (a pty's slave; its stderr too):
+    /// the command gets it as stdin, stdout and stderr and as its
+    /// controlling terminal, in a session of the keeper's, in a process
+    /// group of its own that is the terminal's foreground (so Ctrl-C
+    /// reaches the command, never the keeper), and the keeper lets go of
+    /// the terminal (so the pty's other side sees its end once the
+    /// command's tree has closed it).
+    pub(crate) terminal: bool,
 }
 
 /// Keeper to agent.
@@ -164,10 +176,11 @@ fn keep(mut control: UnixStream) -> std::io::Result<()> {
 /// The error is the exit code and message of a command that could not
 /// start, or none when the sandbox is at its pids limit.
 fn spawn(start: &Start) -> Result<std::process::Child, Option<(i32, String)>> {
-    let program = start
+    let arg0 = start
         .argv
         .first()
         .ok_or_else(|| Some((127, "empty argv".to_string())))?;
+    let program = start.program.as_ref().unwrap_or(arg0);
     if let Err(e) = std::fs::create_dir_all(&start.cwd) {
         return Err(Some((
             126,
@@ -183,20 +196,28 @@ fn spawn(start: &Start) -> Result<std::process::Child, Option<(i32, String)>> {
         return Err(Some((126, "sandboxd: the output pipes are gone\n".into())));
     };
     let mut cmd = Command::new(program);
-    cmd.args(&start.argv[1..])
+    cmd.arg0(arg0)
+        .args(&start.argv[1..])
         .envs(start.env.iter().map(|(k, v)| (k, v)))
         .current_dir(&start.cwd)
-        .stdin(if start.stdin.is_empty() {
-            Stdio::null()
-        } else {
-            Stdio::piped()
-        })
         .stdout(Stdio::from(stdout))
         .stderr(Stdio::from(stderr));
+    if start.terminal {
+        let terminal = take_terminal()
+            .map_err(|e| Some((126, format!("sandboxd: cannot set up the terminal: {e}\n"))))?;
+        cmd.stdin(Stdio::from(terminal)).process_group(0);
+    } else if start.stdin.is_empty() {
+        cmd.stdin(Stdio::null());
+    } else {
+        cmd.stdin(Stdio::piped());
+    }
     match cmd.spawn() {
         Ok(mut child) => {
             if let Some(stdin) = child.stdin.take() {
                 feed_stdin(stdin, start.stdin.clone());
+            }
+            if start.terminal {
+                give_terminal(child.id());
             }
             Ok(child)
         }
@@ -216,6 +237,46 @@ fn spawn(start: &Start) -> Result<std::process::Child, Option<(i32, String)>> {
             Err(Some((code, format!("sandboxd: {program}: {why}\n"))))
         }
     }
+}
+
+/// Makes the keeper's stdout, a pty's slave, the controlling terminal of
+/// a new session the keeper leads, and returns another descriptor of it
+/// for the command's stdin. The keeper ignores the signals a terminal
+/// sends its foreground (it is in the foreground until the command takes
+/// it); they are blocked, and a started command's mask is empty again.
+fn take_terminal() -> std::io::Result<OwnedFd> {
+    rustix::process::setsid()?;
+    let terminal = std::io::stdout().as_fd().try_clone_to_owned()?;
+    rustix::process::ioctl_tiocsctty(&terminal)?;
+    let mut terminal_signals = SigSet::empty();
+    for sig in [
+        NixSignal::SIGINT,
+        NixSignal::SIGQUIT,
+        NixSignal::SIGTSTP,
+        NixSignal::SIGTTIN,
+        NixSignal::SIGTTOU,
+        NixSignal::SIGHUP,
+    ] {
+        terminal_signals.add(sig);
+    }
+    terminal_signals
+        .thread_block()
+        .map_err(std::io::Error::from)?;
+    Ok(terminal)
+}
+
+/// Makes the command's process group the terminal's foreground and lets
+/// go of the keeper's own descriptors of the terminal: the pty's other
+/// side reads its end (EIO) once the command's tree has closed it.
+fn give_terminal(pid: u32) {
+    let Ok(null) = std::fs::File::open("/dev/null") else {
+        return;
+    };
+    if let Some(pid) = Pid::from_raw(pid as i32) {
+        let _ = rustix::termios::tcsetpgrp(std::io::stdout(), pid);
+    }
+    let _ = rustix::stdio::dup2_stdout(&null);
+    let _ = rustix::stdio::dup2_stderr(&null);
 }
 
 /// Writes the command's stdin and closes it. Small input fits in the pipe
@@ -400,10 +461,12 @@ mod tests {
     fn messages_survive_the_framing() {
         let mut buf = Vec::new();
         let msg = ToKeeper::Start(Start {
+            program: Some("/bin/sh".into()),
             argv: vec!["sh".into(), "-c".into(), "true".into()],
             env: vec![("A".into(), "b".into())],
             cwd: "/tmp".into(),
             stdin: vec![1, 2, 3],
+            terminal: true,
         });
         write_message(&mut buf, &msg).expect("write");
         write_message(&mut buf, &ToKeeper::Kill).expect("write");

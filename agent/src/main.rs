@@ -25,6 +25,7 @@ mod egress;
 mod files;
 mod keeper;
 mod log;
+mod pty;
 mod relay;
 mod serve;
 mod splice;

@@ -30,6 +30,7 @@ use tokio_util::codec::{FramedRead, FramedWrite};
 
 use crate::commands::{Commands, Settings};
 use crate::files::Workspace;
+use crate::pty::Ptys;
 use crate::relay::{self, Relays};
 
 /// The abstract socket name (`\0sandboxd-agent`): in the sandbox's own
@@ -93,8 +94,10 @@ pub(crate) fn run() -> ExitCode {
     };
     let local = tokio::task::LocalSet::new();
     local.block_on(&runtime, async move {
+        let commands = Commands::new(exe);
         let agent = Rc::new(Agent {
-            commands: Commands::new(exe),
+            ptys: Ptys::new(Rc::clone(&commands)),
+            commands,
             relays: Rc::new(Relays::default()),
             files,
             boot: random_u64(),
@@ -107,6 +110,7 @@ pub(crate) fn run() -> ExitCode {
 #[derive(Debug)]
 struct Agent {
     commands: Rc<Commands>,
+    ptys: Rc<Ptys>,
     relays: Rc<Relays>,
     files: FileWorker,
     boot: u64,
@@ -461,6 +465,60 @@ async fn handle(op: Op, answer: Answer, agent: Rc<Agent>, conn: Rc<Conn>) {
                 .relays
                 .ensure(port, listen, &allow)
                 .map(|()| Reply::Ok);
+            answer.result(r).await
+        }
+        Op::PtyOpen(open) => {
+            let r = agent
+                .ptys
+                .open(open)
+                .await
+                .map(|pid| Reply::Spawned { pid });
+            answer.result(r).await
+        }
+        Op::PtyRead {
+            pty,
+            after,
+            max_bytes,
+            wait_ms,
+        } => {
+            let r = match agent.ptys.get(&pty) {
+                Ok(p) => {
+                    let max = (max_bytes as usize).min(CHUNK);
+                    let wait = Duration::from_millis(u64::from(wait_ms));
+                    Ok(Reply::PtyOutput(p.read(after, max, wait).await))
+                }
+                Err(f) => Err(f),
+            };
+            answer.result(r).await
+        }
+        Op::PtyWrite { pty, data } => {
+            let r = match agent.ptys.get(&pty) {
+                Ok(p) => p.write(&data).await.map(|()| Reply::Ok),
+                Err(f) => Err(f),
+            };
+            answer.result(r).await
+        }
+        Op::PtyResize { pty, cols, rows } => {
+            let r = agent
+                .ptys
+                .get(&pty)
+                .and_then(|p| p.resize(cols, rows))
+                .map(|()| Reply::Ok);
+            answer.result(r).await
+        }
+        Op::PtyKill { pty } => {
+            let r = agent.ptys.get(&pty).map(|p| {
+                p.kill();
+                Reply::Ok
+            });
+            answer.result(r).await
+        }
+        Op::PtyList => answer.last(Reply::Ptys(agent.ptys.states())).await,
+        Op::PtyWait { pty } => {
+            let r = match agent.ptys.get(&pty) {
+                Ok(p) => Ok(Reply::PtyEnded(p.wait().await)),
+                Err(f) => Err(f),
+            };
             answer.result(r).await
         }
         Op::Probe { port, wait_ms } => {

@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 
 use futures_util::{SinkExt, StreamExt};
 use sandboxd_proto::{
-    CommandMeta, Ended, Hello, LogChunk, MAX_AGENT_FRAME, Op, ReadLog, Record, RecordBody, Reply,
-    Request, Response, Spawn,
+    CommandMeta, Ended, Hello, LogChunk, MAX_AGENT_FRAME, Op, PtyOpen, ReadLog, Record, RecordBody,
+    Reply, Request, Response, Spawn,
 };
 use tokio::net::UnixStream;
 use tokio_util::codec::{Framed, LengthDelimitedCodec};
@@ -385,4 +385,157 @@ async fn output_nobody_reads_is_dropped_and_counted() {
     }
     assert!(dropped > 0, "a 256 KiB ring cannot hold 8 MiB");
     assert_eq!(kept + dropped, 8_388_608, "every byte accounted for");
+}
+
+impl Client {
+    async fn open_pty(&mut self, id: &str, argv: &[&str], cols: u16, rows: u16) {
+        let reply = self
+            .call(Op::PtyOpen(PtyOpen {
+                pty: id.into(),
+                program: argv.first().map_or(String::new(), |p| (*p).into()),
+                argv: argv.iter().map(|a| (*a).into()).collect(),
+                env: vec![("TERM".into(), "xterm".into())],
+                cwd: Some("/tmp".into()),
+                cols,
+                rows,
+                summary: argv.join(" "),
+                created_at_ms: 0,
+                max_running: 2,
+            }))
+            .await;
+        assert!(matches!(reply, Reply::Spawned { .. }), "{reply:?}");
+    }
+
+    async fn type_in(&mut self, id: &str, data: &[u8]) {
+        let reply = self
+            .call(Op::PtyWrite {
+                pty: id.into(),
+                data: data.to_vec(),
+            })
+            .await;
+        assert_eq!(reply, Reply::Ok);
+    }
+
+    /// Reads the screen from `*after` until `want` shows up in what was
+    /// read (or the session ends); returns all of it.
+    async fn screen_until(&mut self, id: &str, after: &mut u64, want: &str) -> String {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut seen = String::new();
+        loop {
+            let reply = self
+                .call(Op::PtyRead {
+                    pty: id.into(),
+                    after: *after,
+                    max_bytes: 65536,
+                    wait_ms: 500,
+                })
+                .await;
+            let Reply::PtyOutput(out) = reply else {
+                panic!("read: {reply:?}");
+            };
+            assert_eq!(out.start, *after, "nothing was skipped");
+            *after = out.start + out.data.len() as u64;
+            seen.push_str(&String::from_utf8_lossy(&out.data));
+            if seen.contains(want) || out.ended.is_some() {
+                return seen;
+            }
+            assert!(Instant::now() < deadline, "no {want:?} in {seen:?}");
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_terminal_session_is_a_terminal_and_ends_with_its_program() {
+    let agent = Agent::start();
+    let mut c = agent.client().await;
+    let id = cid(900);
+    c.open_pty(
+        &id,
+        &[
+            "/bin/sh",
+            "-c",
+            "tty; stty size; read x; echo got:$x; sleep 1000 & exit 3",
+        ],
+        100,
+        30,
+    )
+    .await;
+    let mut after = 0;
+    let screen = c.screen_until(&id, &mut after, "30 100").await;
+    assert!(screen.contains("/dev/pts/"), "{screen:?}");
+    c.type_in(&id, b"hi\r").await;
+    let screen = c.screen_until(&id, &mut after, "got:hi").await;
+    assert!(screen.contains("got:hi"), "{screen:?}");
+    let ended = match c.call(Op::PtyWait { pty: id.clone() }).await {
+        Reply::PtyEnded(e) => e,
+        other => panic!("wait: {other:?}"),
+    };
+    assert_eq!((ended.exit_code, ended.signal), (Some(3), None));
+    // What it left in the background went with it, as when a terminal
+    // closes.
+    eventually(Duration::from_secs(5), "the leftover sleep to end", || {
+        processes_with("sleep 1000") == 0
+    })
+    .await;
+    match c.call(Op::PtyList).await {
+        Reply::Ptys(list) => {
+            assert_eq!(list.len(), 1);
+            assert_eq!(list[0].ended, Some(ended));
+        }
+        other => panic!("list: {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn a_bare_session_is_a_login_shell_and_ctrl_c_reaches_its_program() {
+    let agent = Agent::start();
+    let mut c = agent.client().await;
+    let id = cid(901);
+    c.open_pty(&id, &[], 80, 24).await;
+    let mut after = 0;
+    c.type_in(&id, b"echo zero=$0\r").await;
+    c.screen_until(&id, &mut after, "zero=-").await;
+    // The quotes keep what is typed (echoed back) apart from what runs.
+    c.type_in(&id, b"sleep 100; echo after\"\"-sleep\r").await;
+    c.type_in(&id, b"\x03").await;
+    c.type_in(&id, b"echo al\"\"ive\r").await;
+    let screen = c.screen_until(&id, &mut after, "alive").await;
+    assert!(!screen.contains("after-sleep"), "{screen:?}");
+    let reply = c
+        .call(Op::PtyResize {
+            pty: id.clone(),
+            cols: 120,
+            rows: 40,
+        })
+        .await;
+    assert_eq!(reply, Reply::Ok);
+    c.type_in(&id, b"stty size\r").await;
+    c.screen_until(&id, &mut after, "40 120").await;
+    // A second session runs; a third is over the cap of two.
+    c.open_pty(&cid(902), &["/bin/sleep", "sleep", "100"], 80, 24)
+        .await;
+    let over = c
+        .call(Op::PtyOpen(PtyOpen {
+            pty: cid(903),
+            program: "/bin/true".into(),
+            argv: vec!["true".into()],
+            env: vec![],
+            cwd: None,
+            cols: 80,
+            rows: 24,
+            summary: String::new(),
+            created_at_ms: 0,
+            max_running: 2,
+        }))
+        .await;
+    assert!(
+        matches!(&over, Reply::Error(f) if f.kind == sandboxd_proto::FailureKind::TooMany),
+        "{over:?}"
+    );
+    c.type_in(&id, b"exit 7\r").await;
+    let ended = match c.call(Op::PtyWait { pty: id.clone() }).await {
+        Reply::PtyEnded(e) => e,
+        other => panic!("wait: {other:?}"),
+    };
+    assert_eq!(ended.exit_code, Some(7));
 }

@@ -30,7 +30,7 @@ use serde::{Deserialize, Serialize};
 use tokio_util::codec::LengthDelimitedCodec;
 
 /// Bumped on any change to the types below.
-pub const VERSION: u32 = 1;
+pub const VERSION: u32 = 2;
 
 /// Largest piece of bulk data (file content, a tail) in one response.
 pub const CHUNK: usize = 1024 * 1024;
@@ -141,6 +141,53 @@ pub enum Op {
     /// Whether something accepts connections on 127.0.0.1:`port`, waiting
     /// up to `wait_ms`: [`Reply::Probed`].
     Probe { port: u16, wait_ms: u32 },
+    /// Start a terminal session: [`Reply::Spawned`] once its process runs.
+    PtyOpen(PtyOpen),
+    /// A session's screen output from byte `after` on (bytes are numbered
+    /// from 0 since the session started), waiting up to `wait_ms` for some
+    /// when there is none yet: [`Reply::PtyOutput`].
+    PtyRead {
+        pty: String,
+        after: u64,
+        max_bytes: u32,
+        wait_ms: u32,
+    },
+    /// Bytes typed into a session: [`Reply::Ok`].
+    PtyWrite {
+        pty: String,
+        #[serde(with = "serde_bytes")]
+        data: Vec<u8>,
+    },
+    /// A new window size: [`Reply::Ok`].
+    PtyResize { pty: String, cols: u16, rows: u16 },
+    /// End a session's process tree like [`Op::Kill`]: [`Reply::Ok`].
+    PtyKill { pty: String },
+    /// Every session the agent holds, running and ended: [`Reply::Ptys`].
+    PtyList,
+    /// Answered by [`Reply::PtyEnded`] once the session's process has ended.
+    PtyWait { pty: String },
+}
+
+/// A terminal session to start.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PtyOpen {
+    /// sandboxd's id for it (24 lowercase hex digits).
+    pub pty: String,
+    /// What runs; `argv[0]` is the program's name as it sees it (a login
+    /// shell's starts with `-`), `program` the file run.
+    pub program: String,
+    pub argv: Vec<String>,
+    /// Added to the agent's environment.
+    pub env: Vec<(String, String)>,
+    /// Absolute; created if missing. `None`: the workspace.
+    pub cwd: Option<String>,
+    pub cols: u16,
+    pub rows: u16,
+    /// What sandboxd shows as its command.
+    pub summary: String,
+    pub created_at_ms: u64,
+    /// Refused with [`FailureKind::TooMany`] when this many run already.
+    pub max_running: u32,
 }
 
 /// Settings of this sandboxd, sent on every connection.
@@ -233,7 +280,42 @@ pub enum Reply {
         ready: bool,
         recent_output: String,
     },
+    PtyOutput(PtyOutput),
+    Ptys(Vec<PtyState>),
+    PtyEnded(PtyEnded),
     Error(Failure),
+}
+
+/// Part of a session's screen output.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PtyOutput {
+    /// The number of `data`'s first byte: above the `after` asked for when
+    /// the bytes between are no longer kept (the scrollback is a ring).
+    pub start: u64,
+    #[serde(with = "serde_bytes")]
+    pub data: Vec<u8>,
+    /// Set once the session has ended and every byte it wrote is in the
+    /// scrollback: nothing follows `data`.
+    pub ended: Option<PtyEnded>,
+}
+
+/// A terminal session as the agent knows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PtyState {
+    pub pty: String,
+    pub summary: String,
+    pub created_at_ms: u64,
+    pub ended: Option<PtyEnded>,
+}
+
+/// How a session's process ended: its exit code, or the signal that ended
+/// it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PtyEnded {
+    pub exit_code: Option<i32>,
+    pub signal: Option<i32>,
+    pub duration_ms: u64,
+    pub ended_at_ms: u64,
 }
 
 /// The agent's side of the handshake.
@@ -378,6 +460,8 @@ pub enum FailureKind {
     NoProcesses,
     /// Something else listens on the relay's port.
     PortInUse,
+    /// At a cap on things running at once (terminal sessions).
+    TooMany,
     Other,
 }
 
