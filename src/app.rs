@@ -12,6 +12,7 @@ use crate::config::Config;
 use crate::engine::Engine;
 use crate::files::Files;
 use crate::ports::Ports;
+use crate::pty::Ptys;
 use crate::sandbox::spec::CreateSandboxRequest;
 use crate::sandbox::{Created, SandboxResult, Sandboxes};
 
@@ -24,6 +25,7 @@ pub struct App {
     pub commands: Arc<Commands>,
     pub files: Files,
     pub ports: Arc<Ports>,
+    pub ptys: Arc<Ptys>,
     /// Cancelled on SIGTERM: background tasks and long requests end.
     pub shutdown: CancellationToken,
     /// Work that outlives the request that started it; the server waits
@@ -50,6 +52,12 @@ impl App {
         let commands = Arc::new(Commands::new(Arc::clone(&config), Arc::clone(&sandboxes)));
         let files = Files::new(Arc::clone(&config), Arc::clone(&sandboxes));
         let ports = Arc::new(Ports::new(Arc::clone(&config), Arc::clone(&sandboxes)));
+        let shutdown = CancellationToken::new();
+        let ptys = Arc::new(Ptys::new(
+            Arc::clone(&config),
+            Arc::clone(&sandboxes),
+            shutdown.clone(),
+        ));
         Arc::new(App {
             config,
             engine,
@@ -57,7 +65,8 @@ impl App {
             commands,
             files,
             ports,
-            shutdown: CancellationToken::new(),
+            ptys,
+            shutdown,
             tasks: TaskTracker::new(),
             metrics,
         })

@@ -15,6 +15,7 @@
 //! - [`command`]: commands, their output logs, timeouts and tree kills.
 //! - [`files`]: read, write, list, delete inside the workspace, symlink-safe.
 //! - [`ports`]: relays and proxy containers that publish sandbox ports.
+//! - [`pty`]: terminal sessions, their viewers and attach tickets.
 //! - [`telemetry`]: Prometheus metrics and request ids.
 //! - [`healthcheck`]: the `sandboxd healthcheck` subcommand.
 //! - [`id`]: random identifiers.
@@ -37,6 +38,7 @@ pub mod files;
 pub mod healthcheck;
 pub mod id;
 pub mod ports;
+pub mod pty;
 pub mod sandbox;
 pub mod server;
 pub mod subnet;
@@ -57,7 +59,7 @@ mod layering {
         (8, &["server", "healthcheck"]),
         (7, &["api"]),
         (6, &["app"]),
-        (5, &["command", "files", "ports"]),
+        (5, &["command", "files", "ports", "pty"]),
         (4, &["sandbox"]),
         (3, &["engine", "agent"]),
         (

@@ -31,14 +31,17 @@ pub async fn run(config: Config) -> std::io::Result<()> {
     }
     {
         // Rebuild sandboxes from labels, find commands that outlived us,
-        // and only then let requests in.
+        // and only then let requests in; then watch for the end of the
+        // terminal sessions that outlived us.
         let sandboxes = Arc::clone(&app.sandboxes);
         let commands = Arc::clone(&app.commands);
+        let ptys = Arc::clone(&app.ptys);
         let token = shutdown.clone();
         tasks.spawn(async move {
             if Arc::clone(&sandboxes).rehydrate_when_connected(token).await {
                 commands.discover().await;
                 sandboxes.mark_ready();
+                ptys.discover().await;
             }
         });
     }

@@ -37,6 +37,16 @@ pub fn create_took(started: Instant) {
     histogram!("sandboxd_create_duration_seconds").record(started.elapsed().as_secs_f64());
 }
 
+/// A terminal session opened.
+pub fn pty_opened() {
+    counter!("sandboxd_ptys_opened_total").increment(1);
+}
+
+/// A terminal session's process ended.
+pub fn pty_ended() {
+    counter!("sandboxd_ptys_ended_total").increment(1);
+}
+
 /// A command started.
 pub fn command_started() {
     counter!("sandboxd_commands_started_total").increment(1);

@@ -61,13 +61,13 @@ pub(crate) struct Start {
     pub(crate) cwd: String,
     #[serde(with = "serde_bytes")]
     pub(crate) stdin: Vec<u8>,
-    /// The keeper's stdout is a terminal (a pty's slave; its stderr too):
-    /// the command gets it as stdin, stdout and stderr and as its
-    /// controlling terminal, in a session of the keeper's, in a process
-    /// group of its own that is the terminal's foreground (so Ctrl-C
-    /// reaches the command, never the keeper), and the keeper lets go of
-    /// the terminal (so the pty's other side sees its end once the
-    /// command's tree has closed it).
+    /// The keeper's stdout is a terminal (a pty's slave; its stderr
+    /// too): the command gets it as stdin, stdout and stderr, and is
+    /// started through `sandboxd-agent session`, which makes it the
+    /// leader of a new session with the terminal as its controlling one
+    /// (so Ctrl-C reaches the command's group, never the keeper); the
+    /// keeper then lets go of the terminal (so the pty's other side sees
+    /// its end once the command's tree has closed it).
     pub(crate) terminal: bool,
 }
 
@@ -195,29 +195,40 @@ fn spawn(start: &Start) -> Result<std::process::Child, Option<(i32, String)>> {
     let (Ok(stdout), Ok(stderr)) = (stdout, stderr) else {
         return Err(Some((126, "sandboxd: the output pipes are gone\n".into())));
     };
-    let mut cmd = Command::new(program);
-    cmd.arg0(arg0)
-        .args(&start.argv[1..])
+    let mut cmd = if start.terminal {
+        let terminal = std::io::stdout()
+            .as_fd()
+            .try_clone_to_owned()
+            .map_err(|e| Some((126, format!("sandboxd: the terminal is gone: {e}\n"))))?;
+        let exe = std::env::current_exe()
+            .map_err(|e| Some((126, format!("sandboxd: cannot find the agent: {e}\n"))))?;
+        let mut cmd = Command::new(exe);
+        cmd.arg("session")
+            .arg(program)
+            .arg(arg0)
+            .stdin(Stdio::from(terminal));
+        cmd
+    } else {
+        let mut cmd = Command::new(program);
+        cmd.arg0(arg0).stdin(if start.stdin.is_empty() {
+            Stdio::null()
+        } else {
+            Stdio::piped()
+        });
+        cmd
+    };
+    cmd.args(&start.argv[1..])
         .envs(start.env.iter().map(|(k, v)| (k, v)))
         .current_dir(&start.cwd)
         .stdout(Stdio::from(stdout))
         .stderr(Stdio::from(stderr));
-    if start.terminal {
-        let terminal = take_terminal()
-            .map_err(|e| Some((126, format!("sandboxd: cannot set up the terminal: {e}\n"))))?;
-        cmd.stdin(Stdio::from(terminal)).process_group(0);
-    } else if start.stdin.is_empty() {
-        cmd.stdin(Stdio::null());
-    } else {
-        cmd.stdin(Stdio::piped());
-    }
     match cmd.spawn() {
         Ok(mut child) => {
             if let Some(stdin) = child.stdin.take() {
                 feed_stdin(stdin, start.stdin.clone());
             }
             if start.terminal {
-                give_terminal(child.id());
+                let_go_of_the_terminal();
             }
             Ok(child)
         }
@@ -239,44 +250,14 @@ fn spawn(start: &Start) -> Result<std::process::Child, Option<(i32, String)>> {
     }
 }
 
-/// Makes the keeper's stdout, a pty's slave, the controlling terminal of
-/// a new session the keeper leads, and returns another descriptor of it
-/// for the command's stdin. The keeper ignores the signals a terminal
-/// sends its foreground (it is in the foreground until the command takes
-/// it); they are blocked, and a started command's mask is empty again.
-fn take_terminal() -> std::io::Result<OwnedFd> {
-    rustix::process::setsid()?;
-    let terminal = std::io::stdout().as_fd().try_clone_to_owned()?;
-    rustix::process::ioctl_tiocsctty(&terminal)?;
-    let mut terminal_signals = SigSet::empty();
-    for sig in [
-        NixSignal::SIGINT,
-        NixSignal::SIGQUIT,
-        NixSignal::SIGTSTP,
-        NixSignal::SIGTTIN,
-        NixSignal::SIGTTOU,
-        NixSignal::SIGHUP,
-    ] {
-        terminal_signals.add(sig);
+/// Points the keeper's stdout and stderr (the terminal) at /dev/null: the
+/// pty's other side reads its end (EIO) once the command's tree has
+/// closed the terminal.
+fn let_go_of_the_terminal() {
+    if let Ok(null) = std::fs::File::open("/dev/null") {
+        let _ = rustix::stdio::dup2_stdout(&null);
+        let _ = rustix::stdio::dup2_stderr(&null);
     }
-    terminal_signals
-        .thread_block()
-        .map_err(std::io::Error::from)?;
-    Ok(terminal)
-}
-
-/// Makes the command's process group the terminal's foreground and lets
-/// go of the keeper's own descriptors of the terminal: the pty's other
-/// side reads its end (EIO) once the command's tree has closed it.
-fn give_terminal(pid: u32) {
-    let Ok(null) = std::fs::File::open("/dev/null") else {
-        return;
-    };
-    if let Some(pid) = Pid::from_raw(pid as i32) {
-        let _ = rustix::termios::tcsetpgrp(std::io::stdout(), pid);
-    }
-    let _ = rustix::stdio::dup2_stdout(&null);
-    let _ = rustix::stdio::dup2_stderr(&null);
 }
 
 /// Writes the command's stdin and closes it. Small input fits in the pipe

@@ -434,6 +434,39 @@ fn login_shell() -> (String, Vec<String>) {
     (shell, vec![arg0])
 }
 
+/// `sandboxd-agent session PROGRAM ARGV0 [ARG]...`, started by a keeper
+/// with a pty's slave as stdin, stdout and stderr: leads a new session
+/// with that terminal as its controlling one (its process group the
+/// foreground, as a terminal's first program is), then becomes PROGRAM,
+/// which sees ARGV0 as its name. If that fails, it says why on the
+/// terminal and ends as a shell would (127 not found, 126 otherwise).
+pub(crate) fn run_session() -> std::process::ExitCode {
+    use std::os::unix::process::CommandExt;
+    let args: Vec<std::ffi::OsString> = std::env::args_os().skip(2).collect();
+    let [program, arg0, rest @ ..] = args.as_slice() else {
+        eprintln!("usage: sandboxd-agent session PROGRAM ARGV0 [ARG]...");
+        return std::process::ExitCode::from(2);
+    };
+    let terminal = rustix::process::setsid()
+        .map_err(std::io::Error::from)
+        .and_then(|_| rustix::process::ioctl_tiocsctty(std::io::stdin()).map_err(Into::into));
+    if let Err(e) = terminal {
+        eprintln!("sandboxd: the terminal cannot be made this session's: {e}");
+    }
+    let e = std::process::Command::new(program)
+        .arg0(arg0)
+        .args(rest)
+        .exec();
+    let name = program.to_string_lossy();
+    if e.kind() == std::io::ErrorKind::NotFound {
+        eprintln!("sandboxd: {name}: command not found");
+        std::process::ExitCode::from(127)
+    } else {
+        eprintln!("sandboxd: {name}: {e}");
+        std::process::ExitCode::from(126)
+    }
+}
+
 /// The task that owns one session: see the module docs.
 struct Runner {
     commands: Rc<Commands>,

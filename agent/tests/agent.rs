@@ -512,8 +512,7 @@ async fn a_bare_session_is_a_login_shell_and_ctrl_c_reaches_its_program() {
     c.type_in(&id, b"stty size\r").await;
     c.screen_until(&id, &mut after, "40 120").await;
     // A second session runs; a third is over the cap of two.
-    c.open_pty(&cid(902), &["/bin/sleep", "sleep", "100"], 80, 24)
-        .await;
+    c.open_pty(&cid(902), &["/bin/sleep", "100"], 80, 24).await;
     let over = c
         .call(Op::PtyOpen(PtyOpen {
             pty: cid(903),

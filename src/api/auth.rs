@@ -29,6 +29,15 @@ pub(super) async fn require_token(
     }
 }
 
+/// Whether the request's headers carry the configured token (or none is
+/// configured): for a route that also takes another credential.
+pub(super) fn presented(app: &App, headers: &HeaderMap) -> bool {
+    app.config
+        .admin_token
+        .as_ref()
+        .is_none_or(|token| presented_matches(headers, token.expose()))
+}
+
 fn presented_matches(headers: &HeaderMap, token: &str) -> bool {
     let candidates = [
         headers.get("x-sandboxd-admin-token").map(|v| v.as_bytes()),

@@ -9,7 +9,7 @@
 use std::collections::BTreeMap;
 
 use base64::Engine as _;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use super::error::ErrorCode;
@@ -17,6 +17,7 @@ use crate::command::log;
 use crate::command::{Command, Finished, Listed, RunResult};
 use crate::files::{Entry, EntryKind};
 use crate::ports::Published;
+use crate::pty::PtyInfo;
 use crate::sandbox::spec::NetworkMode;
 use crate::sandbox::{Created, SandboxInfo};
 
@@ -484,4 +485,99 @@ pub(super) struct ErrorBody<'a> {
     /// A human sentence; not stable.
     pub(super) error: &'a str,
     pub(super) code: ErrorCode,
+}
+
+/// `POST …/ptys`: the new session.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub(super) struct PtyOpened {
+    pub(super) pty_id: String,
+}
+
+/// `GET …/ptys`.
+#[derive(Debug, Serialize, ToSchema)]
+pub(super) struct PtyList {
+    ptys: Vec<PtyEntry>,
+}
+
+/// A terminal session.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub(super) struct PtyEntry {
+    pty_id: String,
+    /// The command as asked for, or `(login shell)`.
+    command: String,
+    created_at: u64,
+    /// WebSockets attached now.
+    viewers: usize,
+    /// `running` or `exited`.
+    state: &'static str,
+    /// Once exited: its exit code, or `null` when a signal ended it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    exit_code: Option<i32>,
+    /// Once exited by a signal: its number.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    signal: Option<i32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    ended_at: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    duration_ms: Option<u64>,
+}
+
+impl From<Vec<PtyInfo>> for PtyList {
+    fn from(list: Vec<PtyInfo>) -> Self {
+        PtyList {
+            ptys: list
+                .into_iter()
+                .map(|p| PtyEntry {
+                    pty_id: p.pty_id,
+                    command: p.command,
+                    created_at: p.created_at,
+                    viewers: p.viewers,
+                    state: if p.ended.is_some() {
+                        "exited"
+                    } else {
+                        "running"
+                    },
+                    exit_code: p.ended.and_then(|e| e.exit_code),
+                    signal: p.ended.and_then(|e| e.signal),
+                    ended_at: p.ended.map(|e| e.ended_at_ms),
+                    duration_ms: p.ended.map(|e| e.duration_ms),
+                })
+                .collect(),
+        }
+    }
+}
+
+/// `POST …/ptys/{ptyId}:ticket`.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub(super) struct PtyTicket {
+    pub(super) ticket: String,
+    pub(super) expires_in_ms: u64,
+}
+
+/// A text frame from a viewer.
+#[derive(Debug, Deserialize)]
+#[serde(tag = "type", rename_all = "lowercase")]
+pub(super) enum PtyControl {
+    Resize { cols: u16, rows: u16 },
+}
+
+/// A text frame to a viewer.
+#[derive(Debug, Serialize)]
+#[serde(tag = "type", rename_all = "lowercase")]
+pub(super) enum PtyMessage {
+    /// Whether this viewer's input is typed into the session.
+    Writer { writer: bool },
+    /// The session's process ended; a normal close follows.
+    #[serde(rename_all = "camelCase")]
+    Exit {
+        #[serde(skip_serializing_if = "Option::is_none")]
+        exit_code: Option<i32>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        signal: Option<i32>,
+    },
+    /// This viewer fell behind the scrollback; a close follows.
+    Lagged,
 }

@@ -10,6 +10,7 @@ use super::dto::ErrorBody;
 use crate::command::CommandError;
 use crate::files::FileError;
 use crate::ports::PortError;
+use crate::pty::PtyError;
 use crate::sandbox::SandboxError;
 
 macro_rules! error_codes {
@@ -47,6 +48,7 @@ error_codes! {
     NotFound = "not_found", NOT_FOUND;
     SandboxNotFound = "sandbox_not_found", NOT_FOUND;
     CommandNotFound = "command_not_found", NOT_FOUND;
+    PtyNotFound = "pty_not_found", NOT_FOUND;
     FileNotFound = "file_not_found", NOT_FOUND;
     MethodNotAllowed = "method_not_allowed", METHOD_NOT_ALLOWED;
     NeedsRecursive = "needs_recursive", CONFLICT;
@@ -58,6 +60,7 @@ error_codes! {
     AtCapacity = "at_capacity", TOO_MANY_REQUESTS;
     TooManyCommands = "too_many_commands", TOO_MANY_REQUESTS;
     TooManyProcesses = "too_many_processes", TOO_MANY_REQUESTS;
+    TooManyPtys = "too_many_ptys", TOO_MANY_REQUESTS;
     EngineError = "engine_error", BAD_GATEWAY;
     AgentFailed = "agent_failed", BAD_GATEWAY;
     PortPublishFailed = "port_publish_failed", BAD_GATEWAY;
@@ -148,6 +151,20 @@ impl From<CommandError> for ApiError {
             CommandError::NoProcesses(_) => ErrorCode::TooManyProcesses,
             CommandError::TooMany { .. } => ErrorCode::TooManyCommands,
             CommandError::ShuttingDown => ErrorCode::ShuttingDown,
+        };
+        ApiError::new(code, message)
+    }
+}
+
+impl From<PtyError> for ApiError {
+    fn from(e: PtyError) -> Self {
+        let message = e.to_string();
+        let code = match e {
+            PtyError::Invalid(_) => ErrorCode::InvalidRequest,
+            PtyError::Sandbox(inner) => return inner.into(),
+            PtyError::NotFound(_) => ErrorCode::PtyNotFound,
+            PtyError::TooMany { .. } | PtyError::TooManyTickets => ErrorCode::TooManyPtys,
+            PtyError::NoProcesses(_) => ErrorCode::TooManyProcesses,
         };
         ApiError::new(code, message)
     }

@@ -11,12 +11,14 @@ mod files;
 mod health;
 pub mod openapi;
 mod ports;
+mod ptys;
 mod sandboxes;
 
 use std::sync::Arc;
 
 use axum::Router;
 use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::handler::Handler;
 use axum::http::header;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
@@ -64,6 +66,10 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/v1/sandboxes/{id}/files:list", get(files::list_files))
         .route("/v1/sandboxes/{id}/files:delete", post(files::delete_files))
         .route("/v1/sandboxes/{id}/ports/{port}", get(ports::port_url))
+        .route(
+            "/v1/sandboxes/{id}/ptys",
+            post(ptys::open_pty).get(ptys::list_ptys),
+        )
         .route("/metrics", get(metrics))
         .route("/v1/openapi.json", get(openapi::serve))
         .route_layer(axum::middleware::from_fn_with_state(
@@ -71,8 +77,15 @@ pub fn router(app: Arc<App>) -> Router {
             auth::require_token,
         ));
 
+    // Attaching takes the token or a ticket, so the token layer sits on
+    // the actions beside it, not on the route.
+    let token_layer = axum::middleware::from_fn_with_state(Arc::clone(&app), auth::require_token);
     Router::new()
         .route("/v1/health", get(health::health))
+        .route(
+            "/v1/sandboxes/{id}/ptys/{pty}",
+            get(ptys::attach_pty).post(ptys::pty_action.layer(token_layer)),
+        )
         .merge(protected)
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)

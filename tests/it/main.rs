@@ -24,6 +24,7 @@ mod http_contract;
 mod observability;
 mod openapi;
 mod ports;
+mod pty;
 mod remcochat;
 mod sandboxes;
 mod security;
