@@ -578,6 +578,8 @@ pub(super) enum PtyMessage {
         #[serde(skip_serializing_if = "Option::is_none")]
         signal: Option<i32>,
     },
-    /// This viewer fell behind the scrollback; a close follows.
-    Lagged,
+    /// This viewer fell behind the scrollback: it missed this many bytes,
+    /// and output goes on from the oldest byte kept.
+    #[serde(rename_all = "camelCase")]
+    Lagged { skipped_bytes: u64 },
 }

@@ -191,7 +191,7 @@ pub(super) async fn attach_pty(
 
 /// The socket as the domain's viewer streams: frames in become input
 /// (a close or an error ends the input), events out become frames, the
-/// session's end and a lag followed by a normal close.
+/// session's end followed by a normal close.
 fn split(
     socket: WebSocket,
 ) -> (
@@ -242,12 +242,8 @@ fn frames(ev: ViewerEvent) -> Vec<Message> {
             text(dto::PtyMessage::Exit { exit_code, signal }),
             close(close_code::NORMAL, "the session ended"),
         ],
-        ViewerEvent::Lagged => vec![
-            text(dto::PtyMessage::Lagged),
-            close(
-                close_code::AGAIN,
-                "fell behind the scrollback; attach again",
-            ),
-        ],
+        ViewerEvent::Lagged { skipped } => vec![text(dto::PtyMessage::Lagged {
+            skipped_bytes: skipped,
+        })],
     }
 }

@@ -11,8 +11,8 @@
 //! out; the HTTP edge adapts a WebSocket to them). It first gets the
 //! scrollback, then the live output, read from the agent at its own pace:
 //! the program never waits for a viewer, and one that falls more than the
-//! scrollback behind is told (`Lagged`) and let go, without holding back
-//! the others. An attached viewer keeps its sandbox busy (never idle-
+//! scrollback behind is told how much it missed (`Lagged`) and goes on
+//! from the oldest byte kept, without holding back the others. An attached viewer keeps its sandbox busy (never idle-
 //! stopped); a session nobody watches does not.
 //!
 //! What the agent reports is checked like everything from a sandbox:
@@ -147,8 +147,9 @@ pub enum ViewerEvent {
         exit_code: Option<i32>,
         signal: Option<i32>,
     },
-    /// The viewer fell more than the scrollback behind: the last event.
-    Lagged,
+    /// The viewer fell more than the scrollback behind: this many bytes
+    /// were skipped, and output goes on from the oldest byte kept.
+    Lagged { skipped: u64 },
 }
 
 /// The viewers of one session: ids in the order they attached; the last
@@ -583,7 +584,6 @@ impl Ptys {
                 r = &mut reading => {
                     let Ok(Reply::PtyOutput(out)) = r else { return };
                     let Some(events) = take_output(&out, &mut after, first) else {
-                        let _ = output.send(ViewerEvent::Lagged).await;
                         return;
                     };
                     first = false;
@@ -631,15 +631,20 @@ impl Ptys {
 }
 
 /// Checks a read from the agent and moves `after` past it: the events
-/// for the viewer, or None when it fell behind the scrollback (the first
-/// read, the replay, starts wherever the scrollback does).
+/// for the viewer (a `Lagged` first when it fell behind the scrollback;
+/// the first read, the replay, starts wherever the scrollback does), or
+/// None when the agent answered what was not asked.
 fn take_output(out: &PtyOutput, after: &mut u64, first: bool) -> Option<Vec<ViewerEvent>> {
-    let sane = out.start >= *after && out.data.len() <= OUTPUT_CHUNK as usize;
-    if !sane || (out.start > *after && !first) {
+    if out.start < *after || out.data.len() > OUTPUT_CHUNK as usize {
         return None;
     }
-    *after = out.start + out.data.len() as u64;
     let mut events = Vec::new();
+    if out.start > *after && !first {
+        events.push(ViewerEvent::Lagged {
+            skipped: out.start - *after,
+        });
+    }
+    *after = out.start + out.data.len() as u64;
     if !out.data.is_empty() {
         events.push(ViewerEvent::Output(Bytes::copy_from_slice(&out.data)));
     }
@@ -754,6 +759,41 @@ mod tests {
         assert!(t.issue("s", "p", now).is_none(), "capped");
         // Expired ones make room.
         assert!(t.issue("s", "p", now + TICKET_TTL).is_some());
+    }
+
+    #[test]
+    fn output_moves_forward_and_a_gap_is_told() {
+        let out = |start: u64, data: &[u8], ended: bool| PtyOutput {
+            start,
+            data: data.to_vec(),
+            ended: ended.then_some(PtyEnded {
+                exit_code: Some(3),
+                signal: None,
+                duration_ms: 1,
+                ended_at_ms: 1,
+            }),
+        };
+        let mut after = 0;
+        // The replay starts wherever the scrollback does.
+        let ev = take_output(&out(100, b"ab", false), &mut after, true).expect("replay");
+        assert_eq!(ev, [ViewerEvent::Output(Bytes::from_static(b"ab"))]);
+        assert_eq!(after, 102);
+        let ev = take_output(&out(110, b"c", true), &mut after, false).expect("gap");
+        assert_eq!(
+            ev,
+            [
+                ViewerEvent::Lagged { skipped: 8 },
+                ViewerEvent::Output(Bytes::from_static(b"c")),
+                ViewerEvent::Exit {
+                    exit_code: Some(3),
+                    signal: None
+                }
+            ]
+        );
+        // An agent that goes back, or sends more than asked, is refused.
+        assert!(take_output(&out(5, b"x", false), &mut after, false).is_none());
+        let big = vec![0; OUTPUT_CHUNK as usize + 1];
+        assert!(take_output(&out(after, &big, false), &mut after, false).is_none());
     }
 
     #[test]
