@@ -1,11 +1,15 @@
 //! The `sandboxd` binary: parse the command line, load the configuration,
-//! set up logging, run the server. Everything else lives in the library.
+//! set up logging, run the server. Everything else lives in the library,
+//! but for the `shell` client (module `shell`), which is no part of the
+//! server.
 
 use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Parser;
+
+mod shell;
 
 /// One hardened container per chat session, behind an HTTP API.
 #[derive(Debug, Parser)]
@@ -24,6 +28,9 @@ enum Command {
     Healthcheck,
     /// Print the OpenAPI 3.1 document (as served at /v1/openapi.json).
     Openapi,
+    /// Open an interactive terminal in a sandbox of a running sandboxd;
+    /// exits with the session's exit code.
+    Shell(shell::ShellArgs),
 }
 
 fn main() -> ExitCode {
@@ -33,6 +40,11 @@ fn main() -> ExitCode {
     if let Some(Command::Openapi) = cli.command {
         print!("{}", sandboxd::api::openapi::json());
         return ExitCode::SUCCESS;
+    }
+    // A client of some sandboxd, maybe on another machine: this machine's
+    // server configuration is not its business.
+    if let Some(Command::Shell(args)) = cli.command {
+        return shell::main(args);
     }
     let config = match sandboxd::config::Config::load(cli.config.as_deref()) {
         Ok(c) => c,

@@ -20,7 +20,7 @@ use super::dto;
 use super::error::{ApiError, ErrorCode};
 use super::extract::{Json, Path, Query};
 use crate::app::App;
-use crate::pty::{OUTPUT_CHUNK, PtyCommand, PtyRequest, ViewerEvent, ViewerInput};
+use crate::pty::{MAX_WINDOW, OUTPUT_CHUNK, PtyCommand, PtyRequest, ViewerEvent, ViewerInput};
 
 /// Largest WebSocket message or frame a viewer may send.
 const MAX_VIEWER_MESSAGE: usize = 64 * 1024;
@@ -213,7 +213,9 @@ fn viewer_input(m: Message) -> ViewerInput {
     match m {
         Message::Binary(b) => ViewerInput::Bytes(b),
         Message::Text(t) => match serde_json::from_str::<dto::PtyControl>(t.as_str()) {
-            Ok(dto::PtyControl::Resize { cols, rows }) if cols > 0 && rows > 0 => {
+            Ok(dto::PtyControl::Resize { cols, rows })
+                if (1..=MAX_WINDOW).contains(&cols) && (1..=MAX_WINDOW).contains(&rows) =>
+            {
                 ViewerInput::Resize { cols, rows }
             }
             _ => ViewerInput::Other,

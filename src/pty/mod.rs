@@ -39,14 +39,14 @@ use crate::workspace_path::WorkspacePath;
 
 /// Sessions that may run in one sandbox at once.
 pub const MAX_RUNNING: u32 = 8;
-/// Most columns or rows of a window.
-const MAX_WINDOW: i64 = 1000;
+/// Most columns or rows of a window, at open and on resize.
+pub const MAX_WINDOW: u16 = 1000;
 /// How long an attach ticket is good for.
 pub const TICKET_TTL: Duration = Duration::from_secs(30);
 /// Tickets not yet used, at most (past it, 429).
 const MAX_TICKETS: usize = 4096;
 /// Most bytes one read from the agent brings (and one output event holds).
-pub const OUTPUT_CHUNK: u32 = 64 * 1024;
+pub const OUTPUT_CHUNK: u32 = 256 * 1024;
 /// How long one read from the agent waits for output.
 const READ_WAIT: Duration = Duration::from_secs(20);
 /// Longest command summary shown.
@@ -222,7 +222,9 @@ fn bad(field: &str, msg: impl std::fmt::Display) -> FieldError {
 fn window(field: &str, v: Option<i64>, default: u16) -> Result<u16, FieldError> {
     match v {
         None => Ok(default),
-        Some(n) if (1..=MAX_WINDOW).contains(&n) => Ok(u16::try_from(n).unwrap_or(default)),
+        Some(n) if (1..=i64::from(MAX_WINDOW)).contains(&n) => {
+            Ok(u16::try_from(n).unwrap_or(default))
+        }
         Some(n) => Err(bad(
             field,
             format!("must be between 1 and {MAX_WINDOW} (got {n})"),

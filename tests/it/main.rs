@@ -28,3 +28,4 @@ mod pty;
 mod remcochat;
 mod sandboxes;
 mod security;
+mod shell;
