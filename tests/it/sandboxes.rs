@@ -625,24 +625,23 @@ async fn an_idle_sandbox_expires() {
     let keep = server
         .create(json!({"sessionKey": "long", "network": {"mode": "none"}}))
         .await;
+    // The container goes first, its workspace volume right after.
     eventually(
         Duration::from_secs(30),
-        "the idle sandbox is stopped",
+        "the idle sandbox's container and volume are removed",
         || async {
             server
                 .containers_with("sandboxd.sandbox_id", &id)
                 .await
                 .is_empty()
+                && server
+                    .volumes()
+                    .await
+                    .iter()
+                    .all(|v| v.labels.get("sandboxd.sandbox_id") != Some(&id))
         },
     )
     .await;
-    assert!(
-        server
-            .volumes()
-            .await
-            .iter()
-            .all(|v| v.labels.get("sandboxd.sandbox_id") != Some(&id))
-    );
     let (status, _) = server.get(&format!("/v1/sandboxes/{id}")).await;
     assert_eq!(status, 404);
     let (status, _) = server.get(&format!("/v1/sandboxes/{keep}")).await;
