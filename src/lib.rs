@@ -21,6 +21,7 @@
 //! - [`id`]: random identifiers.
 //! - [`clock`]: wall-clock milliseconds.
 //! - [`field_error`]: the one error type of request parsing.
+//! - [`process_fields`]: the fields of a request to start a process.
 //! - [`workspace_path`]: the lexical rules of paths in the workspace.
 //! - [`subnet`]: link-network block arithmetic.
 //! - [`engine`]: the container engine, behind a small interface.
@@ -38,6 +39,7 @@ pub mod files;
 pub mod healthcheck;
 pub mod id;
 pub mod ports;
+pub mod process_fields;
 pub mod pty;
 pub mod sandbox;
 pub mod server;
@@ -71,6 +73,7 @@ mod layering {
                 "telemetry",
                 "subnet",
                 "field_error",
+                "process_fields",
                 "workspace_path",
             ],
         ),

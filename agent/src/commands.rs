@@ -496,30 +496,9 @@ impl Commands {
     /// Starts a keeper with a control socket and the output pipes; while
     /// the sandbox is at its pids limit, ends leftovers and tries again.
     async fn start_keeper(&self) -> Result<StartedKeeper, Failure> {
-        let fail = |what: &str, e: &dyn std::fmt::Display| {
-            Failure::new(FailureKind::Other, format!("{what}: {e}"))
-        };
-        let deadline = Instant::now() + SPAWN_RETRY_FOR;
-        loop {
-            match spawn_keeper(&self.exe) {
-                Ok(parts) => {
-                    return self
-                        .adopt_keeper(parts)
-                        .map_err(|e| fail("the keeper's ends", &e));
-                }
-                Err(e)
-                    if e.raw_os_error() == Some(rustix::io::Errno::AGAIN.raw_os_error())
-                        && Instant::now() < deadline =>
-                {
-                    self.relieve("the sandbox reached its pids limit");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-                Err(e) if e.raw_os_error() == Some(rustix::io::Errno::AGAIN.raw_os_error()) => {
-                    return Err(Failure::new(FailureKind::NoProcesses, AT_PIDS_LIMIT));
-                }
-                Err(e) => return Err(fail("starting the keeper", &e)),
-            }
-        }
+        let parts = self.spawn_with_room(|| spawn_keeper(&self.exe)).await?;
+        self.adopt_keeper(parts)
+            .map_err(|e| Failure::new(FailureKind::Other, format!("the keeper's ends: {e}")))
     }
 
     /// Starts a keeper for a terminal session: `terminal` (a pty's slave)
@@ -530,40 +509,53 @@ impl Commands {
         &self,
         terminal: OwnedFd,
     ) -> Result<(std::process::Child, tokio::net::UnixStream), Failure> {
-        let fail = |what: &str, e: &dyn std::fmt::Display| {
-            Failure::new(FailureKind::Other, format!("{what}: {e}"))
-        };
+        let (mut child, ours) = self
+            .spawn_with_room(|| {
+                let (out, err) = (terminal.try_clone()?, terminal.try_clone()?);
+                spawn_keeper_on(&self.exe, out, err)
+            })
+            .await?;
+        self.keepers.borrow_mut().insert(child.id() as i32);
+        let control = ours
+            .set_nonblocking(true)
+            .and_then(|()| tokio::net::UnixStream::from_std(ours));
+        match control {
+            Ok(control) => Ok((child, control)),
+            Err(e) => {
+                self.keeper_done(child.id() as i32);
+                let _ = child.kill();
+                Err(Failure::new(
+                    FailureKind::Other,
+                    format!("the keeper's control socket: {e}"),
+                ))
+            }
+        }
+    }
+
+    /// Runs `spawn` until it starts a process; while the sandbox is at its
+    /// pids limit (EAGAIN), ends leftovers and tries again for
+    /// [`SPAWN_RETRY_FOR`], then refuses as [`FailureKind::NoProcesses`].
+    async fn spawn_with_room<T>(
+        &self,
+        mut spawn: impl FnMut() -> std::io::Result<T>,
+    ) -> Result<T, Failure> {
         let deadline = Instant::now() + SPAWN_RETRY_FOR;
         loop {
-            let err = terminal.try_clone().map_err(|e| fail("the terminal", &e))?;
-            let out = terminal.try_clone().map_err(|e| fail("the terminal", &e))?;
-            match spawn_keeper_on(&self.exe, out, err) {
-                Ok((child, ours)) => {
-                    self.keepers.borrow_mut().insert(child.id() as i32);
-                    let control = ours
-                        .set_nonblocking(true)
-                        .and_then(|()| tokio::net::UnixStream::from_std(ours));
-                    return match control {
-                        Ok(control) => Ok((child, control)),
-                        Err(e) => {
-                            self.keeper_done(child.id() as i32);
-                            let mut child = child;
-                            let _ = child.kill();
-                            Err(fail("the keeper's control socket", &e))
-                        }
-                    };
-                }
-                Err(e)
-                    if e.raw_os_error() == Some(rustix::io::Errno::AGAIN.raw_os_error())
-                        && Instant::now() < deadline =>
-                {
+            match spawn() {
+                Ok(started) => return Ok(started),
+                Err(e) if e.raw_os_error() == Some(rustix::io::Errno::AGAIN.raw_os_error()) => {
+                    if Instant::now() >= deadline {
+                        return Err(Failure::new(FailureKind::NoProcesses, AT_PIDS_LIMIT));
+                    }
                     self.relieve("the sandbox reached its pids limit");
                     tokio::time::sleep(Duration::from_millis(50)).await;
                 }
-                Err(e) if e.raw_os_error() == Some(rustix::io::Errno::AGAIN.raw_os_error()) => {
-                    return Err(Failure::new(FailureKind::NoProcesses, AT_PIDS_LIMIT));
+                Err(e) => {
+                    return Err(Failure::new(
+                        FailureKind::Other,
+                        format!("starting the keeper: {e}"),
+                    ));
                 }
-                Err(e) => return Err(fail("starting the keeper", &e)),
             }
         }
     }

@@ -8,13 +8,12 @@ use serde::Deserialize;
 
 use crate::config::Config;
 use crate::field_error::FieldError;
-use crate::workspace_path::WorkspacePath;
+use crate::process_fields::{self, no_nul, summarise};
 
 /// Default for `maxOutputBytes` of `commands:run`.
 pub const DEFAULT_RUN_OUTPUT_BYTES: usize = 1024 * 1024;
 /// Most `maxOutputBytes` a run may ask for, per stream.
 pub const MAX_RUN_OUTPUT_BYTES: usize = 16 * 1024 * 1024;
-const SUMMARY_CHARS: usize = 120;
 
 /// `POST …/commands` and `…/commands:run` bodies.
 #[derive(Debug, Clone, Deserialize)]
@@ -67,30 +66,11 @@ fn bad(field: &str, msg: impl std::fmt::Display) -> FieldError {
     FieldError::new(field, msg.to_string())
 }
 
-fn no_nul(field: &str, s: &str) -> Result<(), FieldError> {
-    if s.contains('\0') {
-        Err(bad(field, "must not contain NUL bytes"))
-    } else {
-        Ok(())
-    }
-}
-
 fn is_shell(cmd: &str) -> bool {
     matches!(
         cmd,
         "bash" | "sh" | "/bin/bash" | "/bin/sh" | "/usr/bin/bash" | "/usr/bin/sh"
     )
-}
-
-fn summarise(text: &str) -> String {
-    let one_line: String = text.split_whitespace().collect::<Vec<_>>().join(" ");
-    if one_line.chars().count() <= SUMMARY_CHARS {
-        one_line
-    } else {
-        let mut s: String = one_line.chars().take(SUMMARY_CHARS - 1).collect();
-        s.push('…');
-        s
-    }
 }
 
 impl CommandSpec {
@@ -176,28 +156,8 @@ impl CommandSpec {
             }
         };
 
-        let mut env = Vec::new();
-        for (name, value) in req.env.unwrap_or_default() {
-            let valid = name
-                .bytes()
-                .next()
-                .is_some_and(|b| b.is_ascii_alphabetic() || b == b'_')
-                && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
-            if !valid {
-                return Err(bad("env", format!("{name:?} is not a valid variable name")));
-            }
-            no_nul(&format!("env.{name}"), &value)?;
-            env.push((name, value));
-        }
-
-        let cwd = match req.cwd {
-            None => None,
-            Some(c) => {
-                let dirs: Vec<&str> = config.workspace_dirs().collect();
-                let p = WorkspacePath::parse(&c, &dirs).map_err(|e| bad("cwd", e))?;
-                Some(p.absolute(&config.workspace_dir))
-            }
-        };
+        let env = process_fields::env_vars(req.env)?;
+        let cwd = process_fields::cwd(req.cwd, config)?;
 
         // Longer than the maximum is capped, not refused: RemcoChat sends
         // its own configured limit (up to 5 h), and the original capped.
@@ -245,6 +205,7 @@ impl CommandSpec {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::process_fields::SUMMARY_CHARS;
 
     fn config() -> Config {
         Config::from_toml_and_env("", |_| None).expect("defaults")

@@ -34,8 +34,8 @@ use crate::agent::{AgentConn, AgentError, reply_name};
 use crate::clock::now_ms;
 use crate::config::Config;
 use crate::field_error::FieldError;
+use crate::process_fields::{self, SUMMARY_CHARS, no_nul, summarise};
 use crate::sandbox::{Sandbox, SandboxError, Sandboxes};
-use crate::workspace_path::WorkspacePath;
 
 /// Sessions that may run in one sandbox at once.
 pub const MAX_RUNNING: u32 = 8;
@@ -49,8 +49,6 @@ const MAX_TICKETS: usize = 4096;
 pub const OUTPUT_CHUNK: u32 = 256 * 1024;
 /// How long one read from the agent waits for output.
 const READ_WAIT: Duration = Duration::from_secs(20);
-/// Longest command summary shown.
-const SUMMARY_CHARS: usize = 120;
 /// The terminal type a session gets unless its request names one.
 const DEFAULT_TERM: &str = "xterm-256color";
 
@@ -232,19 +230,6 @@ fn window(field: &str, v: Option<i64>, default: u16) -> Result<u16, FieldError> 
     }
 }
 
-fn no_nul(field: &str, s: &str) -> Result<(), FieldError> {
-    if s.contains('\0') {
-        Err(bad(field, "must not contain NUL bytes"))
-    } else {
-        Ok(())
-    }
-}
-
-fn summarise(text: &str) -> String {
-    let one_line: String = text.split_whitespace().collect::<Vec<_>>().join(" ");
-    one_line.chars().take(SUMMARY_CHARS).collect()
-}
-
 /// The program, argv and summary of a session: a login shell, or the
 /// command through one.
 fn program_of(command: Option<PtyCommand>) -> Result<(String, Vec<String>, String), FieldError> {
@@ -301,32 +286,11 @@ impl Ptys {
         let cols = window("cols", req.cols, 80)?;
         let rows = window("rows", req.rows, 24)?;
         let (program, argv, summary) = program_of(req.command)?;
-        let mut env = Vec::new();
-        let mut term = false;
-        for (name, value) in req.env.unwrap_or_default() {
-            let valid = name
-                .bytes()
-                .next()
-                .is_some_and(|b| b.is_ascii_alphabetic() || b == b'_')
-                && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
-            if !valid {
-                return Err(bad("env", format!("{name:?} is not a valid variable name")).into());
-            }
-            no_nul(&format!("env.{name}"), &value)?;
-            term |= name == "TERM";
-            env.push((name, value));
-        }
-        if !term {
+        let mut env = process_fields::env_vars(req.env)?;
+        if !env.iter().any(|(name, _)| name == "TERM") {
             env.push(("TERM".into(), DEFAULT_TERM.into()));
         }
-        let cwd = match req.cwd {
-            None => None,
-            Some(c) => {
-                let dirs: Vec<&str> = self.config.workspace_dirs().collect();
-                let p = WorkspacePath::parse(&c, &dirs).map_err(|e| bad("cwd", e))?;
-                Some(p.absolute(&self.config.workspace_dir))
-            }
-        };
+        let cwd = process_fields::cwd(req.cwd, &self.config)?;
         let sandbox = self.sandboxes.lookup(sandbox_id).await?;
         let _busy = sandbox.open_request();
         let open = PtyOpen {
