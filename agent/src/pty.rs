@@ -511,6 +511,11 @@ impl Runner {
                 Woke::Output(Ok(n)) if n > 0 => {
                     self.pty.screen.borrow_mut().append(&buf[..n]);
                     self.pty.touch();
+                    // Readers of what was just appended run before the
+                    // next piece: a terminal that always has output would
+                    // otherwise keep the agent's one thread for a whole
+                    // budget of reads (megabytes), past the scrollback.
+                    tokio::task::yield_now().await;
                 }
                 // End of file (EIO on a pty): nothing holds the terminal.
                 Woke::Output(_) => output_open = false,

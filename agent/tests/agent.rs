@@ -538,3 +538,46 @@ async fn a_bare_session_is_a_login_shell_and_ctrl_c_reaches_its_program() {
     };
     assert_eq!(ended.exit_code, Some(7));
 }
+
+/// A program that floods its terminal does not keep the agent to itself:
+/// a reader that waits from the start gets the first byte, and a slow one
+/// is told what it skipped, so what it got and what it skipped add up to
+/// every byte written.
+#[tokio::test]
+async fn a_flooding_session_leaves_readers_their_turn_and_every_byte_is_accounted() {
+    const BYTES: u64 = 32 << 20;
+    let agent = Agent::start();
+    let mut c = agent.client().await;
+    let id = cid(904);
+    let script = format!("sleep 0.3; head -c {BYTES} /dev/zero | tr '\\0' x");
+    c.open_pty(&id, &["/bin/sh", "-c", &script], 80, 24).await;
+    let (mut after, mut got, mut skipped) = (0u64, 0u64, 0u64);
+    loop {
+        let reply = c
+            .call(Op::PtyRead {
+                pty: id.clone(),
+                after,
+                max_bytes: 256 * 1024,
+                wait_ms: 5000,
+            })
+            .await;
+        let Reply::PtyOutput(out) = reply else {
+            panic!("read: {reply:?}")
+        };
+        assert!(
+            after > 0 || out.start == 0,
+            "the first read, waiting before any output, starts at {}",
+            out.start
+        );
+        skipped += out.start - after;
+        got += out.data.len() as u64;
+        after = out.start + out.data.len() as u64;
+        if out.ended.is_some() {
+            break;
+        }
+        // A reader slower than the program.
+        tokio::time::sleep(Duration::from_millis(3)).await;
+    }
+    assert!(skipped > 0, "the reader was slower and skipped some");
+    assert_eq!(got + skipped, BYTES, "got {got}, skipped {skipped}");
+}
