@@ -581,3 +581,42 @@ async fn a_flooding_session_leaves_readers_their_turn_and_every_byte_is_accounte
     assert!(skipped > 0, "the reader was slower and skipped some");
     assert_eq!(got + skipped, BYTES, "got {got}, skipped {skipped}");
 }
+
+/// Input a program does not read waits at most 5 s, then is refused; the
+/// session goes on.
+#[tokio::test]
+async fn input_a_program_does_not_read_is_refused_after_5_s() {
+    let agent = Agent::start();
+    let mut c = agent.client().await;
+    let id = cid(905);
+    // Raw mode: the terminal's input queue fills instead of discarding.
+    c.open_pty(
+        &id,
+        &["/bin/sh", "-c", "stty raw -echo; echo ready; sleep 600"],
+        80,
+        24,
+    )
+    .await;
+    let mut after = 0;
+    c.screen_until(&id, &mut after, "ready").await;
+    let typed = Instant::now();
+    let reply = c
+        .call(Op::PtyWrite {
+            pty: id.clone(),
+            data: vec![b'x'; 1 << 20],
+        })
+        .await;
+    assert!(
+        matches!(&reply, Reply::Error(f) if f.kind == sandboxd_proto::FailureKind::TooMany),
+        "{reply:?}"
+    );
+    let waited = typed.elapsed();
+    assert!(
+        waited >= Duration::from_secs(5) && waited < Duration::from_secs(8),
+        "{waited:?}"
+    );
+    match c.call(Op::PtyList).await {
+        Reply::Ptys(list) => assert_eq!(list[0].ended, None, "the session goes on"),
+        other => panic!("list: {other:?}"),
+    }
+}

@@ -568,8 +568,12 @@ impl Ptys {
                     None => return,
                     Some(ViewerInput::Bytes(data)) if writing && !data.is_empty() => {
                         let op = Op::PtyWrite { pty: pty_id.clone(), data: data.to_vec() };
-                        if conn.call_within(op, self.config.agent_timeout).await.is_err() {
-                            return;
+                        // Input the program did not take is dropped (the
+                        // agent said why); a connection that failed ends
+                        // the view.
+                        match conn.call_within(op, self.config.agent_timeout).await {
+                            Ok(_) | Err(AgentError::Refused(_)) => {}
+                            Err(_) => return,
                         }
                     }
                     Some(ViewerInput::Resize { cols, rows }) if writing => {
