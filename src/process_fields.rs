@@ -58,6 +58,20 @@ pub fn cwd(cwd: Option<String>, config: &Config) -> Result<Option<String>, Field
     Ok(Some(p.absolute(&config.workspace_dir)))
 }
 
+/// `argv` run through `shell` as a login shell, so the PATH the profiles
+/// set applies, without re-parsing: the shell gets the argv as `"$@"` and
+/// execs it, so the program is the process (its exit code its own).
+pub fn through_login_shell(shell: String, argv: Vec<String>) -> Vec<String> {
+    let mut out = vec![
+        shell,
+        "-lc".to_string(),
+        "exec \"$@\"".to_string(),
+        "sandboxd".to_string(),
+    ];
+    out.extend(argv);
+    out
+}
+
 /// `text` on one line (runs of whitespace as one space), cut to
 /// [`SUMMARY_CHARS`] with `…` where it was cut.
 pub fn summarise(text: &str) -> String {

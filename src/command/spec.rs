@@ -137,20 +137,11 @@ impl CommandSpec {
                             .collect::<Vec<_>>()
                             .join(" "),
                     );
-                    let mut argv = if login {
-                        // Through a login shell so PATH from profiles applies,
-                        // but without re-parsing: the argv goes as "$@".
-                        vec![
-                            shell,
-                            flag.to_string(),
-                            "exec \"$@\"".to_string(),
-                            "sandboxd".to_string(),
-                        ]
-                    } else {
-                        vec![]
-                    };
-                    argv.push(cmd);
+                    let mut argv = vec![cmd];
                     argv.extend(args);
+                    if login {
+                        argv = process_fields::through_login_shell(shell, argv);
+                    }
                     (argv, summary)
                 }
             }

@@ -233,11 +233,6 @@ fn window(field: &str, v: Option<i64>, default: u16) -> Result<u16, FieldError> 
 /// The program, argv and summary of a session: a login shell, or the
 /// command through one.
 fn program_of(command: Option<PtyCommand>) -> Result<(String, Vec<String>, String), FieldError> {
-    let login = |tail: Vec<String>| {
-        let mut argv = vec!["bash".to_string(), "-lc".to_string()];
-        argv.extend(tail);
-        ("/bin/bash".to_string(), argv)
-    };
     match command {
         // The agent finds the user's login shell and runs it as `-NAME`.
         None => Ok((String::new(), Vec::new(), "(login shell)".to_string())),
@@ -246,8 +241,12 @@ fn program_of(command: Option<PtyCommand>) -> Result<(String, Vec<String>, Strin
             if line.trim().is_empty() {
                 return Err(bad("command", "must not be empty"));
             }
-            let (program, argv) = login(vec![format!("exec {line}")]);
-            Ok((program, argv, summarise(&line)))
+            let argv = vec![
+                "bash".to_string(),
+                "-lc".to_string(),
+                format!("exec {line}"),
+            ];
+            Ok(("/bin/bash".to_string(), argv, summarise(&line)))
         }
         Some(PtyCommand::Argv(args)) => {
             if args.first().is_none_or(String::is_empty) {
@@ -257,10 +256,8 @@ fn program_of(command: Option<PtyCommand>) -> Result<(String, Vec<String>, Strin
                 no_nul(&format!("command[{i}]"), a)?;
             }
             let summary = summarise(&args.join(" "));
-            let mut tail = vec!["exec \"$@\"".to_string(), "sandboxd".to_string()];
-            tail.extend(args);
-            let (program, argv) = login(tail);
-            Ok((program, argv, summary))
+            let argv = process_fields::through_login_shell("bash".into(), args);
+            Ok(("/bin/bash".to_string(), argv, summary))
         }
     }
 }
