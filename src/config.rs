@@ -52,6 +52,10 @@ pub struct RuntimeConfig {
     /// OCI runtime registered with the engine, e.g. `runsc` for gVisor.
     #[serde(default)]
     pub oci_runtime: Option<String>,
+    /// Warm sandboxes kept for this runtime; `None`: the top-level
+    /// `pool_size` for `default`, 0 for the others.
+    #[serde(default)]
+    pub pool_size: Option<usize>,
 }
 
 /// Why the configuration was refused. Each names the key at fault, so the
@@ -331,6 +335,9 @@ fn ms_within(lo: u64, hi: u64) -> impl Fn(&Duration) -> Result<(), String> {
 
 const MIB: usize = 1024 * 1024;
 
+/// Most warm sandboxes one runtime's pool may keep.
+const MAX_POOL_SIZE: usize = 64;
+
 settings! {
     // --- Listening and authentication ---
     /// Address the API binds to.
@@ -389,6 +396,8 @@ settings! {
     // --- Capacity and idle expiry ---
     /// Most sandboxes alive at once.
     max_concurrent: usize = 20, key "max_concurrent", check |v| at_least(1)(v);
+    /// Warm sandboxes kept ready for new sessions of the `default` runtime.
+    pool_size: usize = 2, key "pool_size", check |v| within(0, MAX_POOL_SIZE)(v);
     /// Idle time after which a sandbox without running work is stopped.
     default_idle_ttl: Duration = Duration::from_secs(15 * 60), key "default_idle_ttl_ms",
         check |v| ms_within(10_000, 21_600_000)(v);
@@ -573,6 +582,7 @@ impl Config {
                     RuntimeConfig {
                         image: None,
                         oci_runtime: None,
+                        pool_size: None,
                     },
                 )
             })
@@ -645,6 +655,12 @@ impl Config {
                     "image and oci_runtime must not be empty strings",
                 ));
             }
+            if rt.pool_size.is_some_and(|n| n > MAX_POOL_SIZE) {
+                return Err(ConfigError::invalid(
+                    &format!("runtimes.{name}.pool_size"),
+                    format!("must be between 0 and {MAX_POOL_SIZE}"),
+                ));
+            }
         }
         Ok(())
     }
@@ -683,6 +699,19 @@ impl Config {
     pub fn workspace_dirs(&self) -> impl Iterator<Item = &str> {
         std::iter::once(self.workspace_dir.as_str())
             .chain(self.workspace_aliases.iter().flatten().map(String::as_str))
+    }
+
+    /// How many warm sandboxes the pool keeps for a runtime: its table's
+    /// `pool_size`, else the top-level `pool_size` for `default` and none
+    /// for the others.
+    pub fn pool_size(&self, runtime: &str) -> usize {
+        match self.runtimes.get(runtime) {
+            Some(RuntimeConfig {
+                pool_size: Some(n), ..
+            }) => *n,
+            Some(_) if runtime == "default" => self.pool_size,
+            _ => 0,
+        }
     }
 
     /// The image and OCI runtime a runtime name maps to, if it is known.
@@ -989,6 +1018,30 @@ mod tests {
         assert_eq!(cfg.runtime("node24"), Some(("node:24".into(), None)));
         assert!(cfg.runtime("default").is_some());
         assert!(cfg.runtime("ruby").is_none());
+    }
+
+    #[test]
+    fn pool_sizes_come_from_the_runtime_table_then_the_top_level_key_for_default() {
+        let cfg = Config::from_toml_and_env(
+            "[runtimes.gvisor]\noci_runtime = \"runsc\"\npool_size = 1\n",
+            env_of(&[]),
+        )
+        .expect("valid");
+        assert_eq!(cfg.pool_size("default"), 2);
+        assert_eq!(cfg.pool_size("gvisor"), 1);
+        assert_eq!(cfg.pool_size("node24"), 0);
+        assert_eq!(cfg.pool_size("ruby"), 0);
+        let cfg = Config::from_toml_and_env(
+            "[runtimes.default]\npool_size = 5\n",
+            env_of(&[("SANDBOXD_POOL_SIZE", "3")]),
+        )
+        .expect("valid");
+        assert_eq!(cfg.pool_size("default"), 5, "the table wins");
+        let cfg =
+            Config::from_toml_and_env("", env_of(&[("SANDBOXD_POOL_SIZE", "0")])).expect("valid");
+        assert_eq!(cfg.pool_size("default"), 0);
+        let e = err_of("[runtimes.x]\npool_size = 65", &[]);
+        assert!(e.to_string().starts_with("runtimes.x.pool_size:"), "{e}");
     }
 
     #[test]

@@ -37,6 +37,17 @@ pub fn create_took(started: Instant) {
     histogram!("sandboxd_create_duration_seconds").record(started.elapsed().as_secs_f64());
 }
 
+/// A create made a sandbox: from the warm pool (a hit), or cold (a miss).
+pub fn pool_claim(hit: bool) {
+    let outcome = if hit { "hit" } else { "miss" };
+    counter!("sandboxd_pool_claims_total", "outcome" => outcome).increment(1);
+}
+
+/// How long making one warm pool member took.
+pub fn pool_filled(started: Instant) {
+    histogram!("sandboxd_pool_refill_duration_seconds").record(started.elapsed().as_secs_f64());
+}
+
 /// A terminal session opened.
 pub fn pty_opened() {
     counter!("sandboxd_ptys_opened_total").increment(1);
@@ -68,10 +79,18 @@ pub fn engine_error(kind: &'static str) {
     counter!("sandboxd_engine_errors_total", "kind" => kind).increment(1);
 }
 
-/// Current gauges, set just before a scrape renders them.
-pub fn set_gauges(sandboxes: usize, running_commands: usize) {
+/// Current gauges, set just before a scrape renders them; `pool` is the
+/// members ready per runtime.
+pub fn set_gauges(
+    sandboxes: usize,
+    running_commands: usize,
+    pool: &std::collections::BTreeMap<String, usize>,
+) {
     gauge!("sandboxd_sandboxes", "state" => "running").set(sandboxes as f64);
     gauge!("sandboxd_commands_running").set(running_commands as f64);
+    for (runtime, members) in pool {
+        gauge!("sandboxd_pool_members", "runtime" => runtime.clone()).set(*members as f64);
+    }
 }
 
 /// Counts every HTTP request by route template, method and status, and

@@ -166,10 +166,16 @@ fn agent_mount(volume: &str, dir: &str) -> Mount {
     }
 }
 
+/// The engine's memory limit (bytes) and CPU quota (nano-CPUs) for a
+/// sandbox of `vcpus` and `memory_mb`.
+pub(super) fn cpu_and_memory(vcpus: u32, memory_mb: u32) -> (i64, i64) {
+    (i64::from(memory_mb) * MIB, i64::from(vcpus) * 1_000_000_000)
+}
+
 /// The engine request for a sandbox container. `under_gvisor`: its OCI
 /// runtime is gVisor's runsc (the engine knows, see `Engine::is_gvisor`).
 pub fn sandbox_container_body(spec: &SandboxContainer, under_gvisor: bool) -> ContainerCreateBody {
-    let memory = i64::from(spec.memory_mb) * MIB;
+    let (memory, nano_cpus) = cpu_and_memory(spec.vcpus, spec.memory_mb);
     let tmp_bytes = spec.tmp_size_mb.saturating_mul(1024 * 1024);
     let host_config = HostConfig {
         tmpfs: Some(HashMap::from([(
@@ -204,7 +210,7 @@ pub fn sandbox_container_body(spec: &SandboxContainer, under_gvisor: bool) -> Co
         ..hardened(
             memory,
             host_pids_limit(spec.pids_limit, under_gvisor),
-            i64::from(spec.vcpus) * 1_000_000_000,
+            nano_cpus,
             spec.network.clone().unwrap_or_else(|| "none".into()),
         )
     };

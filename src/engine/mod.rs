@@ -119,6 +119,8 @@ pub struct ContainerStatus {
     /// The kernel's OOM killer ended it (its last stop, when stopped).
     pub oom_killed: bool,
     pub labels: HashMap<String, String>,
+    /// The id of the image it was made from.
+    pub image_id: String,
 }
 
 /// One line of a container's log.
@@ -646,6 +648,7 @@ impl Engine {
                     running: state.running.unwrap_or(false),
                     oom_killed: state.oom_killed.unwrap_or(false),
                     labels: info.config.and_then(|c| c.labels).unwrap_or_default(),
+                    image_id: info.image.unwrap_or_default(),
                 }))
             }
             Err(e) => match EngineError::from(e) {
@@ -703,6 +706,44 @@ impl Engine {
                 labels: v.labels,
             })
             .collect())
+    }
+
+    /// The id of a local image (`sha256:…`), `None` when the engine does not
+    /// have it.
+    pub async fn image_id(&self, image: &str) -> EngineResult<Option<String>> {
+        let docker = self.docker()?;
+        match docker.inspect_image(image).await {
+            Ok(info) => Ok(info.id),
+            Err(e) => match EngineError::from(e) {
+                EngineError::NotFound(_) => Ok(None),
+                other => Err(other),
+            },
+        }
+    }
+
+    /// Changes a running sandbox container's CPU and memory limits in
+    /// place; memory and memory with swap move together, so there is still
+    /// no swap on top. gVisor's runsc cannot do this (the engine answers
+    /// an error and the limits stay).
+    pub async fn update_resources(
+        &self,
+        name: &str,
+        vcpus: u32,
+        memory_mb: u32,
+    ) -> EngineResult<()> {
+        let (memory, nano_cpus) = container::cpu_and_memory(vcpus, memory_mb);
+        self.docker()?
+            .update_container(
+                name,
+                bollard::models::ContainerUpdateBody {
+                    memory: Some(memory),
+                    memory_swap: Some(memory),
+                    nano_cpus: Some(nano_cpus),
+                    ..Default::default()
+                },
+            )
+            .await?;
+        Ok(())
     }
 
     /// True when the engine has the image locally.

@@ -2,6 +2,15 @@
 //! rebuild its state after a restart is written as labels on its container
 //! (and volume) at create time, and read back by [`decode`]. The round trip is
 //! unit-tested; changing a key here breaks adoption of existing sandboxes.
+//!
+//! A warm pool member is made before any session asks for it, so its
+//! container's labels ([`encode_member`]) name no session, and labels never
+//! change after create. When a session claims it, sandboxd writes the
+//! session's record on a claim volume of its own ([`encode_claim`]): an
+//! engine object no sandbox can reach (it is mounted nowhere), made before
+//! the create answers. [`decode_member`] reads a member back from both, and
+//! only from both: what a sandbox writes (its workspace, /tmp, its agent's
+//! answers) never decides which session a sandbox belongs to.
 
 use std::collections::{BTreeSet, HashMap};
 
@@ -24,6 +33,12 @@ const PORTS: &str = "sandboxd.ports";
 /// domain pattern nor a CIDR holds a comma).
 const ALLOW: &str = "sandboxd.egress.allow";
 
+/// On a warm pool member's container and volume: its record names no
+/// session; a claim volume says whose it is.
+pub const POOL: &str = "sandboxd.pool";
+
+/// `sandboxd.role` of a claim volume.
+pub const ROLE_CLAIM: &str = "claim";
 /// `sandboxd.role` of a sandbox container and its volume.
 pub const ROLE_SANDBOX: &str = "sandbox";
 /// `sandboxd.role` of a port proxy container.
@@ -77,6 +92,52 @@ pub fn encode(instance: &str, r: &SandboxRecord) -> HashMap<String, String> {
         (PORTS.into(), ports.join(",")),
         (ALLOW.into(), r.allow.join(",")),
     ])
+}
+
+/// Labels of a warm pool member's container and volume: `r` with an empty
+/// session key, marked as a member.
+pub fn encode_member(instance: &str, r: &SandboxRecord) -> HashMap<String, String> {
+    let mut labels = encode(instance, r);
+    labels.insert(POOL.into(), "member".into());
+    labels
+}
+
+/// Whether a sandbox container was made as a pool member.
+pub fn is_member(labels: &HashMap<String, String>) -> bool {
+    labels.contains_key(POOL)
+}
+
+/// Labels of the claim volume of a member claimed for session `r`.
+pub fn encode_claim(instance: &str, r: &SandboxRecord) -> HashMap<String, String> {
+    let mut labels = encode(instance, r);
+    labels.insert(ROLE.into(), ROLE_CLAIM.into());
+    labels
+}
+
+/// A claimed member's record: the session's record from its claim volume,
+/// which must be of the same sandbox as the container (its runtime name may
+/// differ: runtimes that share an image and OCI runtime share members). A
+/// member without a claim was never handed out.
+pub fn decode_member(
+    container: &HashMap<String, String>,
+    claim: Option<&HashMap<String, String>>,
+) -> Result<SandboxRecord, String> {
+    let member = decode(container)?;
+    let claim = claim.ok_or("a pool member that no session claimed")?;
+    if claim.get(ROLE).map(String::as_str) != Some(ROLE_CLAIM) {
+        return Err("its claim volume is not labelled as a claim".into());
+    }
+    let record = decode(claim)?;
+    if record.id != member.id {
+        return Err(format!(
+            "its claim is of sandbox {:?}, not of this one",
+            record.id
+        ));
+    }
+    if record.session_key.is_empty() {
+        return Err("its claim names no session".into());
+    }
+    Ok(record)
 }
 
 /// Labels every object of this instance carries (networks included).
@@ -180,6 +241,38 @@ mod tests {
         old.insert(NETWORK.into(), "default".into());
         old.remove(ALLOW);
         assert_eq!(decode(&old).map(|r| r.network), Ok(NetworkMode::Open));
+    }
+
+    #[test]
+    fn a_member_is_whoever_its_claim_names_and_only_that() {
+        let member = SandboxRecord {
+            session_key: String::new(),
+            ..record()
+        };
+        let container = encode_member("inst", &member);
+        assert!(is_member(&container));
+        assert!(!is_member(&encode("inst", &record())));
+        let claim = encode_claim("inst", &record());
+        assert_eq!(decode_member(&container, Some(&claim)), Ok(record()));
+        assert!(
+            decode_member(&container, None)
+                .unwrap_err()
+                .contains("no session claimed")
+        );
+        // A claim of another sandbox, or something else labelled with this
+        // id, does not count.
+        let other = encode_claim(
+            "inst",
+            &SandboxRecord {
+                id: "ffffffffffffffffffffffff".into(),
+                ..record()
+            },
+        );
+        assert!(decode_member(&container, Some(&other)).is_err());
+        let workspace = encode("inst", &record());
+        assert!(decode_member(&container, Some(&workspace)).is_err());
+        let keyless = encode_claim("inst", &member);
+        assert!(decode_member(&container, Some(&keyless)).is_err());
     }
 
     #[test]

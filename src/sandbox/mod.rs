@@ -7,6 +7,7 @@ pub mod agent_delivery;
 mod agent_link;
 pub mod labels;
 pub mod network;
+mod pool;
 mod reaper;
 pub mod registry;
 mod rehydrate;
@@ -26,6 +27,7 @@ use crate::engine::{
     ContainerStatus, Engine, EngineError, ExecRequest, ExecSession, SandboxContainer,
 };
 use crate::field_error::FieldError;
+pub use pool::run_pool;
 pub use reaper::run_reaper;
 pub use registry::{Sandbox, SandboxRegistry};
 use registry::{container_name, is_sandbox_id, volume_name};
@@ -140,7 +142,6 @@ impl From<&Sandbox> for SandboxInfo {
 /// always together (`sandboxd_sandbox_events_total{event}`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Event {
-    Created,
     Reconnected,
     /// sandboxd restarted it, or found it stopped and started it again.
     Restarted,
@@ -155,7 +156,6 @@ enum Event {
 impl Event {
     fn name(self) -> &'static str {
         match self {
-            Event::Created => "created",
             Event::Reconnected => "reconnected",
             Event::Restarted => "restarted",
             Event::Stopped => "stopped",
@@ -171,6 +171,20 @@ impl Event {
         tracing::info!(event, sandbox_id, session_key, "sandbox {event}");
         crate::telemetry::sandbox_event(event);
     }
+}
+
+/// The `created` event, which says whether the sandbox came from the warm
+/// pool.
+fn record_created(sandbox_id: &str, session_key: &str, from_pool: bool) {
+    tracing::info!(
+        event = "created",
+        sandbox_id,
+        session_key,
+        from_pool,
+        "sandbox created"
+    );
+    crate::telemetry::sandbox_event("created");
+    crate::telemetry::pool_claim(from_pool);
 }
 
 /// See the module docs.
@@ -191,6 +205,8 @@ pub struct Sandboxes {
     workspace_owned: dashmap::DashMap<String, bool>,
     /// One start of the shared egress proxy at a time.
     egress_start: tokio::sync::Mutex<()>,
+    /// Warm sandboxes no session has claimed yet.
+    pool: pool::Pool,
 }
 
 impl Sandboxes {
@@ -205,6 +221,7 @@ impl Sandboxes {
             agent_volume_ready: tokio::sync::Mutex::new(false),
             workspace_owned: dashmap::DashMap::new(),
             egress_start: tokio::sync::Mutex::new(()),
+            pool: pool::Pool::default(),
         }
     }
 
@@ -262,6 +279,20 @@ impl Sandboxes {
                 .await;
         }
 
+        if let Some(sandbox) = self.claim(&spec).await {
+            let id = sandbox.id.clone();
+            self.registry.insert(reservation, sandbox);
+            record_created(&id, &spec.session_key, true);
+            crate::telemetry::create_took(create_started);
+            return Ok(Created {
+                sandbox_id: id,
+                created: true,
+                ports_added: !spec.ports.is_empty(),
+            });
+        }
+        let _cold = self.pool.cold_create();
+        self.make_room_for_session().await;
+
         let id = registry::new_sandbox_id();
         let record = labels::SandboxRecord {
             id: id.clone(),
@@ -281,7 +312,8 @@ impl Sandboxes {
             &record,
             now_ms(),
         ));
-        if let Err(e) = self.launch(&sandbox, &spec, &record).await {
+        let labels = labels::encode(&self.config.instance, &record);
+        if let Err(e) = self.launch(&sandbox, &spec, labels).await {
             // Leave nothing half-made behind.
             if let Err(e) = self.remove_objects_checked(&id).await {
                 tracing::warn!(sandbox_id = %id, error = %e, "could not remove all engine objects");
@@ -290,7 +322,7 @@ impl Sandboxes {
             return Err(e);
         }
         self.registry.insert(reservation, sandbox);
-        Event::Created.record(&id, &spec.session_key);
+        record_created(&id, &spec.session_key, false);
         crate::telemetry::create_took(create_started);
         Ok(Created {
             sandbox_id: id,
@@ -348,11 +380,13 @@ impl Sandboxes {
         }))
     }
 
+    /// Makes and starts the sandbox's objects: its volume and container
+    /// (both labelled `labels`), its link network and way out.
     async fn launch(
         &self,
         sandbox: &Sandbox,
         spec: &SandboxSpec,
-        record: &labels::SandboxRecord,
+        labels: HashMap<String, String>,
     ) -> SandboxResult<()> {
         let needs_owner = self.prepare_image(&spec.image).await?;
         if spec.network != NetworkMode::None && !self.network_ready.load(Ordering::Relaxed) {
@@ -361,7 +395,7 @@ impl Sandboxes {
             self.ensure_network().await?;
         }
         // The link network and the volume do not depend on each other.
-        let volume_labels = labels::encode(&self.config.instance, record);
+        let volume_labels = labels.clone();
         let (link, volume) = tokio::join!(
             async {
                 if spec.network.through_egress() {
@@ -382,7 +416,7 @@ impl Sandboxes {
             sandbox,
             spec.image.clone(),
             spec.oci_runtime.clone(),
-            record,
+            labels,
             needs_owner,
             link.as_deref(),
         );
@@ -468,7 +502,7 @@ impl Sandboxes {
             &sandbox,
             image,
             oci_runtime,
-            record,
+            labels::encode(&self.config.instance, record),
             needs_owner,
             link.as_deref(),
         );
@@ -481,19 +515,18 @@ impl Sandboxes {
         self.start_container(&container, open).await
     }
 
-    /// The container of a sandbox: its image and OCI runtime, everything
-    /// else from the configuration, and this sandboxd's agent.
+    /// The container of a sandbox: its image and OCI runtime, its labels,
+    /// everything else from the configuration, and this sandboxd's agent.
     fn container_for(
         &self,
         sandbox: &Sandbox,
         image: String,
         oci_runtime: Option<String>,
-        record: &labels::SandboxRecord,
+        mut labels: HashMap<String, String>,
         workspace_nocopy: bool,
         link_subnet: Option<&str>,
     ) -> SandboxContainer {
         let egress = link_subnet.and_then(network::egress_address);
-        let mut labels = labels::encode(&self.config.instance, record);
         labels.insert(labels::AGENT.into(), agent_delivery::AGENT_VERSION.into());
         SandboxContainer {
             name: sandbox.container.clone(),
@@ -512,7 +545,7 @@ impl Sandboxes {
             agent_volume: agent_delivery::agent_volume(&self.config.instance),
             agent_dir: agent_delivery::AGENT_DIR.into(),
             command: agent_delivery::agent_command(),
-            network: match record.network {
+            network: match sandbox.network {
                 NetworkMode::Open => Some(self.config.network_name().to_string()),
                 NetworkMode::Internet | NetworkMode::Allowlist => {
                     Some(network::link_name(&self.config.instance, &sandbox.id))
@@ -525,8 +558,8 @@ impl Sandboxes {
                 Vec::new()
             },
             env: egress.map(network::proxy_env).unwrap_or_default(),
-            vcpus: record.resources.vcpus,
-            memory_mb: record.resources.memory_mb,
+            vcpus: sandbox.resources.vcpus,
+            memory_mb: sandbox.resources.memory_mb,
             pids_limit: self.config.pids_limit,
             tmp_size_mb: self.config.tmp_size_mb,
             file_size_limit_mb: self.config.file_size_limit_mb,
@@ -717,6 +750,7 @@ impl Sandboxes {
         self.remove_objects_checked(id).await?;
         if let Some(s) = removed {
             Event::Stopped.record(&s.id, &s.session_key);
+            self.pool.wake();
         }
         Ok(())
     }
@@ -761,6 +795,8 @@ impl Sandboxes {
             tracing::warn!(sandbox_id = %id, error = %e, "could not remove all engine objects");
         }
         why.record(id, s.map(|s| s.session_key.as_str()).unwrap_or(""));
+        // Its slot may be the pool's now.
+        self.pool.wake();
     }
 
     /// Removes proxies, container, volume and link network of `id`, found

@@ -266,6 +266,12 @@ pub fn volume_name(instance: &str, id: &str) -> String {
     format!("{instance}-{id}-workspace")
 }
 
+/// Engine name of the volume that records who claimed a pool member (see
+/// `labels::encode_claim`).
+pub fn claim_volume_name(instance: &str, id: &str) -> String {
+    format!("{instance}-{id}-claim")
+}
+
 /// A fresh sandbox id: 96 random bits as 24 lowercase hex digits.
 pub fn new_sandbox_id() -> String {
     crate::id::random_hex(12)
@@ -391,6 +397,17 @@ impl SandboxRegistry {
 
     pub fn is_empty(&self) -> bool {
         self.by_id.is_empty()
+    }
+
+    /// Slots taken: registered sandboxes and creates in flight.
+    pub fn occupied(&self) -> usize {
+        let occ = lock(&self.occupancy);
+        occ.recency.len() + occ.reserved
+    }
+
+    /// The most sandboxes alive at once.
+    pub fn max(&self) -> usize {
+        self.max
     }
 
     /// Records a use: refreshes the idle clock and the recency order.

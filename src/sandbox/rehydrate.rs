@@ -3,6 +3,8 @@
 //! sandboxes are adopted; stopped ones are started again or, failing that,
 //! removed; proxies without a sandbox and volumes without a container are
 //! removed; every sandbox behind the egress proxy gets its way out again.
+//! A warm pool member is adopted only as the session its claim volume names
+//! (see `labels`); one without a claim is removed, and the pool refills.
 //! Objects of other instances are never looked at.
 
 use std::collections::{BTreeSet, HashMap};
@@ -58,10 +60,30 @@ impl Sandboxes {
             }
         }
 
+        // Who claimed which pool member, by sandbox id.
+        let claims: HashMap<String, HashMap<String, String>> = self
+            .engine()
+            .list_volumes(&[
+                (labels::INSTANCE, instance.as_str()),
+                (labels::ROLE, labels::ROLE_CLAIM),
+            ])
+            .await?
+            .into_iter()
+            .filter_map(|v| Some((v.labels.get(labels::SANDBOX_ID)?.clone(), v.labels)))
+            .collect();
+
         // Oldest first, so if a session key somehow has two, the first wins.
         let mut records: Vec<_> = sandboxes
             .into_iter()
-            .map(|c| (labels::decode(&c.labels), c))
+            .map(|c| {
+                let record = if labels::is_member(&c.labels) {
+                    let id = c.labels.get(labels::SANDBOX_ID);
+                    labels::decode_member(&c.labels, id.and_then(|id| claims.get(id)))
+                } else {
+                    labels::decode(&c.labels)
+                };
+                (record, c)
+            })
             .collect();
         records.sort_by_key(|(r, _)| r.as_ref().map(|r| r.created_at).unwrap_or(0));
 
@@ -70,6 +92,15 @@ impl Sandboxes {
         for (record, c) in records {
             let mut record = match record {
                 Ok(r) => r,
+                Err(e) if labels::is_member(&c.labels) => {
+                    tracing::info!(container = %c.name, reason = %e, "pool member not adopted; removing it (the pool refills)");
+                    if let Some(id) = c.labels.get(labels::SANDBOX_ID) {
+                        self.remove_objects(id, Event::Removed, None).await;
+                    } else {
+                        self.engine().remove_container(&c.name).await?;
+                    }
+                    continue;
+                }
                 Err(e) => {
                     tracing::warn!(container = %c.name, error = %e, "unreadable sandbox labels; removing it");
                     if let Some(id) = c.labels.get(labels::SANDBOX_ID) {

@@ -23,6 +23,7 @@ mod health;
 mod http_contract;
 mod observability;
 mod openapi;
+mod pool;
 mod ports;
 mod pty;
 mod remcochat;

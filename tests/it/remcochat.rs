@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use base64::Engine as _;
 use serde_json::{Value, json};
 
-use crate::harness::{TestServer, b64, eventually};
+use crate::harness::{ServerOptions, TestServer, b64, eventually};
 
 /// The workspace path RemcoChat's tools use.
 const REMCO_WS: &str = "/vercel/sandbox/workspace";
@@ -244,8 +244,13 @@ fn names(listing: &str) -> Vec<&str> {
 
 #[tokio::test]
 async fn remcochat_chat_turn_runs_unchanged_against_the_defaults() {
-    // No workspace variable: sandboxd's defaults, as issue 13 asks.
-    let server = TestServer::start().await;
+    // No workspace variable: sandboxd's defaults, as issue 13 asks; the
+    // warm pool too (the harness turns it off unless asked; "" counts as
+    // unset). RemcoChat's runtime, node24, shares the default runtime's
+    // image, so its create claims a member.
+    let server =
+        TestServer::start_with(ServerOptions::default().env("SANDBOXD_POOL_SIZE", "")).await;
+    crate::pool::wait_for_members(&server, "default", 2).await;
     let remco = Remco::new(&server);
     let chat = format!("remcochat:{}", crate::harness::unique_instance());
 
@@ -263,6 +268,7 @@ async fn remcochat_chat_turn_runs_unchanged_against_the_defaults() {
         sid.len() == 24 && sid.bytes().all(|b| b.is_ascii_hexdigit()),
         "{sid}"
     );
+    assert!(crate::pool::from_pool(&server, &sid), "a claim");
 
     // Seed upload: one files:write with every file, under RemcoChat's path.
     let files = seed(&sid);
@@ -502,7 +508,7 @@ async fn remcochat_chat_turn_runs_unchanged_against_the_defaults() {
     assert_eq!(got.0, 200);
     assert!(got.1 == img.1, "the binary file is served exactly");
 
-    // Stop: nothing of the sandbox is left.
+    // Stop: nothing of the sandbox is left (the pool's members stay).
     let (s, v) = remco
         .post(&format!("/v1/sandboxes/{sid}:stop"), json!({}))
         .await;
@@ -511,14 +517,18 @@ async fn remcochat_chat_turn_runs_unchanged_against_the_defaults() {
         .containers()
         .await
         .into_iter()
-        .map(|c| c.names.unwrap_or_default())
+        .filter_map(|c| c.labels)
+        .filter(|l| l.get("sandboxd.sandbox_id") == Some(&sid))
         .collect();
     assert!(left.is_empty(), "containers left after stop: {left:?}");
-    let vols: Vec<String> = server.volumes().await.into_iter().map(|v| v.name).collect();
-    assert!(
-        vols.is_empty(),
-        "workspace volumes left after stop: {vols:?}"
-    );
+    let vols: Vec<String> = server
+        .volumes()
+        .await
+        .into_iter()
+        .map(|v| v.name)
+        .filter(|n| n.contains(&sid))
+        .collect();
+    assert!(vols.is_empty(), "volumes left after stop: {vols:?}");
     assert!(
         fetch("package.json".into()).await.is_none(),
         "the URL is dead after stop"

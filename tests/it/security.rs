@@ -20,6 +20,14 @@ async fn escape_attempts_from_inside_fail() {
     )
     .await;
     let sid = server.create(json!({"sessionKey": "inside"})).await;
+    escape_attempts_fail(&server, &sid).await;
+}
+
+/// Every escape attempt fails in sandbox `sid` of `server`, which must be
+/// started with `SANDBOXD_WORKSPACE_ALIASES=/srv/workspace`; also used on a
+/// sandbox claimed from the warm pool (tests/it/pool.rs).
+pub(crate) async fn escape_attempts_fail(server: &TestServer, sid: &str) {
+    let sid = sid.to_string();
     // Each must fail, and for the reason that matters (a vacuous "command
     // not found" would pass an exit-code check alone).
     let gvisor = harness::under_gvisor();
@@ -150,7 +158,7 @@ async fn network_none_has_only_loopback() {
     assert_eq!(r["stdout"], "done\n", "{r}");
 }
 
-type Check = (
+pub(crate) type Check = (
     &'static str,
     &'static str,
     fn(&ContainerInspectResponse) -> bool,
@@ -158,7 +166,7 @@ type Check = (
 
 /// CIS Docker Benchmark v1.6, section 5 (container runtime): the checks
 /// that apply to containers sandboxd creates.
-fn cis_section_5() -> Vec<Check> {
+pub(crate) fn cis_section_5() -> Vec<Check> {
     fn hc(c: &ContainerInspectResponse) -> bollard::models::HostConfig {
         c.host_config.clone().unwrap_or_default()
     }

@@ -180,6 +180,9 @@ impl TestServer {
             if let Some(rt) = oci_runtime() {
                 cmd.env("SANDBOXD_OCI_RUNTIME", rt);
             }
+            // No warm pool unless a test asks for one (tests/it/pool.rs,
+            // remcochat.rs): most tests count the sandboxes they make.
+            cmd.env("SANDBOXD_POOL_SIZE", "0");
             if let Some(t) = &self.options.token {
                 cmd.env("SANDBOXD_ADMIN_TOKEN", t);
             }
