@@ -56,8 +56,24 @@
 //!   by address straight out of an `open` sandbox. Each timed as one command
 //!   (start + wait), 3 samples after one warm-up.
 //!
+//! - pool (issue 19, lines `pool: …`): the run's sandboxd has no pool
+//!   (`pool_size = 0`, so every line above measures the cold path); a
+//!   second sandboxd at its defaults (a pool of 2) runs next to it. Cold
+//!   create (8 samples, floor: the engine's volume + container create +
+//!   start) and cold create + `exec true` on the first; on the second, each
+//!   from a full pool: a claim (8), a claim with 2 vCPUs / 2 GiB (5), a
+//!   claim + `exec true` (time to first command), the time until the pool
+//!   is full again, the first 4 MiB write after a claim against the next
+//!   write (5), the first `GET …/ports/3000` after a claim with `"ports":
+//!   [3000]` (5); a burst of 10 concurrent creates for new keys on each
+//!   (the slowest answer; the claims among them from the pool's metrics);
+//!   the memory cgroup usage of an idle member and the RSS of the engine's
+//!   shim process for it on the host; and the first command in a member
+//!   idle for `--idle-secs` (default 300) against one in a member made
+//!   just before (2 and 4 samples).
+//!
 //! `--profile` also prints where the time of an exec round trip goes.
-//! `--only egress` or `--only gvisor` measures that section alone (for
+//! `--only egress`, `gvisor`, `pty` or `pool` measures that section alone (for
 //! looking into one figure; the other lines say "not measured", and the
 //! JSON is written only where `--json` says).
 //! Not part of `cargo test`.
@@ -355,6 +371,18 @@ const PTY_OUTPUT: &str = "terminal output a WebSocket viewer received (MB/s)";
 const PTY_PROGRAM: &str = "terminal output the program wrote, 64 MiB (MB/s)";
 const PTY_SKIPPED: &str = "of it, the viewer was told it skipped (MB)";
 const PTY_UNACCOUNTED: &str = "of it, neither received nor told skipped (MB)";
+const POOL_COLD: &str = "pool: cold create p50, sandboxd without a pool (ms)";
+const POOL_HIT: &str = "pool: create p50, a claim (ms)";
+const POOL_HIT_RESIZED: &str = "pool: create p50, a claim with 2 vCPUs / 2 GiB (ms)";
+const POOL_FIRST: &str = "pool: time to first command (create + `exec true`), a claim p50 (ms)";
+const POOL_REFILL: &str = "pool: back to full after a claim p50 (ms)";
+const POOL_IDLE_FIRST: &str = "pool: first command in a member idle for --idle-secs p50 (ms)";
+const POOL_BURST: &str = "pool: burst of 10 creates, pool of 2: slowest (ms)";
+const POOL_BURST_HITS: &str = "pool: of that burst, claims";
+const POOL_FIRST_WRITE: &str = "pool: first 4 MiB write after a claim p50 (ms)";
+const POOL_PUBLISH: &str = "pool: port publish, first GET right after a claim p50 (ms)";
+const POOL_MEMBER_CGROUP: &str = "pool: idle member, its memory cgroup (MB)";
+const POOL_MEMBER_SHIM: &str = "pool: idle member, the engine's shim on the host, RSS (MB)";
 
 fn ratio_at_most(v: f64, f: Option<f64>, r: f64) -> bool {
     f.is_some_and(|f| v <= f * r)
@@ -440,6 +468,42 @@ fn lines() -> Vec<Line> {
         line(PTY_PROGRAM, "report", None),
         line(PTY_SKIPPED, "report", None),
         line(PTY_UNACCOUNTED, "0", Some(|v, _| v == 0.0)),
+        line(
+            POOL_COLD,
+            "≤ 1.26× floor (unchanged)",
+            Some(|v, f| ratio_at_most(v, f, 1.26)),
+        ),
+        line(
+            POOL_HIT,
+            "≤ 15 ms and ≤ 0.1× cold (floor column)",
+            Some(|v, f| v <= 15.0 && ratio_at_most(v, f, 0.1)),
+        ),
+        line(POOL_HIT_RESIZED, "≤ 40 ms", Some(|v, _| v <= 40.0)),
+        line(
+            POOL_FIRST,
+            "≤ 25 ms (floor column: cold)",
+            Some(|v, _| v <= 25.0),
+        ),
+        line(POOL_REFILL, "report", None),
+        line(
+            POOL_IDLE_FIRST,
+            "≤ 1.1× a member made just before (floor column)",
+            Some(|v, f| ratio_at_most(v, f, 1.1)),
+        ),
+        line(
+            POOL_BURST,
+            "≤ 1.0× the same burst without a pool (floor column)",
+            Some(|v, f| ratio_at_most(v, f, 1.0)),
+        ),
+        line(POOL_BURST_HITS, "≥ 2", Some(|v, _| v >= 2.0)),
+        line(
+            POOL_FIRST_WRITE,
+            "≤ 1.5× warm write (floor column)",
+            Some(|v, f| ratio_at_most(v, f, 1.5)),
+        ),
+        line(POOL_PUBLISH, "≤ 250 ms", Some(|v, _| v <= 250.0)),
+        line(POOL_MEMBER_CGROUP, "report", None),
+        line(POOL_MEMBER_SHIM, "report", None),
     ]
 }
 
@@ -491,12 +555,14 @@ enum Section {
     Egress,
     Gvisor,
     Pty,
+    Pool,
 }
 
 async fn run(
     runs: usize,
     profile: bool,
     only: Option<Section>,
+    idle_secs: u64,
     json_out: Option<PathBuf>,
 ) -> Res<()> {
     let docker = Docker::connect_with_local_defaults()?
@@ -522,6 +588,7 @@ async fn run(
             format!(
                 "network_modes = [\"none\", \"internet\", \"allowlist\", \"open\"]\n\
                  egress_dns = [\"{}\"]\n\
+                 pool_size = 0\n\
                  [runtimes.gvisor]\noci_runtime = \"runsc\"\n",
                 fakenet::DNS
             ),
@@ -535,7 +602,11 @@ async fn run(
         };
         let mut figures = RunFigures::default();
         let result = match only {
-            None => measure(&server, &floor, &mut figures, profile, runsc).await,
+            None => match measure(&server, &floor, &mut figures, profile, runsc).await {
+                Ok(()) => pool(&server, &floor, &mut figures, idle_secs).await,
+                Err(e) => Err(e),
+            },
+            Some(Section::Pool) => pool(&server, &floor, &mut figures, idle_secs).await,
             Some(Section::Egress) => egress(&server, &mut figures).await,
             Some(Section::Gvisor) => gvisor(&server, &floor, &mut figures).await,
             Some(Section::Pty) => terminals(&server, &mut figures).await,
@@ -1390,8 +1461,9 @@ fn main() -> std::process::ExitCode {
         Some("egress") => Some(Section::Egress),
         Some("gvisor") => Some(Section::Gvisor),
         Some("pty") => Some(Section::Pty),
+        Some("pool") => Some(Section::Pool),
         Some(other) => {
-            eprintln!("bench: --only takes egress, gvisor or pty, not {other:?}");
+            eprintln!("bench: --only takes egress, gvisor, pty or pool, not {other:?}");
             return std::process::ExitCode::FAILURE;
         }
     };
@@ -1400,6 +1472,14 @@ fn main() -> std::process::ExitCode {
         Some(Ok(n)) if n >= 1 => n,
         Some(_) => {
             eprintln!("bench: --runs takes a number ≥ 1");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    let idle_secs = match value_of("--idle-secs").map(|r| r.parse::<u64>()) {
+        None => 300,
+        Some(Ok(n)) => n,
+        Some(Err(_)) => {
+            eprintln!("bench: --idle-secs takes a number of seconds");
             return std::process::ExitCode::FAILURE;
         }
     };
@@ -1417,11 +1497,258 @@ fn main() -> std::process::ExitCode {
             return std::process::ExitCode::FAILURE;
         }
     };
-    match rt.block_on(run(runs, profile, only, json_out)) {
+    match rt.block_on(run(runs, profile, only, idle_secs, json_out)) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("bench: {e}");
             std::process::ExitCode::FAILURE
         }
     }
+}
+
+/// Members the pool of `server` reports ready for `default`.
+async fn pool_members(server: &Server) -> Res<usize> {
+    Ok(metric(server, "sandboxd_pool_members{runtime=\"default\"}").await? as usize)
+}
+
+/// One series of `server`'s metrics (0 when absent).
+async fn metric(server: &Server, series: &str) -> Res<f64> {
+    let text = server
+        .client
+        .get(format!("{}/metrics", server.base))
+        .send()
+        .await?
+        .text()
+        .await?;
+    let prefix = format!("{series} ");
+    Ok(text
+        .lines()
+        .find_map(|l| l.strip_prefix(prefix.as_str()))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0.0))
+}
+
+/// Waits (polling every 10 ms, at most 60 s) until the pool holds `n`;
+/// returns how long that took.
+async fn pool_full(server: &Server, n: usize) -> Res<f64> {
+    let t = Instant::now();
+    while pool_members(server).await? < n {
+        if t.elapsed() > Duration::from_secs(60) {
+            return Err(format!("the pool did not reach {n} members").into());
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    Ok(ms(t.elapsed()))
+}
+
+/// Creates a sandbox for `key`; (ms, id).
+async fn timed_create(server: &Server, body: Value) -> Res<(f64, String)> {
+    let t = Instant::now();
+    let v = server.post("/v1/sandboxes", body).await?;
+    Ok((ms(t.elapsed()), id_of(&v, "sandboxId")?))
+}
+
+/// `n` creates for new keys at once; the slowest answer (ms).
+async fn burst(server: &Server, prefix: &str, n: usize) -> Res<f64> {
+    let answers = futures_util::future::join_all((0..n).map(|i| {
+        timed_create(server, json!({"sessionKey": format!("{prefix}-{i}")}))
+    }))
+    .await;
+    let mut slowest: f64 = 0.0;
+    for a in answers {
+        slowest = slowest.max(a?.0);
+    }
+    Ok(slowest)
+}
+
+/// Memory of each idle member of `instance`: its memory cgroup's usage and
+/// the RSS of the engine's shim process for it on the host (MB each;
+/// `None` where this host does not show them: cgroup v1 cgroupfs paths).
+async fn member_memory(docker: &Docker, instance: &str) -> Res<(Option<f64>, Option<f64>)> {
+    let filter = std::collections::HashMap::from([(
+        "label".to_string(),
+        vec![
+            format!("sandboxd.instance={instance}"),
+            "sandboxd.pool=member".to_string(),
+        ],
+    )]);
+    let list = docker
+        .list_containers(Some(bollard::query_parameters::ListContainersOptions {
+            filters: Some(filter),
+            ..Default::default()
+        }))
+        .await?;
+    let (mut cgroup, mut shim) = (vec![], vec![]);
+    for c in list {
+        let Some(id) = c.id else { continue };
+        if let Ok(v) = std::fs::read_to_string(format!(
+            "/sys/fs/cgroup/memory/docker/{id}/memory.usage_in_bytes"
+        )) && let Ok(bytes) = v.trim().parse::<f64>()
+        {
+            cgroup.push(bytes / MIB);
+        }
+        for p in std::fs::read_dir("/proc")?.flatten() {
+            let cmdline = std::fs::read(p.path().join("cmdline")).unwrap_or_default();
+            let cmdline = String::from_utf8_lossy(&cmdline);
+            if cmdline.starts_with("/usr/bin/containerd-shim") && cmdline.contains(id.as_str()) {
+                let status = std::fs::read_to_string(p.path().join("status")).unwrap_or_default();
+                if let Some(kb) = status
+                    .lines()
+                    .find_map(|l| l.strip_prefix("VmRSS:"))
+                    .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+                {
+                    shim.push(kb / 1024.0);
+                }
+            }
+        }
+    }
+    let med = |v: &[f64]| (!v.is_empty()).then(|| median(v));
+    Ok((med(&cgroup), med(&shim)))
+}
+
+/// The warm pool (issue 19's table), in one run: a sandboxd with the
+/// default pool (2) next to `cold`, this run's sandboxd with none.
+async fn pool(cold: &Server, floor: &Floor, fig: &mut RunFigures, idle_secs: u64) -> Res<()> {
+    let instance = format!("{}-pool", floor.instance);
+    let warm = Server::start(&instance, None).await?;
+    let result = pool_lines(cold, &warm, floor, &instance, fig, idle_secs).await;
+    drop(warm);
+    cleanup(&floor.docker, &instance).await;
+    result
+}
+
+async fn pool_lines(
+    cold: &Server,
+    warm: &Server,
+    floor: &Floor,
+    instance: &str,
+    fig: &mut RunFigures,
+    idle_secs: u64,
+) -> Res<()> {
+    let plain = json!({"cmd": "true", "login": false});
+    // Cold, on the sandboxd without a pool, against the engine floor:
+    // create, and create + `exec true`.
+    let (mut cold_create, mut cold_first, mut fcreate) = (vec![], vec![], vec![]);
+    timed_create(cold, json!({"sessionKey": "pool-warmup"})).await?;
+    for i in 0..8 {
+        let t = Instant::now();
+        let (c, id) = timed_create(cold, json!({"sessionKey": format!("cold-{i}")})).await?;
+        run_cmd(cold, &id, plain.clone()).await?;
+        cold_first.push(ms(t.elapsed()));
+        cold_create.push(c);
+        let name = format!("{}-poolfloor{i}", floor.instance);
+        fcreate.push(ms(floor.create(&name).await?));
+        floor.remove(&name).await?;
+    }
+    fig.p50(POOL_COLD, &cold_create, &fcreate);
+
+    // Claims, each from a full pool: create, and create + `exec true`.
+    pool_full(warm, 2).await?;
+    let (mut hit, mut first, mut refill) = (vec![], vec![], vec![]);
+    for i in 0..8 {
+        pool_full(warm, 2).await?;
+        let t = Instant::now();
+        let (c, id) = timed_create(warm, json!({"sessionKey": format!("hit-{i}")})).await?;
+        run_cmd(warm, &id, plain.clone()).await?;
+        first.push(ms(t.elapsed()));
+        hit.push(c);
+        refill.push(pool_full(warm, 2).await?);
+    }
+    fig.p50(POOL_HIT, &hit, &cold_create);
+    fig.p50(POOL_FIRST, &first, &cold_first);
+    fig.p50(POOL_REFILL, &refill, &[]);
+    let mut resized = vec![];
+    for i in 0..5 {
+        pool_full(warm, 2).await?;
+        let body = json!({"sessionKey": format!("big-{i}"), "resources": {"vcpus": 2, "memoryMb": 2048}});
+        resized.push(timed_create(warm, body).await?.0);
+    }
+    fig.p50(POOL_HIT_RESIZED, &resized, &[]);
+    let hits = metric(warm, "sandboxd_pool_claims_total{outcome=\"hit\"}").await?;
+    if hits < 13.0 {
+        fig.note(format!("pool: only {hits} of 13 creates were claims"));
+    }
+
+    // What a claimed sandbox does first: a 4 MiB write (against the next,
+    // warm one) and publishing a port.
+    let content = {
+        use base64::Engine as _;
+        let mut raw = vec![0u8; FILE_BYTES];
+        getrandom::fill(&mut raw)?;
+        base64::engine::general_purpose::STANDARD.encode(raw)
+    };
+    let (mut first_write, mut warm_write, mut publish) = (vec![], vec![], vec![]);
+    for i in 0..5 {
+        pool_full(warm, 2).await?;
+        let (_, id) = timed_create(warm, json!({"sessionKey": format!("write-{i}")})).await?;
+        first_write.push(write_file(warm, &id, "first.bin", &content).await?);
+        warm_write.push(write_file(warm, &id, "second.bin", &content).await?);
+        pool_full(warm, 2).await?;
+        let (_, id) = timed_create(
+            warm,
+            json!({"sessionKey": format!("port-{i}"), "ports": [3000]}),
+        )
+        .await?;
+        let t = Instant::now();
+        warm.get(&format!("/v1/sandboxes/{id}/ports/3000")).await?;
+        publish.push(ms(t.elapsed()));
+    }
+    fig.p50(POOL_FIRST_WRITE, &first_write, &warm_write);
+    fig.p50(POOL_PUBLISH, &publish, &[]);
+
+    // A burst of 10 creates for new keys: with the pool of 2 full, against
+    // the same burst on the sandboxd without a pool.
+    let no_pool = burst(cold, "burst-cold", 10).await?;
+    pool_full(warm, 2).await?;
+    let before = metric(warm, "sandboxd_pool_claims_total{outcome=\"hit\"}").await?;
+    let with_pool = burst(warm, "burst", 10).await?;
+    let claimed = metric(warm, "sandboxd_pool_claims_total{outcome=\"hit\"}").await? - before;
+    fig.value(POOL_BURST, with_pool, Some(no_pool));
+    fig.value(POOL_BURST_HITS, claimed, None);
+
+    // Stop every session so the members alone remain; then their memory.
+    for s in warm.get("/v1/sandboxes").await?["sandboxes"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+    {
+        let id = id_of(&s, "sandboxId")?;
+        warm.post(&format!("/v1/sandboxes/{id}:stop"), json!(null))
+            .await?;
+    }
+    pool_full(warm, 2).await?;
+    match member_memory(&floor.docker, instance).await? {
+        (Some(cgroup), shim) => {
+            fig.value(POOL_MEMBER_CGROUP, cgroup, None);
+            match shim {
+                Some(shim) => fig.value(POOL_MEMBER_SHIM, shim, None),
+                None => fig.note("pool: no containerd-shim process found for a member".into()),
+            }
+        }
+        (None, _) => fig.note("pool: member memory not measured (no cgroup v1 cgroupfs path)".into()),
+    }
+
+    // The first command in a member that sat idle, against one in a
+    // member made just before (claim both, let the pool refill, claim one
+    // at once).
+    let mut fresh = vec![];
+    for i in 0..4 {
+        pool_full(warm, 2).await?;
+        for j in 0..2 {
+            timed_create(warm, json!({"sessionKey": format!("drain-{i}-{j}")})).await?;
+        }
+        pool_full(warm, 2).await?;
+        let (_, id) = timed_create(warm, json!({"sessionKey": format!("fresh-{i}")})).await?;
+        fresh.push(run_cmd(warm, &id, plain.clone()).await?.0);
+    }
+    pool_full(warm, 2).await?;
+    println!("pool: leaving the members idle for {idle_secs} s");
+    tokio::time::sleep(Duration::from_secs(idle_secs)).await;
+    let mut idle = vec![];
+    for i in 0..2 {
+        let (_, id) = timed_create(warm, json!({"sessionKey": format!("idle-{i}")})).await?;
+        idle.push(run_cmd(warm, &id, plain.clone()).await?.0);
+    }
+    fig.p50(POOL_IDLE_FIRST, &idle, &fresh);
+    Ok(())
 }

@@ -270,6 +270,7 @@ impl Sandboxes {
             }
         }
 
+        let _under_way = self.pool.create_started();
         let mut reservation = self
             .registry
             .reserve()
@@ -290,7 +291,6 @@ impl Sandboxes {
                 ports_added: !spec.ports.is_empty(),
             });
         }
-        let _cold = self.pool.cold_create();
         self.make_room_for_session().await;
 
         let id = registry::new_sandbox_id();

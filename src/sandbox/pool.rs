@@ -15,8 +15,9 @@
 //! Members live in the room sessions leave: the pool fills only while
 //! sessions and members together stay under `max_concurrent`, and a cold
 //! create that finds no room removes a member before it evicts a session.
-//! The pool fills one member at a time and waits while cold creates run, so
-//! a burst of creates does not compete with its refill. Every
+//! The pool fills one member at a time and starts none while creates for
+//! new sessions run, so a burst of creates does not compete with its
+//! refill. Every
 //! [`KEEP_WARM`] each member's agent is asked for its commands (a member
 //! whose agent does not answer is replaced) and members of a runtime whose
 //! image was rebuilt are replaced.
@@ -70,18 +71,19 @@ struct PoolState {
     members: Vec<Member>,
     /// A member being made (the pool makes one at a time).
     filling: bool,
-    /// Cold creates under way; the pool does not fill meanwhile.
-    cold_creates: usize,
+    /// Creates for new sessions under way (claims and cold creates); the
+    /// pool does not start a fill meanwhile.
+    creates: usize,
 }
 
-/// Counts a cold create until dropped; see [`Pool::cold_create`].
+/// Counts a create until dropped; see [`Pool::create_started`].
 #[derive(Debug)]
-pub(super) struct ColdCreate<'a>(&'a Pool);
+pub(super) struct CreateUnderWay<'a>(&'a Pool);
 
-impl Drop for ColdCreate<'_> {
+impl Drop for CreateUnderWay<'_> {
     fn drop(&mut self) {
         let mut st = self.0.lock();
-        st.cold_creates = st.cold_creates.saturating_sub(1);
+        st.creates = st.creates.saturating_sub(1);
         drop(st);
         self.0.wake.notify_one();
     }
@@ -129,8 +131,8 @@ impl Pool {
     }
 
     /// Starts making a member of `runtime` if it has fewer than `target`,
-    /// nothing else is being made, no cold create runs, and `room` (slots
-    /// left besides the pool's) takes one more.
+    /// nothing else is being made, no create runs, and `room` (slots left
+    /// besides the pool's) takes one more.
     fn start_fill(&self, runtime: &str, target: usize, room: usize) -> bool {
         let mut st = self.lock();
         let have = st
@@ -138,7 +140,7 @@ impl Pool {
             .iter()
             .filter(|m| m.sandbox.runtime == runtime)
             .count();
-        if st.filling || st.cold_creates > 0 || have >= target || st.members.len() >= room {
+        if st.filling || st.creates > 0 || have >= target || st.members.len() >= room {
             return false;
         }
         st.filling = true;
@@ -159,10 +161,12 @@ impl Pool {
         }
     }
 
-    /// Counts a cold create until the guard drops.
-    pub(super) fn cold_create(&self) -> ColdCreate<'_> {
-        self.lock().cold_creates += 1;
-        ColdCreate(self)
+    /// Counts a create for a new session until the guard drops. Taken
+    /// before the claim, so a burst's cold creates are counted before the
+    /// refill its first claims wake could start.
+    pub(super) fn create_started(&self) -> CreateUnderWay<'_> {
+        self.lock().creates += 1;
+        CreateUnderWay(self)
     }
 
     /// Lets the pool look again.
@@ -503,9 +507,9 @@ mod tests {
     }
 
     #[test]
-    fn no_fill_while_a_cold_create_runs() {
+    fn no_fill_while_a_create_runs() {
         let pool = Pool::default();
-        let cold = pool.cold_create();
+        let cold = pool.create_started();
         assert!(!pool.start_fill("default", 2, 10));
         drop(cold);
         assert!(pool.start_fill("default", 2, 10));
