@@ -1550,9 +1550,9 @@ async fn timed_create(server: &Server, body: Value) -> Res<(f64, String)> {
 
 /// `n` creates for new keys at once; the slowest answer (ms).
 async fn burst(server: &Server, prefix: &str, n: usize) -> Res<f64> {
-    let answers = futures_util::future::join_all((0..n).map(|i| {
-        timed_create(server, json!({"sessionKey": format!("{prefix}-{i}")}))
-    }))
+    let answers = futures_util::future::join_all(
+        (0..n).map(|i| timed_create(server, json!({"sessionKey": format!("{prefix}-{i}")}))),
+    )
     .await;
     let mut slowest: f64 = 0.0;
     for a in answers {
@@ -1660,7 +1660,8 @@ async fn pool_lines(
     let mut resized = vec![];
     for i in 0..5 {
         pool_full(warm, 2).await?;
-        let body = json!({"sessionKey": format!("big-{i}"), "resources": {"vcpus": 2, "memoryMb": 2048}});
+        let body =
+            json!({"sessionKey": format!("big-{i}"), "resources": {"vcpus": 2, "memoryMb": 2048}});
         resized.push(timed_create(warm, body).await?.0);
     }
     fig.p50(POOL_HIT_RESIZED, &resized, &[]);
@@ -1725,7 +1726,9 @@ async fn pool_lines(
                 None => fig.note("pool: no containerd-shim process found for a member".into()),
             }
         }
-        (None, _) => fig.note("pool: member memory not measured (no cgroup v1 cgroupfs path)".into()),
+        (None, _) => {
+            fig.note("pool: member memory not measured (no cgroup v1 cgroupfs path)".into())
+        }
     }
 
     // The first command in a member that sat idle, against one in a

@@ -634,7 +634,10 @@ impl Sandboxes {
     /// `running` its way out again, under its session's lock (a stop in
     /// progress is not given a new proxy).
     async fn repair_egress(&self, mut running: HashSet<String>) {
-        for s in self.registry.list() {
+        // Sessions, and the warm pool's members: a claim must find its
+        // way out in place.
+        let members = self.pool.sandboxes();
+        for s in self.registry.list().into_iter().chain(members) {
             let Some(subnet) = s.ports().link_subnet.filter(|_| s.network.through_egress()) else {
                 continue;
             };
@@ -646,7 +649,12 @@ impl Sandboxes {
                 continue;
             }
             let _key = self.registry.lock_key(&s.session_key).await;
-            if self.registry.get(&s.id).is_none() {
+            let known = if s.session_key.is_empty() {
+                self.pool.holds(&s.id)
+            } else {
+                self.registry.get(&s.id).is_some()
+            };
+            if !known {
                 continue;
             }
             // Listed before a create in flight made it, perhaps.

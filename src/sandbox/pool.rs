@@ -113,6 +113,17 @@ impl Pool {
         sizes
     }
 
+    /// Every member.
+    pub(super) fn sandboxes(&self) -> Vec<Arc<Sandbox>> {
+        let st = self.lock();
+        st.members.iter().map(|m| Arc::clone(&m.sandbox)).collect()
+    }
+
+    /// Whether the member `id` is still unclaimed.
+    pub(super) fn holds(&self, id: &str) -> bool {
+        self.lock().members.iter().any(|m| m.sandbox.id == id)
+    }
+
     /// Takes the oldest member that `fits`.
     pub(super) fn take(&self, fits: impl Fn(&Sandbox) -> bool) -> Option<Member> {
         let mut st = self.lock();
@@ -427,11 +438,7 @@ impl Sandboxes {
             self.remove_member(&m.sandbox.id, "its runtime image was rebuilt")
                 .await;
         }
-        let members: Vec<Arc<Sandbox>> = {
-            let st = self.pool.lock();
-            st.members.iter().map(|m| Arc::clone(&m.sandbox)).collect()
-        };
-        for s in members {
+        for s in self.pool.sandboxes() {
             let answered = match s.live_agent() {
                 Some(conn) => conn
                     .call_within(sandboxd_proto::Op::List, KEEP_WARM_LIMIT)

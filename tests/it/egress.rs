@@ -833,3 +833,56 @@ EOF"#, "timeoutMs": 90000}),
     )
     .await;
 }
+
+/// A warm pool member finds its way out once claimed, also when the shared
+/// egress proxy was removed while it waited: the repair covers members,
+/// not only sessions (with no session at all here, nothing else would
+/// start a new proxy).
+#[tokio::test]
+async fn a_claimed_pool_member_gets_out_also_after_the_egress_proxy_was_replaced() {
+    let _net = FakeNet::start().await;
+    let server = server(&[("SANDBOXD_POOL_SIZE", "1")]).await;
+    crate::pool::wait_for_members(&server, "default", 1).await;
+    let egress = format!("{}-egress", server.instance);
+    let running_id = || {
+        let docker = server.docker.clone();
+        let egress = egress.clone();
+        async move {
+            docker
+                .inspect_container(
+                    &egress,
+                    None::<bollard::query_parameters::InspectContainerOptions>,
+                )
+                .await
+                .ok()
+                .filter(|c| c.state.as_ref().and_then(|s| s.running) == Some(true))
+                .and_then(|c| c.id)
+        }
+    };
+    let first = running_id().await.expect("the member's proxy runs");
+    server
+        .docker
+        .remove_container(
+            &egress,
+            Some(bollard::query_parameters::RemoveContainerOptions {
+                force: true,
+                ..Default::default()
+            }),
+        )
+        .await
+        .expect("remove the proxy");
+    eventually(Duration::from_secs(20), "a new proxy runs", || async {
+        running_id().await.is_some_and(|id| id != first)
+    })
+    .await;
+    let sid = server.create(json!({"sessionKey": "claimed"})).await;
+    assert!(crate::pool::from_pool(&server, &sid), "a claim");
+    assert_eq!(
+        curl(&server, &sid, "http://public.test/").await,
+        (200, "public\n".to_string())
+    );
+    refused(
+        "a private address",
+        &curl(&server, &sid, &format!("http://{PRIVATE}/")).await,
+    );
+}
