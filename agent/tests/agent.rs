@@ -496,8 +496,24 @@ async fn a_bare_session_is_a_login_shell_and_ctrl_c_reaches_its_program() {
     c.type_in(&id, b"echo zero=$0\r").await;
     c.screen_until(&id, &mut after, "zero=-").await;
     // The quotes keep what is typed (echoed back) apart from what runs.
-    c.type_in(&id, b"sleep 100; echo after\"\"-sleep\r").await;
+    // Ctrl-C once the job runs (sent earlier it would reach the shell);
+    // typing on once the shell prompts again (its line editor turns
+    // bracketed paste back on), since what is typed around an interrupt
+    // can be flushed (a lost first letter, seen under load).
+    c.type_in(&id, b"echo run\"\"ning; sleep 100; echo after\"\"-sleep\r")
+        .await;
+    c.screen_until(&id, &mut after, "running").await;
     c.type_in(&id, b"\x03").await;
+    let interrupted = c.screen_until(&id, &mut after, "^C").await;
+    let prompt = "\x1b[?2004h";
+    if !interrupted
+        .rsplit("^C")
+        .next()
+        .unwrap_or("")
+        .contains(prompt)
+    {
+        c.screen_until(&id, &mut after, prompt).await;
+    }
     c.type_in(&id, b"echo al\"\"ive\r").await;
     let screen = c.screen_until(&id, &mut after, "alive").await;
     assert!(!screen.contains("after-sleep"), "{screen:?}");
