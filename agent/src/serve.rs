@@ -433,7 +433,32 @@ async fn handle(op: Op, answer: Answer, agent: Rc<Agent>, conn: Rc<Conn>) {
         }
         Op::WriteFiles { files } => {
             let r = agent.files.call(move |ws| ws.write_files(files)).await;
-            answer.result(r.map(|()| Reply::Ok)).await
+            let r = r.map(|failed| match failed.is_empty() {
+                true => Reply::Ok,
+                false => Reply::PreconditionFailed(failed),
+            });
+            answer.result(r).await
+        }
+        Op::Stat { paths, sha256 } => {
+            let r = agent.files.call(move |ws| ws.stat(&paths, sha256)).await;
+            answer.result(r.map(Reply::Stats)).await
+        }
+        Op::Search(s) => {
+            let r = agent
+                .files
+                .call(move |ws| crate::search::search(ws, &s))
+                .await;
+            match r {
+                Ok((matches, searched)) => {
+                    for piece in match_pieces(matches) {
+                        if !answer.part(Reply::Matches(piece)).await {
+                            return;
+                        }
+                    }
+                    answer.last(Reply::Searched(searched)).await
+                }
+                Err(f) => answer.last(Reply::Error(f)).await,
+            }
         }
         Op::ListDir { path } => {
             let r = agent.files.call(move |ws| ws.list_dir(&path)).await;
@@ -559,6 +584,34 @@ fn text_chunks(text: &str, max: usize) -> Vec<&str> {
         rest = tail;
     }
     out
+}
+
+/// Matches in pieces that each fit a frame: at most about half a
+/// [`CHUNK`] of text per piece.
+fn match_pieces(matches: Vec<sandboxd_proto::Match>) -> Vec<Vec<sandboxd_proto::Match>> {
+    let mut pieces = Vec::new();
+    let mut piece = Vec::new();
+    let mut bytes = 0usize;
+    for m in matches {
+        let weight = 64
+            + m.path.len()
+            + m.text.len()
+            + m.before
+                .iter()
+                .chain(&m.after)
+                .map(|l| l.len() + 8)
+                .sum::<usize>();
+        if !piece.is_empty() && bytes + weight > CHUNK / 2 {
+            pieces.push(std::mem::take(&mut piece));
+            bytes = 0;
+        }
+        bytes += weight;
+        piece.push(m);
+    }
+    if !piece.is_empty() {
+        pieces.push(piece);
+    }
+    pieces
 }
 
 fn random_u64() -> u64 {
