@@ -335,6 +335,7 @@ fn run_rg(
     let mut cmd = Command::new(rg);
     cmd.args([
         "--json",
+        "--line-number",
         "--no-config",
         "--no-messages",
         "--hidden",

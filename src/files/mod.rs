@@ -861,6 +861,38 @@ mod tests {
     }
 
     #[test]
+    fn only_plain_bounded_matches_come_back_from_a_search() {
+        let m = |path: &str| sandboxd_proto::Match {
+            path: path.into(),
+            line: 3,
+            column: 1,
+            text: "hit".into(),
+            before: vec!["a".into()],
+            after: vec![],
+        };
+        let ok = search_match("/workspace/src", m("a/b.rs"), 1).expect("plain");
+        assert_eq!(ok.path, "/workspace/src/a/b.rs");
+        assert_eq!(
+            search_match("/workspace", m("x"), 1).map(|m| m.path),
+            Ok("/workspace/x".to_string())
+        );
+        for bad in ["", "/etc/passwd", "../x", "a/../b", "a//b", "./a", "a\0b"] {
+            assert!(search_match("/workspace", m(bad), 1).is_err(), "{bad:?}");
+        }
+        assert!(
+            search_match("/workspace", m("a"), 0).is_err(),
+            "more context than asked"
+        );
+        let long = sandboxd_proto::Match {
+            text: "x".repeat(MAX_MATCH_LINE_BYTES + 1),
+            ..m("a")
+        };
+        assert!(search_match("/workspace", long, 1).is_err());
+        let zero = sandboxd_proto::Match { line: 0, ..m("a") };
+        assert!(search_match("/workspace", zero, 1).is_err());
+    }
+
+    #[test]
     fn parts_weigh_their_bytes_and_empty_names_weigh_too() {
         let e = |name: &str| DirEntry {
             name: name.into(),
