@@ -20,7 +20,7 @@ use std::fs::File;
 use std::io::Read;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use regex::bytes::{Regex, RegexBuilder};
 use rustix::fs::{AtFlags, FileType, Mode, OFlags};
@@ -41,7 +41,11 @@ const REGEX_SIZE: usize = 10 * 1024 * 1024;
 
 /// Runs a search: the matches whose details are kept (at most
 /// `max_results`, within [`MAX_DETAIL_BYTES`]) and how it went.
-pub(crate) fn search(ws: &Workspace, s: &Search) -> Result<(Vec<Match>, Searched), Failure> {
+pub(crate) fn search(
+    ws: &Workspace,
+    s: &Search,
+    deadline: Instant,
+) -> Result<(Vec<Match>, Searched), Failure> {
     let regex = RegexBuilder::new(&s.pattern)
         .case_insensitive(s.case_insensitive)
         .size_limit(REGEX_SIZE)
@@ -49,7 +53,6 @@ pub(crate) fn search(ws: &Workspace, s: &Search) -> Result<(Vec<Match>, Searched
         .map_err(|e| Failure::new(FailureKind::Invalid, format!("pattern: {e}")))?;
     let globs = Globs::new(&s.globs)?;
     let dir = ws.open_dir(&s.path)?;
-    let deadline = Instant::now() + Duration::from_millis(u64::from(s.deadline_ms));
     let why_not = if s.builtin {
         Some("the request asked for the built-in search".to_string())
     } else {

@@ -5,8 +5,9 @@
 //! answers back in any order.
 //!
 //! Everything runs on one thread (a current-thread runtime and a local
-//! task set), plus one thread started at launch for file I/O, so the agent
-//! keeps working when the sandbox is at its pids limit. It is a child
+//! task set), plus two threads started at launch, one for file I/O and one
+//! for searches (so a long search does not hold up reads and writes), so
+//! the agent keeps working when the sandbox is at its pids limit. It is a child
 //! subreaper, so orphans of a keeper that was killed come to it (and are
 //! ended), and it is not dumpable, so the sandbox user cannot read its
 //! memory or descriptors.
@@ -75,10 +76,10 @@ pub(crate) fn run() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let files = match FileWorker::start() {
-        Ok(f) => f,
-        Err(e) => {
-            eprintln!("sandboxd-agent: cannot start the file thread: {e}");
+    let (files, searches) = match (FileWorker::start("files"), FileWorker::start("search")) {
+        (Ok(f), Ok(s)) => (f, s),
+        (Err(e), _) | (_, Err(e)) => {
+            eprintln!("sandboxd-agent: cannot start the file threads: {e}");
             return ExitCode::FAILURE;
         }
     };
@@ -100,6 +101,7 @@ pub(crate) fn run() -> ExitCode {
             commands,
             relays: Rc::new(Relays::default()),
             files,
+            searches,
             boot: random_u64(),
         });
         serve(listener, agent).await
@@ -113,6 +115,9 @@ struct Agent {
     ptys: Rc<Ptys>,
     relays: Rc<Relays>,
     files: FileWorker,
+    /// Searches run here, one after the other, each within the deadline
+    /// its request set when it came.
+    searches: FileWorker,
     boot: u64,
 }
 
@@ -306,6 +311,7 @@ async fn handle(op: Op, answer: Answer, agent: Rc<Agent>, conn: Rc<Conn>) {
                 memory_bytes: usize::try_from(h.output_memory_bytes).unwrap_or(usize::MAX),
                 max_finished: h.max_finished as usize,
             });
+            agent.searches.set_workspace(h.workspace.clone());
             agent.files.set_workspace(h.workspace);
             conn.hello.set(true);
             answer
@@ -444,9 +450,12 @@ async fn handle(op: Op, answer: Answer, agent: Rc<Agent>, conn: Rc<Conn>) {
             answer.result(r.map(Reply::Stats)).await
         }
         Op::Search(s) => {
+            // From now, not from when the thread gets to it: searches
+            // queued behind one another still answer in time.
+            let deadline = Instant::now() + Duration::from_millis(u64::from(s.deadline_ms));
             let r = agent
-                .files
-                .call(move |ws| crate::search::search(ws, &s))
+                .searches
+                .call(move |ws| crate::search::search(ws, &s, deadline))
                 .await;
             match r {
                 Ok((matches, searched)) => {
@@ -641,10 +650,10 @@ impl std::fmt::Debug for FileWork {
 }
 
 impl FileWorker {
-    fn start() -> std::io::Result<FileWorker> {
+    fn start(name: &str) -> std::io::Result<FileWorker> {
         let (tx, rx) = std_mpsc::channel::<FileWork>();
         std::thread::Builder::new()
-            .name("files".into())
+            .name(name.into())
             .spawn(move || {
                 let mut ws = Workspace::new(vec!["/workspace".into()]);
                 while let Ok(work) = rx.recv() {
