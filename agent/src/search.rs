@@ -827,6 +827,116 @@ mod tests {
         assert!(m[1].text.len() <= MAX_LINE_BYTES && m[1].text.starts_with('é'));
     }
 
+    /// What `rg --json --context 1` prints for `needle` in a file
+    /// `./d/f.txt` of "a\nneedle\nb\n", then an overlong match line, then
+    /// its summary.
+    fn rg_output(long: usize) -> Vec<u8> {
+        let mut out = String::new();
+        out.push_str(r#"{"type":"begin","data":{"path":{"text":"./d/f.txt"}}}"#);
+        out.push('\n');
+        out.push_str(r#"{"type":"context","data":{"path":{"text":"./d/f.txt"},"lines":{"text":"a\n"},"line_number":1,"absolute_offset":0,"submatches":[]}}"#);
+        out.push('\n');
+        out.push_str(r#"{"type":"match","data":{"path":{"text":"./d/f.txt"},"lines":{"text":"  needle\r\n"},"line_number":2,"absolute_offset":2,"submatches":[{"match":{"text":"needle"},"start":2,"end":8}]}}"#);
+        out.push('\n');
+        out.push_str(r#"{"type":"context","data":{"path":{"text":"./d/f.txt"},"lines":{"bytes":"Yv8K"},"line_number":3,"absolute_offset":12,"submatches":[]}}"#);
+        out.push('\n');
+        out.push_str(r#"{"type":"match","data":{"path":{"text":"./d/f.txt"},"lines":{"text":""#);
+        out.push_str(&"x".repeat(long));
+        out.push_str(r#"needle"},"line_number":9,"absolute_offset":99,"submatches":[{"match":{"text":"needle"},"start":0,"end":6}]}}"#);
+        out.push('\n');
+        out.push_str(r#"{"type":"end","data":{"path":{"text":"./d/f.txt"},"binary_offset":null,"stats":{}}}"#);
+        out.push('\n');
+        out.push_str(r#"{"data":{"elapsed_total":{"human":"0s","nanos":1,"secs":0},"stats":{"bytes_printed":0,"bytes_searched":0,"elapsed":{"human":"0s","nanos":1,"secs":0},"matched_lines":2,"matches":2,"searches":7,"searches_with_match":1}},"type":"summary"}"#);
+        out.push('\n');
+        out.into_bytes()
+    }
+
+    fn read_from(output: Vec<u8>, max_results: u32) -> (Vec<Match>, Searched) {
+        let (reader, writer) = rustix::pipe::pipe().expect("pipe");
+        let feeder = std::thread::spawn(move || {
+            let mut w = File::from(writer);
+            std::io::Write::write_all(&mut w, &output).expect("feed");
+        });
+        let s = Search {
+            pattern: "needle".into(),
+            path: String::new(),
+            globs: vec![],
+            max_results,
+            context: 1,
+            case_insensitive: false,
+            builtin: false,
+            deadline_ms: 10_000,
+        };
+        let got = read_rg(
+            reader,
+            &s,
+            Instant::now() + std::time::Duration::from_secs(10),
+        )
+        .expect("rg output");
+        feeder.join().expect("feeder");
+        got
+    }
+
+    #[test]
+    fn rg_json_becomes_matches_with_context_and_exact_counts() {
+        let (m, done) = read_from(rg_output(10), 10);
+        assert_eq!(
+            (done.total_matches, done.files_searched, done.used_rg),
+            (2, 7, true)
+        );
+        assert_eq!(m.len(), 2);
+        assert_eq!(
+            (
+                m[0].path.as_str(),
+                m[0].line,
+                m[0].column,
+                m[0].text.as_str()
+            ),
+            ("d/f.txt", 2, 3, "  needle")
+        );
+        assert_eq!(
+            (m[0].before.clone(), m[0].after.clone()),
+            (vec!["a".to_string()], vec!["b\u{fffd}".to_string()])
+        );
+        assert_eq!(
+            (m[1].line, m[1].before.len()),
+            (9, 0),
+            "a gap empties the window"
+        );
+        assert!(m[1].text.len() <= MAX_LINE_BYTES);
+        // The cap keeps one; both are counted.
+        let (m, done) = read_from(rg_output(10), 1);
+        assert_eq!((m.len(), done.total_matches), (1, 2));
+    }
+
+    #[test]
+    fn an_overlong_rg_line_is_counted_not_kept() {
+        let (m, done) = read_from(rg_output(MAX_RG_MESSAGE + 10), 10);
+        assert_eq!(done.total_matches, 2);
+        assert_eq!(m.len(), 1, "only the line that could be read");
+    }
+
+    #[test]
+    fn rg_output_without_its_summary_is_refused() {
+        let mut out = rg_output(10);
+        let cut = out.len() - 300;
+        out.truncate(cut);
+        let (reader, writer) = rustix::pipe::pipe().expect("pipe");
+        std::io::Write::write_all(&mut File::from(writer), &out).expect("feed");
+        let s = Search {
+            pattern: "needle".into(),
+            path: String::new(),
+            globs: vec![],
+            max_results: 10,
+            context: 0,
+            case_insensitive: false,
+            builtin: false,
+            deadline_ms: 10_000,
+        };
+        let deadline = Instant::now() + std::time::Duration::from_secs(10);
+        assert!(read_rg(reader, &s, deadline).is_err());
+    }
+
     #[test]
     fn base64_decodes() {
         assert_eq!(base64_decode("aGk/"), b"hi?");
