@@ -937,6 +937,62 @@ mod tests {
         assert!(read_rg(reader, &s, deadline).is_err());
     }
 
+    fn builtin_request(pattern: &str, globs: &[&str]) -> Search {
+        Search {
+            pattern: pattern.into(),
+            path: String::new(),
+            globs: globs.iter().map(|g| g.to_string()).collect(),
+            max_results: 100,
+            context: 0,
+            case_insensitive: false,
+            builtin: true,
+            deadline_ms: 10_000,
+        }
+    }
+
+    #[test]
+    fn the_builtin_walks_in_path_order_without_following_symlinks() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let ws = tmp.path().join("ws");
+        let outside = tmp.path().join("outside");
+        for (p, c) in [
+            ("ws/b/z.txt", "hit\n"),
+            ("ws/a.txt", "x\nhit\n"),
+            ("ws/.h/c.rs", "hit\n"),
+            ("ws/bin.dat", "\0hit\n"),
+            ("outside/o.txt", "hit\n"),
+        ] {
+            let path = tmp.path().join(p);
+            std::fs::create_dir_all(path.parent().expect("parent")).expect("mkdir");
+            std::fs::write(path, c).expect("write");
+        }
+        std::os::unix::fs::symlink(&outside, ws.join("out")).expect("symlink");
+        std::os::unix::fs::symlink(ws.join("a.txt"), ws.join("link.txt")).expect("symlink");
+        let w = Workspace::new(vec![ws.to_str().expect("utf-8").to_string()]);
+        let far = Instant::now() + std::time::Duration::from_secs(10);
+        let (m, done) = search(&w, &builtin_request("hit", &[]), far).expect("search");
+        let got: Vec<(&str, u64)> = m.iter().map(|m| (m.path.as_str(), m.line)).collect();
+        assert_eq!(got, [(".h/c.rs", 1), ("a.txt", 2), ("b/z.txt", 1)]);
+        assert_eq!(
+            (
+                done.files_searched,
+                done.files_skipped,
+                done.used_rg,
+                done.timed_out
+            ),
+            (3, 1, false, false)
+        );
+        let (m, _) = search(&w, &builtin_request("hit", &["*.txt", "!b"]), far).expect("search");
+        assert_eq!(m.len(), 1);
+        assert_eq!(m[0].path, "a.txt");
+        // Past its deadline, it says so rather than answer late.
+        let (m, done) = search(&w, &builtin_request("hit", &[]), Instant::now()).expect("search");
+        assert!(done.timed_out && m.is_empty());
+        let e = search(&w, &builtin_request("(", &[]), far).expect_err("bad pattern");
+        assert_eq!(e.kind, FailureKind::Invalid);
+        assert!(e.message.starts_with("pattern: "), "{}", e.message);
+    }
+
     #[test]
     fn base64_decodes() {
         assert_eq!(base64_decode("aGk/"), b"hi?");

@@ -535,9 +535,9 @@ impl Files {
             )
             .into());
         }
+        let dirs: Vec<&str> = self.config.workspace_dirs().collect();
         let mut rel = Vec::with_capacity(paths.len());
         for (i, p) in paths.iter().enumerate() {
-            let dirs: Vec<&str> = self.config.workspace_dirs().collect();
             let path = WorkspacePath::parse(p, &dirs)
                 .map_err(|e| FieldError::new(format!("paths[{i}]"), format!("{p:?}: {e}")))?;
             rel.push(path.relative());
