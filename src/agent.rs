@@ -340,6 +340,10 @@ pub fn reply_name(r: &Reply) -> &'static str {
         Reply::PtyOutput(_) => "PtyOutput",
         Reply::Ptys(_) => "Ptys",
         Reply::PtyEnded(_) => "PtyEnded",
+        Reply::Stats(_) => "Stats",
+        Reply::PreconditionFailed(_) => "PreconditionFailed",
+        Reply::Matches(_) => "Matches",
+        Reply::Searched(_) => "Searched",
         Reply::Error(_) => "Error",
     }
 }

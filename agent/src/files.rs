@@ -27,7 +27,10 @@ use std::os::fd::OwnedFd;
 
 use rustix::fs::{AtFlags, Dir, FileType, Mode, OFlags, Stat};
 use rustix::io::Errno;
-use sandboxd_proto::{DirEntry, EntryKind, Failure, FailureKind, NewFile};
+use sandboxd_proto::{
+    DirEntry, EntryKind, Failure, FailureKind, Mismatch, NewFile, PathStat, Precondition,
+};
+use sha2::{Digest, Sha256};
 
 /// Most symlinks followed while resolving one path (the kernel's own
 /// limit, MAXSYMLINKS); more is a loop, or as good as one.
@@ -237,7 +240,14 @@ impl Workspace {
     /// over their targets only once all are written. On a failure before
     /// the renames, the temporaries and the directories it created are
     /// removed. A final symlink is followed (inside the workspace only).
-    pub(crate) fn write_files(&self, files: Vec<NewFile>) -> Result<(), Failure> {
+    ///
+    /// Each file's [`Precondition`] is checked once every target is
+    /// resolved and before anything is staged: when any does not hold,
+    /// nothing is written and the answer is the files that failed, with
+    /// their present hashes (an empty list: written). Check and write run
+    /// on the agent's one file thread, so no other file request comes
+    /// between them.
+    pub(crate) fn write_files(&self, files: Vec<NewFile>) -> Result<Vec<Mismatch>, Failure> {
         // Everything that can be checked without the filesystem is, before
         // anything is touched.
         let mut parsed = Vec::with_capacity(files.len());
@@ -262,12 +272,99 @@ impl Workspace {
         }
         let mut staging = Staging::default();
         match self.stage_and_commit(&files, parsed, &mut staging) {
-            Ok(()) => Ok(()),
+            Ok(failed) if failed.is_empty() => Ok(failed),
+            Ok(failed) => {
+                staging.undo();
+                Ok(failed)
+            }
             Err(e) => {
                 staging.undo();
                 Err(e)
             }
         }
+    }
+
+    /// What each path is, the final symlink not followed (symlinks on the
+    /// way are, inside the workspace only); `kind: None` when nothing is
+    /// there. With `sha256`, a regular file's content hash.
+    pub(crate) fn stat(&self, paths: &[String], sha256: bool) -> Result<Vec<PathStat>, Failure> {
+        let mut parsed = Vec::with_capacity(paths.len());
+        for path in paths {
+            parsed.push((path.as_str(), parse(path)?));
+        }
+        let missing = PathStat {
+            kind: None,
+            size: 0,
+            mode: 0,
+            mtime_ms: 0,
+            sha256: None,
+        };
+        let mut out = Vec::with_capacity(parsed.len());
+        for (path, parts) in parsed {
+            let mut r = Resolve { path, hops: 0 };
+            let Located { dir, leaf } = match self.locate(&mut r, parts, false, None) {
+                Ok(located) => located,
+                Err(e) if e.kind == FailureKind::NotFound => {
+                    out.push(missing.clone());
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
+            let st = match &leaf {
+                None => rustix::fs::fstat(&dir).map_err(os)?,
+                Some(leaf) => {
+                    match rustix::fs::statat(&dir, leaf.as_slice(), AtFlags::SYMLINK_NOFOLLOW) {
+                        Ok(st) => st,
+                        Err(Errno::NOENT) => {
+                            out.push(missing.clone());
+                            continue;
+                        }
+                        Err(e) => return Err(os(e)),
+                    }
+                }
+            };
+            let entry = dir_entry(b"", &st);
+            let hash = match (&leaf, sha256, entry.kind) {
+                (Some(leaf), true, EntryKind::File) => hash_at(&dir, leaf, path)?,
+                _ => None,
+            };
+            out.push(PathStat {
+                kind: Some(entry.kind),
+                size: entry.size,
+                mode: entry.mode,
+                mtime_ms: entry.mtime_ms,
+                sha256: hash,
+            });
+        }
+        Ok(out)
+    }
+
+    /// Opens the directory `path` names (a final symlink followed, inside
+    /// the workspace only): NotFound, or NotDirectory when it is not one.
+    pub(crate) fn open_dir(&self, path: &str) -> Result<OwnedFd, Failure> {
+        let parts = parse(path)?;
+        let mut r = Resolve { path, hops: 0 };
+        let Located { dir, leaf } = self.locate(&mut r, parts, true, None)?;
+        let Some(leaf) = leaf else {
+            return Ok(dir);
+        };
+        let st =
+            rustix::fs::statat(&dir, leaf.as_slice(), AtFlags::SYMLINK_NOFOLLOW).map_err(|e| {
+                match e {
+                    Errno::NOENT => not_found(path),
+                    e => os(e),
+                }
+            })?;
+        if FileType::from_raw_mode(st.st_mode) != FileType::Directory {
+            return Err(Failure::new(
+                FailureKind::NotDirectory,
+                format!("{} is not a directory", shown(path)),
+            ));
+        }
+        rustix::fs::openat(&dir, leaf.as_slice(), DIR_FLAGS, Mode::empty()).map_err(|e| match e {
+            Errno::LOOP | Errno::NOTDIR => changed(path),
+            e => os(e),
+        })
     }
 
     /// Entries sorted by name (byte order); symlinks are not followed, `.`
@@ -374,7 +471,7 @@ impl Workspace {
         files: &[NewFile],
         parsed: Vec<Vec<Name>>,
         staging: &mut Staging,
-    ) -> Result<(), Failure> {
+    ) -> Result<Vec<Mismatch>, Failure> {
         for (f, parts) in files.iter().zip(parsed) {
             let mut r = Resolve {
                 path: &f.path,
@@ -393,6 +490,27 @@ impl Workspace {
                 Err(e) => return Err(os(e)),
             }
             staging.targets.push((dir, leaf));
+        }
+        let mut failed = Vec::new();
+        for (f, (dir, leaf)) in files.iter().zip(&staging.targets) {
+            if f.precondition == Precondition::None {
+                continue;
+            }
+            let current = hash_at(dir, leaf, &f.path)?;
+            let holds = match f.precondition {
+                Precondition::None => true,
+                Precondition::IfMatch(want) => current == Some(want),
+                Precondition::IfNoneMatch => current.is_none() && !exists_at(dir, leaf)?,
+            };
+            if !holds {
+                failed.push(Mismatch {
+                    path: f.path.clone(),
+                    current,
+                });
+            }
+        }
+        if !failed.is_empty() {
+            return Ok(failed);
         }
         let mut random = File::open("/dev/urandom").map_err(io_failure)?;
         for (f, (dir, _)) in files.iter().zip(&staging.targets) {
@@ -417,7 +535,7 @@ impl Workspace {
             rustix::fs::renameat(dir, temp.as_slice(), dir, leaf.as_slice()).map_err(os)?;
             staging.renamed += 1;
         }
-        Ok(())
+        Ok(Vec::new())
     }
 
     /// Opens the directory holding the target of `parts`, and gives the
@@ -615,6 +733,48 @@ impl Workspace {
     }
 }
 
+/// The SHA-256 of regular file `leaf` in `dir` (not followed if a
+/// symlink), or `None` when there is no such file or it is not a regular
+/// one. Opened non-blocking, so a FIFO cannot hang the agent.
+pub(crate) fn hash_at(dir: &OwnedFd, leaf: &[u8], path: &str) -> Result<Option<[u8; 32]>, Failure> {
+    let flags =
+        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC | OFlags::NOCTTY;
+    let fd = match rustix::fs::openat(dir, leaf, flags, Mode::empty()) {
+        Ok(fd) => fd,
+        Err(Errno::NOENT) => return Ok(None),
+        // A symlink (a final one was resolved before: one swapped in) or
+        // something that cannot be opened for reading as a file.
+        Err(Errno::LOOP) => return Err(changed(path)),
+        Err(Errno::NXIO | Errno::NODEV | Errno::OPNOTSUPP) => return Ok(None),
+        Err(e) => return Err(os(e)),
+    };
+    let st = rustix::fs::fstat(&fd).map_err(os)?;
+    if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile {
+        return Ok(None);
+    }
+    let mut file = File::from(fd);
+    let mut hasher = Sha256::new();
+    let mut buf = vec![0u8; 256 * 1024];
+    loop {
+        match file.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => hasher.update(&buf[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(io_failure(e)),
+        }
+    }
+    Ok(Some(hasher.finalize().into()))
+}
+
+/// Whether anything (of any type) is at `leaf` in `dir`.
+fn exists_at(dir: &OwnedFd, leaf: &[u8]) -> Result<bool, Failure> {
+    match rustix::fs::statat(dir, leaf, AtFlags::SYMLINK_NOFOLLOW) {
+        Ok(_) => Ok(true),
+        Err(Errno::NOENT) => Ok(false),
+        Err(e) => Err(os(e)),
+    }
+}
+
 /// Removes directory `name` in `parent` and everything in it, without
 /// following symlinks (each is removed itself). Iterative, so a deep tree
 /// cannot overflow the stack; each level holds its directory open so that
@@ -642,6 +802,13 @@ fn remove_tree(parent: &OwnedFd, name: Name) -> Result<(), Failure> {
         }
     }
     Ok(())
+}
+
+/// The names in a directory, `.` and `..` left out, sorted by bytes.
+pub(crate) fn sorted_names(dir: &OwnedFd) -> Result<Vec<Name>, Failure> {
+    let mut names = read_names(dir)?;
+    names.sort();
+    Ok(names)
 }
 
 /// The names in a directory, `.` and `..` left out, in no order.
@@ -889,11 +1056,14 @@ mod tests {
             path: path.to_string(),
             mode,
             content: content.into(),
+            precondition: Precondition::None,
         }
     }
 
     fn write(w: &Workspace, path: &str, content: &str) -> Result<(), Failure> {
-        w.write_files(vec![nf(path, 0o644, content)])
+        let failed = w.write_files(vec![nf(path, 0o644, content)])?;
+        assert!(failed.is_empty(), "no preconditions, none fail");
+        Ok(())
     }
 
     fn kind<T: std::fmt::Debug>(r: Result<T, Failure>) -> FailureKind {
@@ -1280,6 +1450,96 @@ mod tests {
             f.w.list_dir("").expect("list").len(),
             1,
             "only `file` is left"
+        );
+    }
+
+    fn hash(content: &[u8]) -> [u8; 32] {
+        Sha256::digest(content).into()
+    }
+
+    #[test]
+    fn a_failed_precondition_writes_nothing_and_names_the_hash_now() {
+        let f = fixture();
+        write(&f.w, "a", "one").expect("write");
+        write(&f.w, "real/b", "bee").expect("write");
+        symlink("real/b", f.ws.join("to_b")).expect("symlink");
+        let with = |path: &str, content: &str, p: Precondition| NewFile {
+            precondition: p,
+            ..nf(path, 0o644, content)
+        };
+        let stale = hash(b"old");
+        let failed =
+            f.w.write_files(vec![
+                with("new/dir/c", "c", Precondition::None),
+                with("to_b", "B", Precondition::IfMatch(hash(b"bee"))),
+                with("a", "A", Precondition::IfMatch(stale)),
+                with("real/b", "B", Precondition::IfNoneMatch),
+                with("gone", "g", Precondition::IfMatch(stale)),
+            ])
+            .expect("answered");
+        assert_eq!(
+            failed,
+            [
+                Mismatch {
+                    path: "a".into(),
+                    current: Some(hash(b"one"))
+                },
+                Mismatch {
+                    path: "real/b".into(),
+                    current: Some(hash(b"bee"))
+                },
+                Mismatch {
+                    path: "gone".into(),
+                    current: None
+                },
+            ]
+        );
+        assert_eq!(read_text(&f.w, "a"), "one");
+        assert_eq!(read_text(&f.w, "real/b"), "bee");
+        assert!(!f.ws.join("new").exists() && !f.ws.join("gone").exists());
+        assert!(temps_under(&f.ws).is_empty());
+        // Through the symlink, with the hash it has: written.
+        let failed =
+            f.w.write_files(vec![
+                with("to_b", "B", Precondition::IfMatch(hash(b"bee"))),
+                with("fresh", "f", Precondition::IfNoneMatch),
+            ])
+            .expect("written");
+        assert!(failed.is_empty());
+        assert_eq!(read_text(&f.w, "real/b"), "B");
+        assert_eq!(read_text(&f.w, "fresh"), "f");
+    }
+
+    #[test]
+    fn stat_tells_kinds_without_following_the_last_symlink() {
+        let f = fixture();
+        f.w.write_files(vec![nf("d/f", 0o640, "hello")])
+            .expect("write");
+        symlink("d/f", f.ws.join("link")).expect("symlink");
+        symlink(&f.outside, f.ws.join("out")).expect("symlink");
+        let paths: Vec<String> = ["d/f", "d", "link", "missing", "nodir/x", "out", ""]
+            .map(String::from)
+            .to_vec();
+        let st = f.w.stat(&paths, true).expect("stat");
+        let kinds: Vec<Option<EntryKind>> = st.iter().map(|s| s.kind).collect();
+        assert_eq!(
+            kinds,
+            [
+                Some(EntryKind::File),
+                Some(EntryKind::Dir),
+                Some(EntryKind::Symlink),
+                None,
+                None,
+                Some(EntryKind::Symlink),
+                Some(EntryKind::Dir),
+            ]
+        );
+        assert_eq!((st[0].size, st[0].mode), (5, 0o640));
+        assert_eq!(st[0].sha256, Some(hash(b"hello")));
+        assert!(st[1..].iter().all(|s| s.sha256.is_none()));
+        assert_eq!(
+            kind(f.w.stat(&["out/secret".into()], false)),
+            FailureKind::SymlinkEscape
         );
     }
 

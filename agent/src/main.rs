@@ -29,6 +29,7 @@ mod keeper;
 mod log;
 mod pty;
 mod relay;
+mod search;
 mod serve;
 mod splice;
 mod tree;

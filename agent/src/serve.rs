@@ -5,8 +5,9 @@
 //! answers back in any order.
 //!
 //! Everything runs on one thread (a current-thread runtime and a local
-//! task set), plus one thread started at launch for file I/O, so the agent
-//! keeps working when the sandbox is at its pids limit. It is a child
+//! task set), plus two threads started at launch, one for file I/O and one
+//! for searches (so a long search does not hold up reads and writes), so
+//! the agent keeps working when the sandbox is at its pids limit. It is a child
 //! subreaper, so orphans of a keeper that was killed come to it (and are
 //! ended), and it is not dumpable, so the sandbox user cannot read its
 //! memory or descriptors.
@@ -75,10 +76,10 @@ pub(crate) fn run() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let files = match FileWorker::start() {
-        Ok(f) => f,
-        Err(e) => {
-            eprintln!("sandboxd-agent: cannot start the file thread: {e}");
+    let (files, searches) = match (FileWorker::start("files"), FileWorker::start("search")) {
+        (Ok(f), Ok(s)) => (f, s),
+        (Err(e), _) | (_, Err(e)) => {
+            eprintln!("sandboxd-agent: cannot start the file threads: {e}");
             return ExitCode::FAILURE;
         }
     };
@@ -100,6 +101,7 @@ pub(crate) fn run() -> ExitCode {
             commands,
             relays: Rc::new(Relays::default()),
             files,
+            searches,
             boot: random_u64(),
         });
         serve(listener, agent).await
@@ -113,6 +115,9 @@ struct Agent {
     ptys: Rc<Ptys>,
     relays: Rc<Relays>,
     files: FileWorker,
+    /// Searches run here, one after the other, each within the deadline
+    /// its request set when it came.
+    searches: FileWorker,
     boot: u64,
 }
 
@@ -306,6 +311,7 @@ async fn handle(op: Op, answer: Answer, agent: Rc<Agent>, conn: Rc<Conn>) {
                 memory_bytes: usize::try_from(h.output_memory_bytes).unwrap_or(usize::MAX),
                 max_finished: h.max_finished as usize,
             });
+            agent.searches.set_workspace(h.workspace.clone());
             agent.files.set_workspace(h.workspace);
             conn.hello.set(true);
             answer
@@ -433,7 +439,35 @@ async fn handle(op: Op, answer: Answer, agent: Rc<Agent>, conn: Rc<Conn>) {
         }
         Op::WriteFiles { files } => {
             let r = agent.files.call(move |ws| ws.write_files(files)).await;
-            answer.result(r.map(|()| Reply::Ok)).await
+            let r = r.map(|failed| match failed.is_empty() {
+                true => Reply::Ok,
+                false => Reply::PreconditionFailed(failed),
+            });
+            answer.result(r).await
+        }
+        Op::Stat { paths, sha256 } => {
+            let r = agent.files.call(move |ws| ws.stat(&paths, sha256)).await;
+            answer.result(r.map(Reply::Stats)).await
+        }
+        Op::Search(s) => {
+            // From now, not from when the thread gets to it: searches
+            // queued behind one another still answer in time.
+            let deadline = Instant::now() + Duration::from_millis(u64::from(s.deadline_ms));
+            let r = agent
+                .searches
+                .call(move |ws| crate::search::search(ws, &s, deadline))
+                .await;
+            match r {
+                Ok((matches, searched)) => {
+                    for piece in match_pieces(matches) {
+                        if !answer.part(Reply::Matches(piece)).await {
+                            return;
+                        }
+                    }
+                    answer.last(Reply::Searched(searched)).await
+                }
+                Err(f) => answer.last(Reply::Error(f)).await,
+            }
         }
         Op::ListDir { path } => {
             let r = agent.files.call(move |ws| ws.list_dir(&path)).await;
@@ -561,6 +595,34 @@ fn text_chunks(text: &str, max: usize) -> Vec<&str> {
     out
 }
 
+/// Matches in pieces that each fit a frame: at most about half a
+/// [`CHUNK`] of text per piece.
+fn match_pieces(matches: Vec<sandboxd_proto::Match>) -> Vec<Vec<sandboxd_proto::Match>> {
+    let mut pieces = Vec::new();
+    let mut piece = Vec::new();
+    let mut bytes = 0usize;
+    for m in matches {
+        let weight = 64
+            + m.path.len()
+            + m.text.len()
+            + m.before
+                .iter()
+                .chain(&m.after)
+                .map(|l| l.len() + 8)
+                .sum::<usize>();
+        if !piece.is_empty() && bytes + weight > CHUNK / 2 {
+            pieces.push(std::mem::take(&mut piece));
+            bytes = 0;
+        }
+        bytes += weight;
+        piece.push(m);
+    }
+    if !piece.is_empty() {
+        pieces.push(piece);
+    }
+    pieces
+}
+
 fn random_u64() -> u64 {
     let mut b = [0u8; 8];
     let _ = rustix::rand::getrandom(&mut b, rustix::rand::GetRandomFlags::empty());
@@ -588,10 +650,10 @@ impl std::fmt::Debug for FileWork {
 }
 
 impl FileWorker {
-    fn start() -> std::io::Result<FileWorker> {
+    fn start(name: &str) -> std::io::Result<FileWorker> {
         let (tx, rx) = std_mpsc::channel::<FileWork>();
         std::thread::Builder::new()
-            .name("files".into())
+            .name(name.into())
             .spawn(move || {
                 let mut ws = Workspace::new(vec!["/workspace".into()]);
                 while let Ok(work) = rx.recv() {

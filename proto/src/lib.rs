@@ -30,7 +30,7 @@ use serde::{Deserialize, Serialize};
 use tokio_util::codec::LengthDelimitedCodec;
 
 /// Bumped on any change to the types below.
-pub const VERSION: u32 = 2;
+pub const VERSION: u32 = 3;
 
 /// Largest piece of bulk data (file content, a tail) in one response.
 pub const CHUNK: usize = 1024 * 1024;
@@ -123,8 +123,17 @@ pub enum Op {
     List,
     /// A file's content: [`Reply::Data`] pieces, then [`Reply::Ok`].
     ReadFile { path: String, max_bytes: u64 },
-    /// Writes every file or none: [`Reply::Ok`].
+    /// Writes every file or none: [`Reply::Ok`], or
+    /// [`Reply::PreconditionFailed`] (nothing written) when a file's
+    /// [`Precondition`] does not hold. The check and the write are one step
+    /// of the agent's file thread.
     WriteFiles { files: Vec<NewFile> },
+    /// What each path is (the final symlink not followed), with its SHA-256
+    /// when `sha256` and it is a regular file: one [`Reply::Stats`].
+    Stat { paths: Vec<String>, sha256: bool },
+    /// Lines matching a regular expression under a directory:
+    /// [`Reply::Matches`] pieces, then [`Reply::Searched`].
+    Search(Search),
     /// A directory's entries, sorted by name: [`Reply::Entries`] pieces,
     /// then [`Reply::Ok`].
     ListDir { path: String },
@@ -256,6 +265,87 @@ pub struct NewFile {
     pub mode: u32,
     #[serde(with = "serde_bytes")]
     pub content: Vec<u8>,
+    /// What must hold of the file before the write for any file to be
+    /// written.
+    pub precondition: Precondition,
+}
+
+/// What a write needs of a file's present state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Precondition {
+    None,
+    /// The file exists and its content has this SHA-256.
+    IfMatch([u8; 32]),
+    /// No file exists at the path (create only).
+    IfNoneMatch,
+}
+
+/// A file whose precondition did not hold, and its content's SHA-256 now
+/// (`None`: no such file).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Mismatch {
+    pub path: String,
+    pub current: Option<[u8; 32]>,
+}
+
+/// What a path is, for [`Op::Stat`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PathStat {
+    /// `None`: nothing at the path (or a directory on it is missing).
+    pub kind: Option<EntryKind>,
+    pub size: u64,
+    pub mode: u32,
+    pub mtime_ms: i64,
+    pub sha256: Option<[u8; 32]>,
+}
+
+/// A search, for [`Op::Search`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Search {
+    /// A regular expression in Rust's `regex` syntax (ripgrep's).
+    pub pattern: String,
+    /// The directory searched, relative to the workspace like every path.
+    pub path: String,
+    /// ripgrep's `--glob`s: `!` excludes; later ones take precedence.
+    pub globs: Vec<String>,
+    /// Most matches whose details are sent; all are counted.
+    pub max_results: u32,
+    /// Lines of context before and after each match.
+    pub context: u32,
+    pub case_insensitive: bool,
+    /// Search with the agent's own search even when `rg` is there.
+    pub builtin: bool,
+    /// Give up after this long (counts are then not exact).
+    pub deadline_ms: u32,
+}
+
+/// One matching line.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Match {
+    /// Relative to the searched directory.
+    pub path: String,
+    /// 1-based.
+    pub line: u64,
+    /// 1-based byte offset of the first match in the line.
+    pub column: u64,
+    pub text: String,
+    pub before: Vec<String>,
+    pub after: Vec<String>,
+}
+
+/// How a search went.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Searched {
+    /// Matching lines, all of them, past the cap too.
+    pub total_matches: u64,
+    pub files_searched: u64,
+    /// Files left out as binary or too large (the agent's own search).
+    pub files_skipped: u64,
+    pub used_rg: bool,
+    /// Why `rg` was not used, when it was not.
+    pub rg_missing_reason: Option<String>,
+    /// The search stopped at its deadline: the counts are what was seen.
+    pub timed_out: bool,
 }
 
 /// What the agent answers.
@@ -283,6 +373,10 @@ pub enum Reply {
     PtyOutput(PtyOutput),
     Ptys(Vec<PtyState>),
     PtyEnded(PtyEnded),
+    Stats(Vec<PathStat>),
+    PreconditionFailed(Vec<Mismatch>),
+    Matches(Vec<Match>),
+    Searched(Searched),
     Error(Failure),
 }
 

@@ -53,6 +53,7 @@ error_codes! {
     MethodNotAllowed = "method_not_allowed", METHOD_NOT_ALLOWED;
     NeedsRecursive = "needs_recursive", CONFLICT;
     PathChanged = "path_changed", CONFLICT;
+    PreconditionFailed = "precondition_failed", CONFLICT;
     NoNetwork = "no_network", CONFLICT;
     BodyTooLarge = "body_too_large", PAYLOAD_TOO_LARGE;
     FileTooLarge = "file_too_large", PAYLOAD_TOO_LARGE;
@@ -76,6 +77,8 @@ error_codes! {
 pub struct ApiError {
     pub code: ErrorCode,
     pub message: String,
+    /// `precondition_failed`: the files whose precondition did not hold.
+    pub failed: Option<Vec<super::dto::FailedFile>>,
 }
 
 impl ApiError {
@@ -83,6 +86,7 @@ impl ApiError {
         ApiError {
             code,
             message: message.into(),
+            failed: None,
         }
     }
 
@@ -108,6 +112,7 @@ impl IntoResponse for ApiError {
         let body = ErrorBody {
             error: &self.message,
             code: self.code,
+            failed: self.failed.as_deref(),
         };
         (self.code.status(), Json(body)).into_response()
     }
@@ -175,6 +180,11 @@ impl From<FileError> for ApiError {
         let message = e.to_string();
         let code = match e {
             FileError::Sandbox(inner) => return inner.into(),
+            FileError::PreconditionFailed(failed) => {
+                let mut err = ApiError::new(ErrorCode::PreconditionFailed, message);
+                err.failed = Some(failed.into_iter().map(Into::into).collect());
+                return err;
+            }
             FileError::Invalid(_) => ErrorCode::InvalidRequest,
             FileError::Escape(_) => ErrorCode::SymlinkEscape,
             FileError::NotFound(_) => ErrorCode::FileNotFound,

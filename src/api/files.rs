@@ -1,6 +1,6 @@
-//! File routes: `files:read`, `files:write`, `files:list`, `files:delete`.
-//! Contents travel as standard base64; it is decoded and encoded here, at
-//! the edge, and the domain sees bytes.
+//! File routes: `files:read`, `files:write`, `files:list`, `files:delete`,
+//! `files:stat`, `files:search`. Contents travel as standard base64; it is
+//! decoded and encoded here, at the edge, and the domain sees bytes.
 
 use std::sync::Arc;
 
@@ -13,7 +13,7 @@ use super::dto;
 use super::error::ApiError;
 use super::extract::{Json, Path, Query};
 use crate::app::App;
-use crate::files::FileToWrite;
+use crate::files::{FileToWrite, SearchRequest};
 
 #[derive(Debug, Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
@@ -23,22 +23,43 @@ pub(super) struct PathQuery {
     path: Option<String>,
 }
 
-/// `GET /v1/sandboxes/{id}/files:read?path=P`
+/// `files:read`'s query.
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub(super) struct ReadQuery {
+    /// Absolute under the workspace or relative to it.
+    path: Option<String>,
+    /// First line to return (1-based); with `endLine`, asks for lines as
+    /// text instead of `contentBase64`.
+    start_line: Option<u64>,
+    /// Last line to return (1-based, inclusive).
+    end_line: Option<u64>,
+}
+
+/// `GET /v1/sandboxes/{id}/files:read?path=P[&startLine=A][&endLine=B]`
 #[utoipa::path(get, path = "/v1/sandboxes/{id}/files:read", tags = ["files", "compat"],
     extensions(("x-compat" = json!(true))),
-    summary = "Read a file", params(("id" = String, Path, description = "The sandboxId"),
-        ("path" = String, Query, description = "Absolute under the workspace or relative to it")),
-    responses((status = 200, description = "The content, or `found: false`", body = dto::FileRead)))]
+    summary = "Read a file, or a range of its lines", params(("id" = String, Path, description = "The sandboxId"),
+        ReadQuery),
+    responses((status = 200, description = "The content (or the lines), or `found: false`", body = dto::FileRead)))]
 pub(super) async fn read_file(
     State(app): State<Arc<App>>,
     Path(id): Path<String>,
-    Query(q): Query<PathQuery>,
+    Query(q): Query<ReadQuery>,
 ) -> Result<axum::Json<dto::FileRead>, ApiError> {
     let path = q
         .path
         .ok_or_else(|| ApiError::bad_request("path: the query parameter is required"))?;
-    let content = app.files.read(&id, &path).await?;
-    Ok(axum::Json(content.into()))
+    if q.start_line.is_none() && q.end_line.is_none() {
+        let content = app.files.read(&id, &path).await?;
+        return Ok(axum::Json(content.into()));
+    }
+    let lines = app
+        .files
+        .read_lines(&id, &path, q.start_line, q.end_line)
+        .await?;
+    Ok(axum::Json(lines.into()))
 }
 
 /// One file of `files:write`, as the client sends it.
@@ -51,6 +72,13 @@ pub(super) struct WriteFile {
     /// Permission bits 0–511; default 420 (0o644).
     #[serde(default)]
     mode: Option<i64>,
+    /// Write only if the file's content now has this SHA-256 (64 hex
+    /// digits), as `files:read` gave it.
+    #[serde(default)]
+    if_match: Option<String>,
+    /// `"*"`: write only if no file is there (create only).
+    #[serde(default)]
+    if_none_match: Option<String>,
 }
 
 /// `files:write`: all files or none.
@@ -65,7 +93,7 @@ pub(super) struct WriteRequest {
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/files:write", tags = ["files", "compat"],
     extensions(("x-compat" = json!(true))),
     summary = "Write files, all or none", params(("id" = String, Path, description = "The sandboxId")), request_body = WriteRequest,
-    responses((status = 200, description = "Written", body = dto::Done)))]
+    responses((status = 200, description = "Written (a failed `ifMatch` or `ifNoneMatch` is 409 `precondition_failed` with `failed`, and nothing is written)", body = dto::Done)))]
 pub(super) async fn write_files(
     State(app): State<Arc<App>>,
     Path(id): Path<String>,
@@ -87,6 +115,8 @@ pub(super) async fn write_files(
                 path: f.path,
                 content,
                 mode: f.mode,
+                if_match: f.if_match,
+                if_none_match: f.if_none_match,
             })
         })
         .collect::<Result<Vec<_>, ApiError>>()?;
@@ -130,4 +160,90 @@ pub(super) async fn delete_files(
 ) -> Result<axum::Json<dto::Done>, ApiError> {
     app.files.delete(&id, req.paths, req.recursive).await?;
     Ok(axum::Json(dto::Done::new()))
+}
+
+/// `files:stat`.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(super) struct StatRequest {
+    /// 1 to 1000 paths.
+    paths: Vec<String>,
+    /// Also the SHA-256 of each regular file.
+    #[serde(default)]
+    sha256: bool,
+}
+
+/// `POST /v1/sandboxes/{id}/files:stat`
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/files:stat", tags = ["files"],
+    summary = "What paths are: type, size, mode, mtime, hash", params(("id" = String, Path, description = "The sandboxId")), request_body = StatRequest,
+    responses((status = 200, description = "One entry per path, in order", body = dto::StatList)))]
+pub(super) async fn stat_files(
+    State(app): State<Arc<App>>,
+    Path(id): Path<String>,
+    Json(req): Json<StatRequest>,
+) -> Result<axum::Json<dto::StatList>, ApiError> {
+    let infos = app.files.stat(&id, req.paths, req.sha256).await?;
+    Ok(axum::Json(infos.into()))
+}
+
+/// Which search runs.
+#[derive(Debug, Default, Deserialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub(super) enum SearchEngine {
+    /// `rg` when the image has it, else the agent's own.
+    #[default]
+    Auto,
+    /// The agent's own search, even when the image has `rg`.
+    Builtin,
+}
+
+/// `files:search`.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub(super) struct SearchBody {
+    /// A regular expression, Rust `regex` syntax (ripgrep's); 1 to 4096 bytes.
+    pattern: String,
+    /// The directory searched; default: the workspace.
+    #[serde(default)]
+    path: Option<String>,
+    /// ripgrep `--glob`s (at most 100): `*.rs`, `src/**/*.ts`, `!node_modules`.
+    #[serde(default)]
+    globs: Vec<String>,
+    /// Matches returned, 1 to 10000; default 100. All are counted.
+    #[serde(default)]
+    max_results: Option<u32>,
+    /// Lines before and after each match, 0 to 10; default 0.
+    #[serde(default)]
+    context: Option<u32>,
+    #[serde(default)]
+    case_insensitive: bool,
+    #[serde(default)]
+    engine: SearchEngine,
+}
+
+/// `POST /v1/sandboxes/{id}/files:search`
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/files:search", tags = ["files"],
+    summary = "Search file contents with a regular expression", params(("id" = String, Path, description = "The sandboxId")), request_body = SearchBody,
+    responses((status = 200, description = "Matches, and exact counts of what the cap left out", body = dto::SearchAnswer)))]
+pub(super) async fn search_files(
+    State(app): State<Arc<App>>,
+    Path(id): Path<String>,
+    Json(req): Json<SearchBody>,
+) -> Result<axum::Json<dto::SearchAnswer>, ApiError> {
+    let result = app
+        .files
+        .search(
+            &id,
+            SearchRequest {
+                pattern: req.pattern,
+                path: req.path,
+                globs: req.globs,
+                max_results: req.max_results,
+                context: req.context,
+                case_insensitive: req.case_insensitive,
+                builtin: matches!(req.engine, SearchEngine::Builtin),
+            },
+        )
+        .await?;
+    Ok(axum::Json(result.into()))
 }

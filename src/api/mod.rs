@@ -65,6 +65,8 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/v1/sandboxes/{id}/files:write", post(files::write_files))
         .route("/v1/sandboxes/{id}/files:list", get(files::list_files))
         .route("/v1/sandboxes/{id}/files:delete", post(files::delete_files))
+        .route("/v1/sandboxes/{id}/files:stat", post(files::stat_files))
+        .route("/v1/sandboxes/{id}/files:search", post(files::search_files))
         .route("/v1/sandboxes/{id}/ports/{port}", get(ports::port_url))
         .route(
             "/v1/sandboxes/{id}/ptys",

@@ -102,6 +102,8 @@ impl ToSchema for ErrorCode {
         super::files::write_files,
         super::files::list_files,
         super::files::delete_files,
+        super::files::stat_files,
+        super::files::search_files,
         super::ports::port_url,
         super::ptys::open_pty,
         super::ptys::list_ptys,

@@ -10,12 +10,20 @@
 //!
 //! What the agent answers is bounded here: a read no larger than
 //! `max_file_bytes`, a listing of at most [`MAX_ENTRIES`] entries, names
-//! without `/` or NUL.
+//! without `/` or NUL, a stat of exactly the paths asked for, search
+//! matches within the cap and their paths relative and plain.
+//!
+//! For editing: every read gives the content's SHA-256 and may ask for a
+//! range of lines ([`text`]); a write may carry, per file, the hash it
+//! expects (`ifMatch`) or that no file be there (`ifNoneMatch`), checked by
+//! the agent in the same step as the write.
+
+pub mod text;
 
 use std::collections::HashSet;
 use std::sync::Arc;
 
-use sandboxd_proto::{DirEntry, FailureKind, NewFile, Op, Reply};
+use sandboxd_proto::{DirEntry, FailureKind, MAX_TEXT, NewFile, Op, Precondition, Reply};
 
 use crate::agent::{AgentError, reply_name};
 use crate::config::Config;
@@ -55,8 +63,28 @@ pub enum FileError {
     NoSpace(String),
     #[error("{0}")]
     PermissionDenied(String),
+    /// A write's `ifMatch` or `ifNoneMatch` did not hold; nothing was
+    /// written.
+    #[error("{}", precondition_message(.0))]
+    PreconditionFailed(Vec<Mismatch>),
     #[error(transparent)]
     Sandbox(#[from] SandboxError),
+}
+
+/// A file of a write whose precondition did not hold: the path as the
+/// request gave it, and the hash of its content now (`None`: no file).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Mismatch {
+    pub path: String,
+    pub current_sha256: Option<String>,
+}
+
+fn precondition_message(failed: &[Mismatch]) -> String {
+    let paths: Vec<&str> = failed.iter().map(|m| m.path.as_str()).collect();
+    format!(
+        "nothing was written: the precondition of {} does not hold (changed, created or deleted since it was read)",
+        paths.join(", ")
+    )
 }
 
 impl From<AgentError> for FileError {
@@ -86,12 +114,103 @@ impl From<AgentError> for FileError {
 pub type FileResult<T> = Result<T, FileError>;
 
 /// One file of a write request: where, what, and its permission bits
-/// (`None`: 0o644).
-#[derive(Debug, Clone)]
+/// (`None`: 0o644); optionally the SHA-256 (hex) the file must have now,
+/// or `"*"`: no file may be there.
+#[derive(Debug, Clone, Default)]
 pub struct FileToWrite {
     pub path: String,
     pub content: Vec<u8>,
     pub mode: Option<i64>,
+    pub if_match: Option<String>,
+    pub if_none_match: Option<String>,
+}
+
+/// A whole file's content and its SHA-256 (lowercase hex).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FileContent {
+    pub content: Vec<u8>,
+    pub sha256: String,
+}
+
+/// A read of a range of lines.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LinesRead {
+    /// The lines `start..=end` exactly as in the file; past the end,
+    /// `end` is `start - 1` and `text` is empty.
+    Text {
+        text: String,
+        start: u64,
+        end: u64,
+        total_lines: u64,
+        size: u64,
+        sha256: String,
+    },
+    /// Not text (a NUL byte, or not UTF-8): not sent.
+    Binary { size: u64, sha256: String },
+}
+
+/// What a path is, for `files:stat`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PathInfo {
+    /// As the request gave it.
+    pub path: String,
+    /// `None`: nothing is there.
+    pub kind: Option<EntryKind>,
+    pub size: u64,
+    pub mode: u32,
+    pub mtime_ms: i64,
+    pub sha256: Option<String>,
+}
+
+/// Most paths in one `files:stat`.
+pub const MAX_STAT_PATHS: usize = 1000;
+/// Most matches a search may return details of, and the default.
+pub const MAX_SEARCH_RESULTS: u32 = 10_000;
+pub const DEFAULT_SEARCH_RESULTS: u32 = 100;
+/// Most context lines before and after a match.
+pub const MAX_SEARCH_CONTEXT: u32 = 10;
+/// Longest pattern and glob, most globs.
+pub const MAX_PATTERN_BYTES: usize = 4096;
+pub const MAX_GLOBS: usize = 100;
+/// What the agent may send of one line (its own bound, checked here).
+const MAX_MATCH_LINE_BYTES: usize = 1024;
+
+/// A search request as the caller made it.
+#[derive(Debug, Clone, Default)]
+pub struct SearchRequest {
+    pub pattern: String,
+    pub path: Option<String>,
+    pub globs: Vec<String>,
+    pub max_results: Option<u32>,
+    pub context: Option<u32>,
+    pub case_insensitive: bool,
+    /// Use the agent's own search even when the image has `rg`.
+    pub builtin: bool,
+}
+
+/// One matching line; `path` is absolute under the workspace.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SearchMatch {
+    pub path: String,
+    pub line: u64,
+    pub column: u64,
+    pub text: String,
+    pub before: Vec<String>,
+    pub after: Vec<String>,
+}
+
+/// A search's answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SearchResult {
+    pub matches: Vec<SearchMatch>,
+    /// Every matching line, past the cap too.
+    pub total_matches: u64,
+    pub files_searched: u64,
+    pub files_skipped: u64,
+    pub truncated: bool,
+    pub used_rg: bool,
+    pub rg_unavailable: Option<String>,
+    pub timed_out: bool,
 }
 
 /// What a directory entry is; symlinks are not followed.
@@ -124,12 +243,7 @@ impl Entry {
             && !e.name.contains(['/', '\0']);
         valid.then_some(Entry {
             name: e.name,
-            kind: match e.kind {
-                sandboxd_proto::EntryKind::File => EntryKind::File,
-                sandboxd_proto::EntryKind::Dir => EntryKind::Dir,
-                sandboxd_proto::EntryKind::Symlink => EntryKind::Symlink,
-                sandboxd_proto::EntryKind::Other => EntryKind::Other,
-            },
+            kind: entry_kind(e.kind),
             size: e.size,
             mtime_ms: e.mtime_ms,
             mode: e.mode & 0o7777,
@@ -216,8 +330,63 @@ impl Files {
         })
     }
 
-    /// The content of a file, or `None` when there is no such file.
-    pub async fn read(&self, sandbox_id: &str, p: &str) -> FileResult<Option<Vec<u8>>> {
+    /// The content of a file and its hash, or `None` when there is no such
+    /// file.
+    pub async fn read(&self, sandbox_id: &str, p: &str) -> FileResult<Option<FileContent>> {
+        Ok(self.read_bytes(sandbox_id, p).await?.map(|content| {
+            let sha256 = text::sha256_hex(&content);
+            FileContent { content, sha256 }
+        }))
+    }
+
+    /// Lines `start..=end` (1-based, both optional: the first and the last
+    /// line) of a text file, or that it is binary; `None` when there is no
+    /// such file.
+    pub async fn read_lines(
+        &self,
+        sandbox_id: &str,
+        p: &str,
+        start: Option<u64>,
+        end: Option<u64>,
+    ) -> FileResult<Option<LinesRead>> {
+        let first = start.unwrap_or(1);
+        if first == 0 {
+            return Err(FieldError::new("startLine", "lines are numbered from 1").into());
+        }
+        if let Some(end) = end {
+            if end == 0 {
+                return Err(FieldError::new("endLine", "lines are numbered from 1").into());
+            }
+            if end < first {
+                return Err(FieldError::new(
+                    "endLine",
+                    format!("must not be before startLine ({end} < {first})"),
+                )
+                .into());
+            }
+        }
+        let Some(content) = self.read_bytes(sandbox_id, p).await? else {
+            return Ok(None);
+        };
+        let sha256 = text::sha256_hex(&content);
+        let size = content.len() as u64;
+        if !text::is_text(&content) {
+            return Ok(Some(LinesRead::Binary { size, sha256 }));
+        }
+        let (slice, start, end) = text::line_range(&content, first, end.unwrap_or(u64::MAX));
+        Ok(Some(LinesRead::Text {
+            // Valid UTF-8 whole, and cut only after a `\n`: valid too.
+            text: String::from_utf8_lossy(slice).into_owned(),
+            start,
+            end,
+            total_lines: text::count_lines(&content),
+            size,
+            sha256,
+        }))
+    }
+
+    /// The bytes of a file, or `None` when there is no such file.
+    async fn read_bytes(&self, sandbox_id: &str, p: &str) -> FileResult<Option<Vec<u8>>> {
         let path = self.parse(p)?;
         if path.is_root() {
             return Err(FileError::IsDirectory(format!(
@@ -259,6 +428,8 @@ impl Files {
         }
         let mut seen = HashSet::new();
         let mut checked = Vec::with_capacity(files.len());
+        // Each file's path as the request gave it, for the answer.
+        let mut shown = Vec::with_capacity(files.len());
         for (i, f) in files.into_iter().enumerate() {
             let path = self.parse(&f.path)?;
             if path.is_root() {
@@ -287,15 +458,219 @@ impl Files {
                         )
                     })?,
             };
+            let precondition = match (&f.if_match, &f.if_none_match) {
+                (Some(_), Some(_)) => {
+                    return Err(FieldError::new(
+                        format!("files[{i}].ifMatch"),
+                        "ifMatch and ifNoneMatch exclude each other",
+                    )
+                    .into());
+                }
+                (Some(h), None) => Precondition::IfMatch(text::parse_hex(h).ok_or_else(|| {
+                    FieldError::new(
+                        format!("files[{i}].ifMatch"),
+                        format!("must be a SHA-256 as 64 hex digits, got {h:?}"),
+                    )
+                })?),
+                (None, Some(star)) if star == "*" => Precondition::IfNoneMatch,
+                (None, Some(other)) => {
+                    return Err(FieldError::new(
+                        format!("files[{i}].ifNoneMatch"),
+                        format!("must be \"*\", got {other:?}"),
+                    )
+                    .into());
+                }
+                (None, None) => Precondition::None,
+            };
+            shown.push(f.path);
             checked.push(NewFile {
                 path: path.relative(),
                 mode,
                 content: f.content,
+                precondition,
             });
         }
-        self.call(sandbox_id, Op::WriteFiles { files: checked }, 0, |_| Ok(()))
+        let sent: Vec<String> = checked.iter().map(|f| f.path.clone()).collect();
+        let answer = self
+            .call(sandbox_id, Op::WriteFiles { files: checked }, 0, |_| Ok(()))
             .await?;
-        Ok(())
+        match answer {
+            Reply::Ok => Ok(()),
+            Reply::PreconditionFailed(failed) => {
+                // Only paths of this write, each once, name a failure.
+                let mut named = HashSet::new();
+                let mut out = Vec::new();
+                for m in failed {
+                    let Some(i) = sent.iter().position(|p| *p == m.path) else {
+                        return Err(agent_broke("a precondition failure of a path not written"));
+                    };
+                    if named.insert(i) {
+                        out.push(Mismatch {
+                            path: shown[i].clone(),
+                            current_sha256: m.current.as_ref().map(text::hex),
+                        });
+                    }
+                }
+                if out.is_empty() {
+                    return Err(agent_broke("a precondition failure naming no file"));
+                }
+                Err(FileError::PreconditionFailed(out))
+            }
+            other => Err(agent_broke(&format!("{} to a write", reply_name(&other)))),
+        }
+    }
+
+    /// What each path is (the final symlink not followed), with the hash of
+    /// regular files when `sha256`.
+    pub async fn stat(
+        &self,
+        sandbox_id: &str,
+        paths: Vec<String>,
+        sha256: bool,
+    ) -> FileResult<Vec<PathInfo>> {
+        if paths.is_empty() || paths.len() > MAX_STAT_PATHS {
+            return Err(FieldError::new(
+                "paths",
+                format!("1 to {MAX_STAT_PATHS} paths, got {}", paths.len()),
+            )
+            .into());
+        }
+        let dirs: Vec<&str> = self.config.workspace_dirs().collect();
+        let mut rel = Vec::with_capacity(paths.len());
+        for (i, p) in paths.iter().enumerate() {
+            let path = WorkspacePath::parse(p, &dirs)
+                .map_err(|e| FieldError::new(format!("paths[{i}]"), format!("{p:?}: {e}")))?;
+            rel.push(path.relative());
+        }
+        let answer = self
+            .call(sandbox_id, Op::Stat { paths: rel, sha256 }, 0, |_| Ok(()))
+            .await?;
+        let Reply::Stats(stats) = answer else {
+            return Err(agent_broke(&format!("{} to a stat", reply_name(&answer))));
+        };
+        if stats.len() != paths.len() {
+            return Err(agent_broke("a stat of other paths than asked for"));
+        }
+        Ok(paths
+            .into_iter()
+            .zip(stats)
+            .map(|(path, st)| {
+                let kind = st.kind.map(entry_kind);
+                PathInfo {
+                    path,
+                    kind,
+                    size: st.size,
+                    mode: st.mode & 0o7777,
+                    mtime_ms: st.mtime_ms,
+                    // Only a regular file has a hash, and only when asked.
+                    sha256: st
+                        .sha256
+                        .filter(|_| sha256 && kind == Some(EntryKind::File))
+                        .as_ref()
+                        .map(text::hex),
+                }
+            })
+            .collect())
+    }
+
+    /// Lines matching `req.pattern` under a directory of the workspace.
+    pub async fn search(&self, sandbox_id: &str, req: SearchRequest) -> FileResult<SearchResult> {
+        if req.pattern.is_empty() || req.pattern.len() > MAX_PATTERN_BYTES {
+            return Err(FieldError::new(
+                "pattern",
+                format!("1 to {MAX_PATTERN_BYTES} bytes, got {}", req.pattern.len()),
+            )
+            .into());
+        }
+        if req.globs.len() > MAX_GLOBS {
+            return Err(FieldError::new("globs", format!("at most {MAX_GLOBS}")).into());
+        }
+        for (i, g) in req.globs.iter().enumerate() {
+            if g.is_empty() || g.len() > MAX_PATTERN_BYTES || g.contains('\0') {
+                return Err(FieldError::new(
+                    format!("globs[{i}]"),
+                    format!("1 to {MAX_PATTERN_BYTES} bytes without NUL"),
+                )
+                .into());
+            }
+        }
+        let max_results = req.max_results.unwrap_or(DEFAULT_SEARCH_RESULTS);
+        if !(1..=MAX_SEARCH_RESULTS).contains(&max_results) {
+            return Err(FieldError::new(
+                "maxResults",
+                format!("must be between 1 and {MAX_SEARCH_RESULTS} (got {max_results})"),
+            )
+            .into());
+        }
+        let context = req.context.unwrap_or(0);
+        if context > MAX_SEARCH_CONTEXT {
+            return Err(FieldError::new(
+                "context",
+                format!("must be between 0 and {MAX_SEARCH_CONTEXT} (got {context})"),
+            )
+            .into());
+        }
+        let dir = self.parse(req.path.as_deref().unwrap_or(&self.config.workspace_dir))?;
+        let base = dir.absolute(&self.config.workspace_dir);
+        // The agent stops in time to answer before sandboxd gives up on it.
+        let limit = u64::try_from(self.config.agent_timeout.as_millis()).unwrap_or(u64::MAX);
+        let deadline_ms =
+            u32::try_from(limit.saturating_sub(limit / 4).clamp(500, 60_000)).unwrap_or(60_000);
+        let op = Op::Search(sandboxd_proto::Search {
+            pattern: req.pattern,
+            path: dir.relative(),
+            globs: req.globs,
+            max_results,
+            context,
+            case_insensitive: req.case_insensitive,
+            builtin: req.builtin,
+            deadline_ms,
+        });
+        let mut matches = Vec::new();
+        let budget = MAX_SEARCH_DETAIL_BYTES;
+        let answer = self
+            .call(sandbox_id, op, budget, |part| match part {
+                Reply::Matches(list) if matches.len() + list.len() <= max_results as usize => {
+                    for m in list {
+                        matches.push(search_match(&base, m, context)?);
+                    }
+                    Ok(())
+                }
+                Reply::Matches(_) => Err("more matches than the cap".into()),
+                other => Err(format!("{} in a search", reply_name(&other))),
+            })
+            .await
+            .map_err(|e| match e {
+                // The agent compiles the pattern (and globs): its refusal
+                // names them, not the path.
+                FileError::Invalid(f) => match f.message.split_once(": ") {
+                    Some((field @ ("pattern" | "globs"), why)) => {
+                        FieldError::new(field, why.to_string()).into()
+                    }
+                    _ => FileError::Invalid(f),
+                },
+                e => e,
+            })?;
+        let Reply::Searched(done) = answer else {
+            return Err(agent_broke(&format!(
+                "{} ending a search",
+                reply_name(&answer)
+            )));
+        };
+        let returned = matches.len() as u64;
+        if done.total_matches < returned {
+            return Err(agent_broke("fewer matches counted than sent"));
+        }
+        Ok(SearchResult {
+            truncated: done.total_matches > returned,
+            matches,
+            total_matches: done.total_matches,
+            files_searched: done.files_searched,
+            files_skipped: done.files_skipped,
+            used_rg: done.used_rg,
+            rg_unavailable: done.rg_missing_reason.map(|r| cut_text(r, MAX_TEXT)),
+            timed_out: done.timed_out,
+        })
     }
 
     /// The entries of a directory, sorted by name; symlinks are not followed.
@@ -368,12 +743,88 @@ impl Files {
     }
 }
 
+fn entry_kind(k: sandboxd_proto::EntryKind) -> EntryKind {
+    match k {
+        sandboxd_proto::EntryKind::File => EntryKind::File,
+        sandboxd_proto::EntryKind::Dir => EntryKind::Dir,
+        sandboxd_proto::EntryKind::Symlink => EntryKind::Symlink,
+        sandboxd_proto::EntryKind::Other => EntryKind::Other,
+    }
+}
+
+/// An agent that answered what it cannot have meant.
+fn agent_broke(what: &str) -> FileError {
+    FileError::Sandbox(SandboxError::Agent(AgentError::Protocol(what.to_string())))
+}
+
+/// `s` cut to at most `max` bytes at a character boundary.
+fn cut_text(mut s: String, max: usize) -> String {
+    if s.len() > max {
+        let mut end = max;
+        while !s.is_char_boundary(end) {
+            end -= 1;
+        }
+        s.truncate(end);
+    }
+    s
+}
+
+/// Most bytes of match details held from one search (the agent's own
+/// bound plus what the parts weigh besides text).
+const MAX_SEARCH_DETAIL_BYTES: usize = 24 * 1024 * 1024;
+
+/// A match from the agent, checked: its path relative and plain (made
+/// absolute under `base`, the searched directory), its lines within the
+/// bound and its context within what was asked for.
+fn search_match(base: &str, m: sandboxd_proto::Match, context: u32) -> Result<SearchMatch, String> {
+    let plain = !m.path.is_empty()
+        && m.path.len() <= crate::workspace_path::MAX_PATH_BYTES
+        && !m.path.starts_with('/')
+        && !m.path.contains('\0')
+        && m.path
+            .split('/')
+            .all(|c| !c.is_empty() && c != "." && c != "..");
+    if !plain {
+        return Err("a match with a path that is not a plain relative one".into());
+    }
+    let lines_ok = m.before.len() <= context as usize
+        && m.after.len() <= context as usize
+        && std::iter::once(&m.text)
+            .chain(&m.before)
+            .chain(&m.after)
+            .all(|l| l.len() <= MAX_MATCH_LINE_BYTES);
+    if !lines_ok || m.line == 0 || m.column == 0 {
+        return Err("a match out of bounds".into());
+    }
+    Ok(SearchMatch {
+        path: format!("{}/{}", base.trim_end_matches('/'), m.path),
+        line: m.line,
+        column: m.column,
+        text: m.text,
+        before: m.before,
+        after: m.after,
+    })
+}
+
 /// What a part is taken to weigh against a call's budget: its bytes, and
 /// for entries a fixed share each, so many empty names weigh too.
 fn part_bytes(part: &Reply) -> usize {
     match part {
         Reply::Data(d) => d.len(),
         Reply::Entries(list) => list.iter().map(|e| ENTRY_BYTES + e.name.len()).sum(),
+        Reply::Matches(list) => list
+            .iter()
+            .map(|m| {
+                ENTRY_BYTES
+                    + m.path.len()
+                    + m.text.len()
+                    + m.before
+                        .iter()
+                        .chain(&m.after)
+                        .map(String::len)
+                        .sum::<usize>()
+            })
+            .sum(),
         _ => ENTRY_BYTES,
     }
 }
@@ -407,6 +858,38 @@ mod tests {
         for bad in ["", ".", "..", "a/b", "a\0b", &"x".repeat(256)] {
             assert!(Entry::from_agent(e(bad)).is_none(), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn only_plain_bounded_matches_come_back_from_a_search() {
+        let m = |path: &str| sandboxd_proto::Match {
+            path: path.into(),
+            line: 3,
+            column: 1,
+            text: "hit".into(),
+            before: vec!["a".into()],
+            after: vec![],
+        };
+        let ok = search_match("/workspace/src", m("a/b.rs"), 1).expect("plain");
+        assert_eq!(ok.path, "/workspace/src/a/b.rs");
+        assert_eq!(
+            search_match("/workspace", m("x"), 1).map(|m| m.path),
+            Ok("/workspace/x".to_string())
+        );
+        for bad in ["", "/etc/passwd", "../x", "a/../b", "a//b", "./a", "a\0b"] {
+            assert!(search_match("/workspace", m(bad), 1).is_err(), "{bad:?}");
+        }
+        assert!(
+            search_match("/workspace", m("a"), 0).is_err(),
+            "more context than asked"
+        );
+        let long = sandboxd_proto::Match {
+            text: "x".repeat(MAX_MATCH_LINE_BYTES + 1),
+            ..m("a")
+        };
+        assert!(search_match("/workspace", long, 1).is_err());
+        let zero = sandboxd_proto::Match { line: 0, ..m("a") };
+        assert!(search_match("/workspace", zero, 1).is_err());
     }
 
     #[test]

@@ -104,7 +104,10 @@ async fn is_a_directory() {
     // Control: the file in it reads, and the directory is still one.
     assert_eq!(
         read(&server, &sid, "d/x").await,
-        (200, json!({"found": true, "contentBase64": b64(b"x")}))
+        (
+            200,
+            json!({"found": true, "contentBase64": b64(b"x"), "sha256": harness::sha256_hex(b"x")})
+        )
     );
     assert_eq!(
         server.sh(&sid, "test -d d && echo dir").await["stdout"],
@@ -148,7 +151,10 @@ async fn permission_denied() {
     );
     assert_eq!(
         read(&server, &sid, "ok/x").await,
-        (200, json!({"found": true, "contentBase64": b64(b"x")}))
+        (
+            200,
+            json!({"found": true, "contentBase64": b64(b"x"), "sha256": harness::sha256_hex(b"x")})
+        )
     );
 }
 

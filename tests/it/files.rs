@@ -1,14 +1,15 @@
 //! The files API: binary-exact round trips, ownership and modes, every
 //! refused path form, every symlink escape (and proof that nothing outside
 //! the workspace changed), the symlink-swap race, all-or-nothing writes,
-//! list, delete, limits and special files.
+//! list, delete, limits and special files; editing (hashes, preconditions,
+//! line ranges), stat, and search with rg and with the built-in search.
 
 use std::time::{Duration, Instant};
 
 use base64::Engine as _;
 use serde_json::{Value, json};
 
-use crate::harness::{ServerOptions, TestServer, b64};
+use crate::harness::{self, ServerOptions, TestServer, b64, sha256_hex};
 
 fn random_bytes(n: usize) -> Vec<u8> {
     let mut v = vec![0u8; n];
@@ -478,4 +479,525 @@ async fn odd_names_and_an_agent_that_died() {
     );
     let (s, v) = server.read_file(&sid, "a.txt").await;
     assert_eq!((s, v["contentBase64"].clone()), (200, json!(b64(b"one"))));
+}
+
+/// The `path` of every match, with its line.
+fn match_lines(v: &Value) -> Vec<(String, u64)> {
+    v["matches"]
+        .as_array()
+        .map(|l| {
+            l.iter()
+                .map(|m| {
+                    (
+                        m["path"].as_str().unwrap_or_default().to_string(),
+                        m["line"].as_u64().unwrap_or_default(),
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[tokio::test]
+async fn an_edit_flow_refuses_stale_writes_whole() {
+    let server = TestServer::start().await;
+    let sid = server.offline_sandbox().await;
+    let (s, _) = server
+        .write_files(
+            &sid,
+            json!([{"path": "a.txt", "contentBase64": b64(b"one\n")}, {"path": "b.txt", "contentBase64": b64(b"bee\n")}]),
+        )
+        .await;
+    assert_eq!(s, 200);
+    // Read: the hash of the content.
+    let (_, a) = server.read_file(&sid, "a.txt").await;
+    let (_, b) = server.read_file(&sid, "b.txt").await;
+    assert_eq!(a["sha256"], sha256_hex(b"one\n"));
+    let (a_hash, b_hash) = (a["sha256"].clone(), b["sha256"].clone());
+    // The file changes behind the model's back.
+    server.sh(&sid, "echo changed > a.txt").await;
+    let (s, v) = server
+        .write_files(
+            &sid,
+            json!([{"path": "a.txt", "contentBase64": b64(b"mine\n"), "ifMatch": a_hash}]),
+        )
+        .await;
+    assert_eq!(s, 409, "{v}");
+    assert_eq!(v["code"], "precondition_failed");
+    assert_eq!(
+        v["failed"],
+        json!([{"path": "a.txt", "currentSha256": sha256_hex(b"changed\n")}])
+    );
+    // Several files, one stale: none is written, no new file, no new dir.
+    let (s, v) = server
+        .write_files(
+            &sid,
+            json!([
+                {"path": "b.txt", "contentBase64": b64(b"B\n"), "ifMatch": b_hash},
+                {"path": "/workspace/a.txt", "contentBase64": b64(b"mine\n"), "ifMatch": a_hash},
+                {"path": "new/dir/c.txt", "contentBase64": b64(b"c\n")},
+            ]),
+        )
+        .await;
+    assert_eq!(s, 409, "{v}");
+    assert_eq!(
+        v["failed"],
+        json!([{"path": "/workspace/a.txt", "currentSha256": sha256_hex(b"changed\n")}])
+    );
+    let left = server
+        .sh(&sid, "cat a.txt b.txt; ls -A; ls -A new 2>&1 | wc -l")
+        .await;
+    assert_eq!(left["stdout"], "changed\nbee\na.txt\nb.txt\n1\n", "{left}");
+    // A file deleted since: the current hash is null.
+    server.sh(&sid, "cp b.txt gone.txt").await;
+    let gone_hash = server.read_file(&sid, "gone.txt").await.1["sha256"].clone();
+    server.sh(&sid, "rm gone.txt").await;
+    let (s, v) = server
+        .write_files(
+            &sid,
+            json!([{"path": "gone.txt", "contentBase64": "", "ifMatch": gone_hash}]),
+        )
+        .await;
+    assert_eq!(
+        (s, v["failed"].clone()),
+        (409, json!([{"path": "gone.txt", "currentSha256": null}]))
+    );
+    // With the fresh hash (read again), the write goes through.
+    let fresh = server.read_file(&sid, "a.txt").await.1["sha256"].clone();
+    let (s, v) = server
+        .write_files(
+            &sid,
+            json!([
+                {"path": "a.txt", "contentBase64": b64(b"mine\n"), "ifMatch": fresh},
+                {"path": "b.txt", "contentBase64": b64(b"B\n"), "ifMatch": b_hash.as_str().map(str::to_uppercase)},
+            ]),
+        )
+        .await;
+    assert_eq!((s, v), (200, json!({"ok": true})));
+    assert_eq!(
+        server.sh(&sid, "cat a.txt b.txt").await["stdout"],
+        "mine\nB\n"
+    );
+    // Create only: refused over an existing file, fine where none is.
+    let (s, v) = server
+        .write_files(
+            &sid,
+            json!([{"path": "a.txt", "contentBase64": b64(b"x"), "ifNoneMatch": "*"}]),
+        )
+        .await;
+    assert_eq!(s, 409, "{v}");
+    assert_eq!(
+        v["failed"],
+        json!([{"path": "a.txt", "currentSha256": sha256_hex(b"mine\n")}])
+    );
+    let (s, _) = server
+        .write_files(
+            &sid,
+            json!([{"path": "fresh/new.txt", "contentBase64": b64(b"n"), "ifNoneMatch": "*"}]),
+        )
+        .await;
+    assert_eq!(s, 200);
+    assert_eq!(server.sh(&sid, "cat a.txt").await["stdout"], "mine\n");
+    // Bad preconditions are 400, naming the field, before the sandbox.
+    for (file, field) in [
+        (
+            json!({"path": "a", "contentBase64": "", "ifMatch": "abc"}),
+            "files[0].ifMatch",
+        ),
+        (
+            json!({"path": "a", "contentBase64": "", "ifNoneMatch": "a"}),
+            "files[0].ifNoneMatch",
+        ),
+        (
+            json!({"path": "a", "contentBase64": "", "ifMatch": sha256_hex(b""), "ifNoneMatch": "*"}),
+            "files[0].ifMatch",
+        ),
+    ] {
+        let (s, v) = server.write_files(&sid, json!([file])).await;
+        assert_eq!(
+            (s, v["code"].clone()),
+            (400, json!("invalid_request")),
+            "{v}"
+        );
+        assert!(
+            v["error"].as_str().is_some_and(|e| e.starts_with(field)),
+            "{v}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn line_ranges_are_exact_and_binary_is_not_sent() {
+    let server = TestServer::start().await;
+    let sid = server.offline_sandbox().await;
+    let plain = b"one\ntwo\nthree\nfour";
+    let crlf = b"a\r\nb\r\nc\r\n";
+    let binary = b"PK\x03\x04\x00\x01";
+    let latin1 = b"caf\xe9\n";
+    server
+        .write_files(
+            &sid,
+            json!([
+                {"path": "plain.txt", "contentBase64": b64(plain)},
+                {"path": "crlf.txt", "contentBase64": b64(crlf)},
+                {"path": "bin.zip", "contentBase64": b64(binary)},
+                {"path": "latin1.txt", "contentBase64": b64(latin1)},
+                {"path": "empty.txt", "contentBase64": ""},
+            ]),
+        )
+        .await;
+    let lines = |path: &str, q: &str| {
+        let url = format!("/v1/sandboxes/{sid}/files:read?path={path}&{q}");
+        let server = &server;
+        async move { server.get(&url).await }
+    };
+    let text = |content: &str, start: u64, end: u64, total: u64, whole: &[u8]| {
+        json!({"found": true, "binary": false, "content": content, "startLine": start,
+            "endLine": end, "totalLines": total, "size": whole.len(), "sha256": sha256_hex(whole)})
+    };
+    let cases: Vec<(&str, &str, Value)> = vec![
+        (
+            "plain.txt",
+            "startLine=1&endLine=1",
+            text("one\n", 1, 1, 4, plain),
+        ),
+        (
+            "plain.txt",
+            "startLine=4&endLine=4",
+            text("four", 4, 4, 4, plain),
+        ),
+        (
+            "plain.txt",
+            "startLine=2&endLine=3",
+            text("two\nthree\n", 2, 3, 4, plain),
+        ),
+        (
+            "plain.txt",
+            "startLine=3",
+            text("three\nfour", 3, 4, 4, plain),
+        ),
+        ("plain.txt", "endLine=2", text("one\ntwo\n", 1, 2, 4, plain)),
+        (
+            "plain.txt",
+            "startLine=3&endLine=99",
+            text("three\nfour", 3, 4, 4, plain),
+        ),
+        (
+            "plain.txt",
+            "startLine=5&endLine=9",
+            text("", 5, 4, 4, plain),
+        ),
+        (
+            "crlf.txt",
+            "startLine=2&endLine=3",
+            text("b\r\nc\r\n", 2, 3, 3, crlf),
+        ),
+        ("empty.txt", "startLine=1", text("", 1, 0, 0, b"")),
+    ];
+    for (path, q, want) in cases {
+        let (s, v) = lines(path, q).await;
+        assert_eq!((s, v), (200, want), "{path}?{q}");
+    }
+    for (path, bytes) in [("bin.zip", &binary[..]), ("latin1.txt", &latin1[..])] {
+        let (s, v) = lines(path, "startLine=1&endLine=10").await;
+        assert_eq!(
+            (s, v),
+            (
+                200,
+                json!({"found": true, "binary": true, "size": bytes.len(), "sha256": sha256_hex(bytes)})
+            ),
+            "{path}"
+        );
+    }
+    let (s, v) = lines("missing.txt", "startLine=1").await;
+    assert_eq!((s, v), (200, json!({"found": false})));
+    for (q, field) in [
+        ("startLine=0", "startLine"),
+        ("endLine=0", "endLine"),
+        ("startLine=3&endLine=2", "endLine"),
+    ] {
+        let (s, v) = lines("plain.txt", q).await;
+        assert_eq!(
+            (s, v["code"].clone()),
+            (400, json!("invalid_request")),
+            "{q}: {v}"
+        );
+        assert!(
+            v["error"].as_str().is_some_and(|e| e.starts_with(field)),
+            "{q}: {v}"
+        );
+    }
+    for q in ["startLine=x", "startLine=-1", "startLine=1.5", "lines=3"] {
+        let (s, v) = lines("plain.txt", q).await;
+        assert_eq!(
+            (s, v["code"].clone()),
+            (400, json!("invalid_request")),
+            "{q}: {v}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn stat_tells_files_dirs_symlinks_and_missing() {
+    let server = TestServer::start().await;
+    let sid = server.offline_sandbox().await;
+    server
+        .write_files(
+            &sid,
+            json!([{"path": "d/f.txt", "contentBase64": b64(b"hello"), "mode": 0o640}]),
+        )
+        .await;
+    server
+        .sh(
+            &sid,
+            "ln -s d/f.txt link && ln -s /etc/passwd out && touch -d @1700000000.5 d/f.txt",
+        )
+        .await;
+    let (s, v) = server
+        .stat(
+            &sid,
+            &[
+                "d/f.txt",
+                "/workspace/d",
+                "link",
+                "missing",
+                "d/nope/x",
+                "out",
+            ],
+            true,
+        )
+        .await;
+    assert_eq!(s, 200, "{v}");
+    let e = &v["entries"];
+    assert_eq!(
+        e[0],
+        json!({"path": "d/f.txt", "type": "file", "size": 5, "mode": "0640",
+            "mtimeMs": 1_700_000_000_500i64, "sha256": sha256_hex(b"hello")})
+    );
+    assert_eq!(
+        (e[1]["type"].clone(), e[1]["mode"].clone()),
+        (json!("dir"), json!("0755"))
+    );
+    assert!(e[1].get("sha256").is_none(), "only files have a hash");
+    assert_eq!(
+        (e[2]["type"].clone(), e[2]["size"].clone()),
+        (json!("symlink"), json!(7)),
+        "a final symlink is not followed"
+    );
+    for i in [3, 4] {
+        assert_eq!(
+            e[i],
+            json!({"path": v["entries"][i]["path"], "type": "missing", "size": 0, "mode": "0000", "mtimeMs": 0})
+        );
+    }
+    assert_eq!(e[5]["type"], "symlink", "a final symlink out is only named");
+    // Without sha256 no hash; the path rules of every file route.
+    let (_, v) = server.stat(&sid, &["d/f.txt"], false).await;
+    assert!(v["entries"][0].get("sha256").is_none(), "{v}");
+    let (s, v) = server.stat(&sid, &["out/x"], false).await;
+    assert_eq!(
+        (s, v["code"].clone()),
+        (400, json!("symlink_escape")),
+        "{v}"
+    );
+    for bad in ["../etc/passwd", "/etc/passwd", ""] {
+        let (s, v) = server.stat(&sid, &["d", bad], false).await;
+        assert_eq!(
+            (s, v["code"].clone()),
+            (400, json!("invalid_request")),
+            "{bad}: {v}"
+        );
+        assert!(
+            v["error"]
+                .as_str()
+                .is_some_and(|m| m.starts_with("paths[1]")),
+            "{v}"
+        );
+    }
+    let (s, _) = server.stat(&sid, &[], false).await;
+    assert_eq!(s, 400);
+}
+
+/// Files for the search tests: `many.txt` with 500 matching lines, a
+/// source tree, a binary file, `node_modules`.
+async fn search_fixture(server: &TestServer, sid: &str) {
+    let many: String = (1..=500).map(|i| format!("hit {i}\n")).collect();
+    let (s, v) = server
+        .write_files(
+            sid,
+            json!([
+                {"path": "many.txt", "contentBase64": b64(many.as_bytes())},
+                {"path": "src/main.rs", "contentBase64": b64(b"// top\nfn helper() {}\n\nfn main() {\n    helper();\n}\n")},
+                {"path": "src/lib/util.ts", "contentBase64": b64(b"export function Main() {}\n")},
+                {"path": "node_modules/x/index.js", "contentBase64": b64(b"function main() {}\n")},
+                {"path": "blob.bin", "contentBase64": b64(b"\0fn main binary")},
+                {"path": ".hidden/h.rs", "contentBase64": b64(b"fn main_hidden() {}\n")},
+            ]),
+        )
+        .await;
+    assert_eq!(s, 200, "{v}");
+}
+
+/// The same searches give the same answers whichever search runs.
+async fn check_searches(server: &TestServer, sid: &str, engine: &str, rg: bool) {
+    let search = |body: Value| {
+        let mut body = body;
+        body["engine"] = json!(engine);
+        async move { server.search(sid, body).await }
+    };
+    // The cap: 500 matches, 10 returned, all counted.
+    let (s, v) =
+        search(json!({"pattern": "^hit \\d+$", "maxResults": 10, "globs": ["many.txt"]})).await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(
+        (
+            v["totalMatches"].clone(),
+            v["returned"].clone(),
+            v["truncated"].clone(),
+            v["filesSearched"].clone(),
+            v["usedRg"].clone()
+        ),
+        (json!(500), json!(10), json!(true), json!(1), json!(rg)),
+        "{engine}: {v}"
+    );
+    let got = match_lines(&v);
+    let want: Vec<(String, u64)> = (1..=10)
+        .map(|i| ("/workspace/many.txt".to_string(), i))
+        .collect();
+    assert_eq!(got, want, "{engine}");
+    assert_eq!(
+        v["matches"][9],
+        json!({"path": "/workspace/many.txt", "line": 10, "column": 1, "text": "hit 10", "before": [], "after": []})
+    );
+    // Context lines, a column, a glob that includes and one that excludes.
+    let (s, v) =
+        search(json!({"pattern": "main", "context": 2, "globs": ["*.rs", "!.hidden"]})).await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(
+        v["matches"],
+        json!([{"path": "/workspace/src/main.rs", "line": 4, "column": 4, "text": "fn main() {",
+            "before": ["fn helper() {}", ""], "after": ["    helper();", "}"]}]),
+        "{engine}: {v}"
+    );
+    assert_eq!(
+        (v["totalMatches"].clone(), v["truncated"].clone()),
+        (json!(1), json!(false))
+    );
+    // Everything: hidden files and node_modules too, binary skipped, in
+    // path order; case-insensitive finds Main.
+    let (s, v) = search(
+        json!({"pattern": "fn main|function main", "caseInsensitive": true, "path": "/workspace"}),
+    )
+    .await;
+    assert_eq!(s, 200, "{v}");
+    let paths: Vec<String> = match_lines(&v).into_iter().map(|(p, _)| p).collect();
+    assert_eq!(
+        paths,
+        [
+            "/workspace/.hidden/h.rs",
+            "/workspace/node_modules/x/index.js",
+            "/workspace/src/lib/util.ts",
+            "/workspace/src/main.rs",
+        ],
+        "{engine}: {v}"
+    );
+    // A subdirectory, and its paths stay absolute.
+    let (_, v) = search(json!({"pattern": "helper", "path": "src"})).await;
+    assert_eq!(
+        match_lines(&v),
+        [
+            ("/workspace/src/main.rs".to_string(), 2),
+            ("/workspace/src/main.rs".to_string(), 5)
+        ],
+        "{engine}: {v}"
+    );
+}
+
+#[tokio::test]
+async fn search_with_rg_and_the_builtin_agree_exactly() {
+    let server = TestServer::start().await;
+    let sid = server.offline_sandbox().await;
+    search_fixture(&server, &sid).await;
+    // The runtime image has rg: used unless the request asks otherwise.
+    check_searches(&server, &sid, "auto", true).await;
+    check_searches(&server, &sid, "builtin", false).await;
+    let (_, v) = server
+        .search(&sid, json!({"pattern": "x", "engine": "builtin"}))
+        .await;
+    assert_eq!(
+        v["rgUnavailable"],
+        "the request asked for the built-in search"
+    );
+    assert_eq!(v["filesSkipped"], 1, "blob.bin, as binary: {v}");
+    // Bad requests are 400 naming the field; a missing directory is 404.
+    for (body, field) in [
+        (json!({"pattern": "("}), "pattern"),
+        (json!({"pattern": ""}), "pattern"),
+        (json!({"pattern": "x", "maxResults": 0}), "maxResults"),
+        (json!({"pattern": "x", "maxResults": 10001}), "maxResults"),
+        (json!({"pattern": "x", "context": 11}), "context"),
+        (json!({"pattern": "x", "path": "../x"}), "path"),
+        (json!({"pattern": "x", "globs": ["!"]}), "globs"),
+    ] {
+        let (s, v) = server.search(&sid, body.clone()).await;
+        assert_eq!(
+            (s, v["code"].clone()),
+            (400, json!("invalid_request")),
+            "{body}: {v}"
+        );
+        assert!(
+            v["error"].as_str().is_some_and(|e| e.starts_with(field)),
+            "{body}: {v}"
+        );
+    }
+    let (s, v) = server
+        .search(&sid, json!({"pattern": "x", "path": "nope"}))
+        .await;
+    assert_eq!(
+        (s, v["code"].clone()),
+        (404, json!("file_not_found")),
+        "{v}"
+    );
+    let (s, v) = server
+        .search(&sid, json!({"pattern": "x", "path": "many.txt"}))
+        .await;
+    assert_eq!(
+        (s, v["code"].clone()),
+        (400, json!("not_a_directory")),
+        "{v}"
+    );
+}
+
+#[tokio::test]
+async fn search_without_rg_in_the_image_uses_the_builtin() {
+    // The debootstrap base has no rg (see agent::a_bare_image_runs_…).
+    let base = std::process::Command::new("sandbox-images/build.sh")
+        .arg("--base-only")
+        .output()
+        .expect("build.sh --base-only");
+    assert!(
+        base.status.success(),
+        "{}",
+        String::from_utf8_lossy(&base.stderr)
+    );
+    let image = String::from_utf8_lossy(&base.stdout).trim().to_string();
+    let config = std::env::temp_dir().join(format!("{}.toml", harness::unique_instance()));
+    std::fs::write(&config, format!("[runtimes.bare]\nimage = \"{image}\"\n")).expect("config");
+    let server = TestServer::start_with(
+        ServerOptions::default().env("SANDBOXD_CONFIG", &config.display().to_string()),
+    )
+    .await;
+    let sid = server
+        .create(
+            json!({"sessionKey": "bare-search", "runtime": "bare", "network": {"mode": "none"}}),
+        )
+        .await;
+    assert_eq!(
+        server.sh(&sid, "command -v rg || echo none").await["stdout"],
+        "none\n"
+    );
+    search_fixture(&server, &sid).await;
+    check_searches(&server, &sid, "auto", false).await;
+    let (_, v) = server.search(&sid, json!({"pattern": "x"})).await;
+    assert_eq!(v["rgUnavailable"], "rg is not on the sandbox's PATH", "{v}");
 }

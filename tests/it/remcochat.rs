@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use base64::Engine as _;
 use serde_json::{Value, json};
 
-use crate::harness::{ServerOptions, TestServer, b64, eventually};
+use crate::harness::{self, ServerOptions, TestServer, b64, eventually};
 
 /// The workspace path RemcoChat's tools use.
 const REMCO_WS: &str = "/vercel/sandbox/workspace";
@@ -446,7 +446,10 @@ async fn remcochat_chat_turn_runs_unchanged_against_the_defaults() {
             .await;
         assert_eq!(
             (s, v),
-            (200, json!({"found": true, "contentBase64": b64(&expected)})),
+            (
+                200,
+                json!({"found": true, "contentBase64": b64(&expected), "sha256": harness::sha256_hex(&expected)})
+            ),
             "{path}"
         );
     }

@@ -420,6 +420,21 @@ impl TestServer {
         .await
     }
 
+    /// `files:stat` of `paths`.
+    pub(crate) async fn stat(&self, sid: &str, paths: &[&str], sha256: bool) -> (u16, Value) {
+        self.post(
+            &format!("/v1/sandboxes/{sid}/files:stat"),
+            json!({ "paths": paths, "sha256": sha256 }),
+        )
+        .await
+    }
+
+    /// `files:search` with `body`.
+    pub(crate) async fn search(&self, sid: &str, body: Value) -> (u16, Value) {
+        self.post(&format!("/v1/sandboxes/{sid}/files:search"), body)
+            .await
+    }
+
     /// `files:read` of `path`, URL-encoded as is (no normalising).
     pub(crate) async fn read_file(&self, sid: &str, path: &str) -> (u16, Value) {
         let q = url_encode(path);
@@ -558,6 +573,15 @@ pub(crate) async fn exec_in(docker: &Docker, container: &str, script: &str) -> (
 }
 
 /// Standard base64 of `bytes`, as the files API wants it.
+/// Lowercase hex SHA-256, as `files:read` gives it.
+pub(crate) fn sha256_hex(bytes: impl AsRef<[u8]>) -> String {
+    use sha2::Digest as _;
+    sha2::Sha256::digest(bytes.as_ref())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
 pub(crate) fn b64(bytes: impl AsRef<[u8]>) -> String {
     base64::engine::general_purpose::STANDARD.encode(bytes)
 }

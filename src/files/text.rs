@@ -1,0 +1,127 @@
+//! Content as an editor sees it: its SHA-256 (what `ifMatch` compares), a
+//! range of its lines, and whether it is text at all. Pure functions on
+//! bytes, so that what a model reads is exactly what the file holds.
+
+use sha2::{Digest, Sha256};
+
+/// Lowercase hex of the SHA-256 of `content`.
+pub fn sha256_hex(content: &[u8]) -> String {
+    hex(&Sha256::digest(content).into())
+}
+
+/// Lowercase hex of a hash.
+pub fn hex(hash: &[u8; 32]) -> String {
+    hash.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// A hash from 64 hex digits (either case), or `None`.
+pub fn parse_hex(s: &str) -> Option<[u8; 32]> {
+    if s.len() != 64 || !s.is_ascii() {
+        return None;
+    }
+    let mut out = [0u8; 32];
+    for (i, byte) in out.iter_mut().enumerate() {
+        *byte = u8::from_str_radix(s.get(2 * i..2 * i + 2)?, 16).ok()?;
+    }
+    Some(out)
+}
+
+/// Text is what has no NUL byte and is valid UTF-8.
+pub fn is_text(content: &[u8]) -> bool {
+    !content.contains(&0) && std::str::from_utf8(content).is_ok()
+}
+
+/// How many lines `content` has: each `\n` ends one, and text after the
+/// last `\n` is one more. An empty file has none.
+pub fn count_lines(content: &[u8]) -> u64 {
+    let newlines = content.iter().filter(|b| **b == b'\n').count() as u64;
+    match content.last() {
+        Some(b'\n') | None => newlines,
+        Some(_) => newlines + 1,
+    }
+}
+
+/// Lines `start..=end` (1-based) of `content`, exactly as in the file
+/// (line endings, `\r\n` too, kept), with the range actually returned:
+/// `end` is lowered to the last line; past the end the slice is empty and
+/// the range is `start..=start-1`.
+pub fn line_range(content: &[u8], start: u64, end: u64) -> (&[u8], u64, u64) {
+    let total = count_lines(content);
+    let end = end.min(total);
+    if start > end {
+        return (&[], start, start.saturating_sub(1));
+    }
+    // Byte offset where line `n` (1-based) starts.
+    let mut offsets = content
+        .iter()
+        .enumerate()
+        .filter(|(_, b)| **b == b'\n')
+        .map(|(i, _)| i + 1);
+    let from = if start <= 1 {
+        0
+    } else {
+        offsets
+            .nth(usize::try_from(start - 2).unwrap_or(usize::MAX))
+            .unwrap_or(content.len())
+    };
+    let mut rest = content[from..]
+        .iter()
+        .enumerate()
+        .filter(|(_, b)| **b == b'\n')
+        .map(|(i, _)| from + i + 1);
+    let to = rest
+        .nth(usize::try_from(end - start).unwrap_or(usize::MAX))
+        .unwrap_or(content.len());
+    (&content[from..to], start, end)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hashes_are_lowercase_hex_and_parse_back() {
+        let h = sha256_hex(b"abc");
+        assert_eq!(
+            h,
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+        );
+        assert_eq!(parse_hex(&h).map(|b| hex(&b)), Some(h.clone()));
+        assert_eq!(parse_hex(&h.to_uppercase()).map(|b| hex(&b)), Some(h));
+        for bad in ["", "ab", &"g".repeat(64), &"a".repeat(63), &"é".repeat(32)] {
+            assert_eq!(parse_hex(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn lines_are_counted_like_an_editor() {
+        assert_eq!(count_lines(b""), 0);
+        assert_eq!(count_lines(b"a"), 1);
+        assert_eq!(count_lines(b"a\n"), 1);
+        assert_eq!(count_lines(b"a\nb"), 2);
+        assert_eq!(count_lines(b"\n\n"), 2);
+        assert_eq!(count_lines(b"a\r\nb\r\n"), 2);
+    }
+
+    #[test]
+    fn ranges_are_exact() {
+        let t = b"one\ntwo\nthree\nfour";
+        assert_eq!(line_range(t, 1, 1), (&b"one\n"[..], 1, 1));
+        assert_eq!(line_range(t, 4, 4), (&b"four"[..], 4, 4));
+        assert_eq!(line_range(t, 2, 3), (&b"two\nthree\n"[..], 2, 3));
+        assert_eq!(line_range(t, 3, 99), (&b"three\nfour"[..], 3, 4));
+        assert_eq!(line_range(t, 5, 9), (&b""[..], 5, 4));
+        assert_eq!(line_range(t, 1, u64::MAX), (&t[..], 1, 4));
+        let crlf = b"a\r\nb\r\nc\r\n";
+        assert_eq!(line_range(crlf, 2, 2), (&b"b\r\n"[..], 2, 2));
+        assert_eq!(line_range(crlf, 3, 3), (&b"c\r\n"[..], 3, 3));
+        assert_eq!(line_range(b"", 1, 1), (&b""[..], 1, 0));
+    }
+
+    #[test]
+    fn text_is_utf8_without_nul() {
+        assert!(is_text("héllo\n".as_bytes()));
+        assert!(!is_text(b"a\0b"));
+        assert!(!is_text(&[0xff, 0xfe]));
+    }
+}
