@@ -70,7 +70,9 @@
 //!   the memory cgroup usage of an idle member and the RSS of the engine's
 //!   shim process for it on the host; and the first command in a member
 //!   idle for `--idle-secs` (default 300) against one in a member made
-//!   just before (2 and 4 samples).
+//!   just before (2 and 4 samples), and, for comparison, the first command
+//!   in a session sandbox that idled as long; after the idle time three
+//!   `GET /v1/sandboxes` wake the machine first.
 //!
 //! `--profile` also prints where the time of an exec round trip goes.
 //! `--only egress`, `gvisor`, `pty` or `pool` measures that section alone (for
@@ -377,6 +379,8 @@ const POOL_HIT_RESIZED: &str = "pool: create p50, a claim with 2 vCPUs / 2 GiB (
 const POOL_FIRST: &str = "pool: time to first command (create + `exec true`), a claim p50 (ms)";
 const POOL_REFILL: &str = "pool: back to full after a claim p50 (ms)";
 const POOL_IDLE_FIRST: &str = "pool: first command in a member idle for --idle-secs p50 (ms)";
+const POOL_IDLE_SESSION: &str =
+    "pool: first command in a session sandbox idle as long, for comparison (ms)";
 const POOL_BURST: &str = "pool: burst of 10 creates, pool of 2: slowest (ms)";
 const POOL_BURST_HITS: &str = "pool: of that burst, claims";
 const POOL_FIRST_WRITE: &str = "pool: first 4 MiB write after a claim p50 (ms)";
@@ -490,6 +494,7 @@ fn lines() -> Vec<Line> {
             "≤ 1.1× a member made just before (floor column)",
             Some(|v, f| ratio_at_most(v, f, 1.1)),
         ),
+        line(POOL_IDLE_SESSION, "report", None),
         line(
             POOL_BURST,
             "≤ 1.0× the same burst without a pool (floor column)",
@@ -1744,14 +1749,25 @@ async fn pool_lines(
         let (_, id) = timed_create(warm, json!({"sessionKey": format!("fresh-{i}")})).await?;
         fresh.push(run_cmd(warm, &id, plain.clone()).await?.0);
     }
+    // A session sandbox that idles as long, for comparison: what the
+    // idle time does to any sandbox, pooled or not.
+    let (_, control) = timed_create(warm, json!({"sessionKey": "idle-control"})).await?;
+    run_cmd(warm, &control, plain.clone()).await?;
     pool_full(warm, 2).await?;
     println!("pool: leaving the members idle for {idle_secs} s");
     tokio::time::sleep(Duration::from_secs(idle_secs)).await;
-    let mut idle = vec![];
-    for i in 0..2 {
-        let (_, id) = timed_create(warm, json!({"sessionKey": format!("idle-{i}")})).await?;
-        idle.push(run_cmd(warm, &id, plain.clone()).await?.0);
+    // Wake the machine with requests that touch no sandbox, so the first
+    // sample is not the machine's own wake-up.
+    for _ in 0..3 {
+        warm.get("/v1/sandboxes").await?;
     }
+    let mut idle = vec![];
+    let (_, id) = timed_create(warm, json!({"sessionKey": "idle-0"})).await?;
+    idle.push(run_cmd(warm, &id, plain.clone()).await?.0);
+    let session = run_cmd(warm, &control, plain.clone()).await?.0;
+    let (_, id) = timed_create(warm, json!({"sessionKey": "idle-1"})).await?;
+    idle.push(run_cmd(warm, &id, plain.clone()).await?.0);
+    fig.value(POOL_IDLE_SESSION, session, None);
     fig.p50(POOL_IDLE_FIRST, &idle, &fresh);
     Ok(())
 }
