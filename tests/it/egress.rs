@@ -300,15 +300,7 @@ async fn internet_reaches_public_addresses_and_never_the_host_or_private_ones() 
 
 /// `sandboxd_egress_denied_total` (0 before the first refusal).
 async fn denied_total(server: &TestServer) -> f64 {
-    let metrics = server
-        .client
-        .get(format!("{}/metrics", server.base))
-        .send()
-        .await
-        .expect("metrics")
-        .text()
-        .await
-        .expect("metrics text");
+    let metrics = server.metrics_text().await;
     metrics
         .lines()
         .find(|l| l.starts_with("sandboxd_egress_denied_total"))

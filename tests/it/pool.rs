@@ -14,15 +14,7 @@ use crate::harness::{self, ServerOptions, TestServer, eventually};
 
 /// What the pool's gauge says of `runtime`: members ready.
 pub(crate) async fn members(server: &TestServer, runtime: &str) -> usize {
-    let text = server
-        .client
-        .get(format!("{}/metrics", server.base))
-        .send()
-        .await
-        .expect("metrics")
-        .text()
-        .await
-        .expect("metrics text");
+    let text = server.metrics_text().await;
     let series = format!("sandboxd_pool_members{{runtime=\"{runtime}\"}} ");
     text.lines()
         .find_map(|l| l.strip_prefix(series.as_str()))
@@ -103,15 +95,7 @@ async fn a_claimed_sandbox_is_hardened_empty_and_counted() {
         .create(json!({"sessionKey": "cold", "network": {"mode": "none"}}))
         .await;
     assert!(!from_pool(&server, &cold), "mode none is not the pool's");
-    let text = server
-        .client
-        .get(format!("{}/metrics", server.base))
-        .send()
-        .await
-        .expect("metrics")
-        .text()
-        .await
-        .expect("text");
+    let text = server.metrics_text().await;
     for series in [
         "sandboxd_pool_claims_total{outcome=\"hit\"} 1",
         "sandboxd_pool_claims_total{outcome=\"miss\"} 1",

@@ -314,6 +314,17 @@ impl TestServer {
         into_parts(resp).await
     }
 
+    /// The Prometheus text of `GET /metrics`.
+    pub(crate) async fn metrics_text(&self) -> String {
+        self.auth(self.client.get(format!("{}/metrics", self.base)))
+            .send()
+            .await
+            .expect("metrics")
+            .text()
+            .await
+            .expect("metrics text")
+    }
+
     /// Opens a command's NDJSON log stream (the answer, not yet read).
     pub(crate) async fn open_logs(&self, sid: &str, cid: &str) -> reqwest::Response {
         self.auth(self.client.get(format!(
