@@ -334,6 +334,7 @@ pub fn reply_name(r: &Reply) -> &'static str {
         Reply::Ended(_) => "Ended",
         Reply::Commands(_) => "Commands",
         Reply::TailPart { .. } => "TailPart",
+        Reply::Shaped { .. } => "Shaped",
         Reply::Data(_) => "Data",
         Reply::Entries(_) => "Entries",
         Reply::Probed { .. } => "Probed",

@@ -424,11 +424,18 @@ impl Commands {
             return Err(Failure::new(FailureKind::NoProcesses, AT_PIDS_LIMIT));
         }
         let (tx, rx) = mpsc::channel(8);
+        let shape = spec.meta.shape;
         let cmd = Rc::new(Cmd {
             id: spec.command.clone(),
             meta: spec.meta,
             started,
-            log: RefCell::new(Log::new(settings.ring_bytes)),
+            log: RefCell::new({
+                let mut log = Log::new(settings.ring_bytes);
+                if let Some(shape) = shape {
+                    log.shape(shape);
+                }
+                log
+            }),
             tails: RefCell::new((spec.tail_bytes > 0).then(|| {
                 [
                     Tail::new(spec.tail_bytes as usize),

@@ -19,7 +19,9 @@
 use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
-use sandboxd_proto::{Ended, Record, RecordBody, Stream};
+use sandboxd_proto::{Ended, Record, RecordBody, ShapeInfo, ShapeSpec, Stream};
+
+use crate::shape::Shaper;
 
 /// A reader that has not asked for this long holds nothing back.
 pub(crate) const FOLLOWER_IDLE: Duration = Duration::from_secs(10);
@@ -53,16 +55,20 @@ struct Entry {
 }
 
 #[derive(Debug, Default)]
-struct Utf8Carry(Vec<u8>);
+struct Utf8Carry {
+    pending: Vec<u8>,
+    /// Sequences that were not UTF-8 (each became U+FFFD).
+    invalid: u64,
+}
 
 impl Utf8Carry {
     /// Decodes what can be decoded; keeps an incomplete trailing character.
     fn decode(&mut self, input: &[u8]) -> String {
         let joined;
-        let bytes: &[u8] = if self.0.is_empty() {
+        let bytes: &[u8] = if self.pending.is_empty() {
             input
         } else {
-            let mut v = std::mem::take(&mut self.0);
+            let mut v = std::mem::take(&mut self.pending);
             v.extend_from_slice(input);
             joined = v;
             &joined
@@ -81,10 +87,11 @@ impl Utf8Carry {
                     match e.error_len() {
                         Some(n) => {
                             out.push('\u{FFFD}');
+                            self.invalid += 1;
                             rest = &after[n..];
                         }
                         None => {
-                            self.0.extend_from_slice(after);
+                            self.pending.extend_from_slice(after);
                             break;
                         }
                     }
@@ -96,7 +103,8 @@ impl Utf8Carry {
 
     /// What is left at the end can never complete.
     fn flush(&mut self) -> String {
-        let left = std::mem::take(&mut self.0);
+        let left = std::mem::take(&mut self.pending);
+        self.invalid += u64::from(!left.is_empty());
         String::from_utf8_lossy(&left).into_owned()
     }
 }
@@ -172,6 +180,10 @@ pub(crate) struct Log {
     /// The exit record: its seq, content, and the output offset then.
     exit: Option<(u64, Ended, u64)>,
     followers: HashMap<u64, Follower>,
+    /// Each stream's shaper while the command runs (when asked for).
+    shapers: Option<Box<[Shaper; 2]>>,
+    /// Each stream as shaped at the command's end.
+    shaped: Option<Box<[(String, ShapeInfo); 2]>>,
 }
 
 /// What one read returns.
@@ -211,7 +223,28 @@ impl Log {
             checkpoints: Vec::new(),
             exit: None,
             followers: HashMap::from([(FIRST_READER, first)]),
+            shapers: None,
+            shaped: None,
         }
+    }
+
+    /// Shapes each stream as `spec` says, for [`Log::shaped`].
+    pub(crate) fn shape(&mut self, spec: ShapeSpec) {
+        self.shapers = Some(Box::new([Shaper::new(spec), Shaper::new(spec)]));
+    }
+
+    /// Each stream as shaped when the command ended (output its leftovers
+    /// wrote after that is not in it), if the command asked for it.
+    pub(crate) fn shaped(&self) -> Option<[(String, ShapeInfo); 2]> {
+        let oldest = self.records.front().map(|r| r.seq);
+        let mut shaped = self.shaped.as_deref().cloned()?;
+        for (_, info) in &mut shaped {
+            if let Some(m) = &mut info.middle {
+                // The ring may have moved on since.
+                m.retained = m.retained && oldest.is_some_and(|o| o <= m.after + 1);
+            }
+        }
+        Some(shaped)
     }
 
     /// Bytes of records held now.
@@ -269,6 +302,15 @@ impl Log {
             return e.clone();
         }
         self.flush_carry();
+        if let Some(shapers) = self.shapers.take() {
+            let oldest = self.records.front().map(|r| r.seq);
+            let [out, err] = *shapers;
+            let [out_carry, err_carry] = &self.carry;
+            self.shaped = Some(Box::new([
+                out.finish(out_carry.invalid, oldest),
+                err.finish(err_carry.invalid, oldest),
+            ]));
+        }
         ended.seq = self.take_seq();
         self.exit = Some((ended.seq, ended.clone(), self.total));
         ended
@@ -417,9 +459,20 @@ impl Log {
     }
 
     fn push_output(&mut self, stream: Stream, text: String, raw: u64) {
+        let shaper = self
+            .shapers
+            .as_deref_mut()
+            .map(|s| &mut s[stream_index(stream)]);
         if text.is_empty() {
+            if let Some(shaper) = shaper {
+                shaper.raw_bytes(raw);
+            }
             self.total += raw;
             return;
+        }
+        let seq = self.next_seq;
+        if let Some(shaper) = shaper {
+            shaper.feed(seq, &text, raw);
         }
         let seq = self.take_seq();
         let size = text.len();

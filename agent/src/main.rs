@@ -31,6 +31,7 @@ mod pty;
 mod relay;
 mod search;
 mod serve;
+mod shape;
 mod splice;
 mod tree;
 

@@ -392,10 +392,29 @@ async fn handle(op: Op, answer: Answer, agent: Rc<Agent>, conn: Rc<Conn>) {
             }
         }
         Op::Tail { command } => {
-            let tails = match commands.get(&command) {
-                Ok(c) => c.tails(),
+            let cmd = match commands.get(&command) {
+                Ok(c) => c,
                 Err(f) => return answer.last(Reply::Error(f)).await,
             };
+            let shaped = cmd.log.borrow().shaped();
+            for (stream, (text, info)) in [Stream::Stdout, Stream::Stderr]
+                .into_iter()
+                .zip(shaped.into_iter().flatten())
+            {
+                // Every stream gets a part, an empty one too: it carries the info.
+                let pieces = text_chunks(&text, CHUNK);
+                for piece in pieces.into_iter().chain(text.is_empty().then_some("")) {
+                    let part = Reply::Shaped {
+                        stream,
+                        text: piece.to_string(),
+                        info,
+                    };
+                    if !answer.part(part).await {
+                        return;
+                    }
+                }
+            }
+            let tails = cmd.tails();
             for (stream, (text, cut)) in [Stream::Stdout, Stream::Stderr]
                 .into_iter()
                 .zip(tails.into_iter().flatten())

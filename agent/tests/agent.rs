@@ -142,6 +142,7 @@ impl Client {
                     summary: script.into(),
                     started_at_ms: 0,
                     timeout_ms,
+                    shape: None,
                 },
             }))
             .await;
@@ -247,6 +248,7 @@ async fn exit_codes_output_and_stdin() {
                 summary: String::new(),
                 started_at_ms: 0,
                 timeout_ms: 10_000,
+                shape: None,
             },
         }))
         .await;
@@ -265,6 +267,7 @@ async fn exit_codes_output_and_stdin() {
                 summary: String::new(),
                 started_at_ms: 0,
                 timeout_ms: 10_000,
+                shape: None,
             },
         }))
         .await;

@@ -30,7 +30,7 @@ use serde::{Deserialize, Serialize};
 use tokio_util::codec::LengthDelimitedCodec;
 
 /// Bumped on any change to the types below.
-pub const VERSION: u32 = 3;
+pub const VERSION: u32 = 4;
 
 /// Largest piece of bulk data (file content, a tail) in one response.
 pub const CHUNK: usize = 1024 * 1024;
@@ -115,7 +115,8 @@ pub enum Op {
     /// Answered by [`Reply::Ended`] once the command has ended.
     Wait { command: String },
     /// The last `tail_bytes` of each stream of a command started with
-    /// them: [`Reply::TailPart`]s, then [`Reply::Ok`].
+    /// them: [`Reply::TailPart`]s, then [`Reply::Ok`]. A command started
+    /// with a [`ShapeSpec`] answers [`Reply::Shaped`] parts instead.
     Tail { command: String },
     /// Drop a finished command and its log.
     Forget { command: String },
@@ -221,6 +222,62 @@ pub struct CommandMeta {
     pub summary: String,
     pub started_at_ms: u64,
     pub timeout_ms: u64,
+    /// Shape each stream's output for a model: [`Op::Tail`] then answers
+    /// [`Reply::Shaped`] parts.
+    pub shape: Option<ShapeSpec>,
+}
+
+/// Characters of a shaped stream kept for the line that says what was
+/// omitted.
+pub const SHAPE_MARKER_CHARS: u32 = 80;
+
+/// How to shape a stream's output: its head and its tail within a budget.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShapeSpec {
+    /// Most characters of the shaped text (the omission marker included).
+    pub max_chars: u32,
+    /// Characters of it given to the head.
+    pub head_chars: u32,
+    /// Keep escape sequences and carriage returns as they came.
+    pub raw: bool,
+}
+
+/// What shaping one stream kept and left out. Counts are of the stream's
+/// text as its log holds it (before collapsing), so the middle can be read
+/// back from the log exactly.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShapeInfo {
+    pub total_chars: u64,
+    /// Lines: newlines, plus one for a last line without one.
+    pub total_lines: u64,
+    /// Bytes the stream wrote.
+    pub total_bytes: u64,
+    pub omitted_chars: u64,
+    /// Newlines in the omitted part.
+    pub omitted_lines: u64,
+    /// UTF-8 bytes of the omitted part.
+    pub omitted_bytes: u64,
+    /// Characters of the shaped text from the head, and from the tail.
+    pub head_chars: u64,
+    pub tail_chars: u64,
+    /// Not text (NUL bytes, or much that is not UTF-8): nothing is shown.
+    pub binary: bool,
+    /// Collapsing escape sequences or carriage returns changed the text.
+    pub collapsed: bool,
+    /// Where the omitted part is in the log, when something is.
+    pub middle: Option<Middle>,
+}
+
+/// The omitted part of a stream in its command's log: skip `skip_chars` of
+/// the stream's text in the records after `after`, then take the omitted
+/// characters; the last of them is in record `until`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Middle {
+    pub after: u64,
+    pub until: u64,
+    pub skip_chars: u64,
+    /// The log still holds all of it.
+    pub retained: bool,
 }
 
 /// A command to start.
@@ -363,6 +420,13 @@ pub enum Reply {
         stream: Stream,
         text: String,
         cut_bytes: u64,
+    },
+    /// A piece of a stream's shaped text (see [`CommandMeta::shape`]); every
+    /// piece carries the stream's [`ShapeInfo`].
+    Shaped {
+        stream: Stream,
+        text: String,
+        info: ShapeInfo,
     },
     Data(#[serde(with = "serde_bytes")] Vec<u8>),
     Entries(Vec<DirEntry>),
@@ -587,6 +651,11 @@ mod tests {
                     summary: "echo hi".into(),
                     started_at_ms: 1,
                     timeout_ms: 30_000,
+                    shape: Some(ShapeSpec {
+                        max_chars: 4000,
+                        head_chars: 1000,
+                        raw: false,
+                    }),
                 },
             }),
         };

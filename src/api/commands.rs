@@ -15,7 +15,7 @@ use super::dto;
 use super::error::ApiError;
 use super::extract::{Json, Path, Query};
 use crate::app::App;
-use crate::command::spec::CommandRequest;
+use crate::command::spec::{CommandRequest, OutputRequest};
 
 /// `POST …/commands` and `…/commands:run` bodies. Exactly one of `cmd` and
 /// `command` is required; the domain checks the rules and names the field.
@@ -56,6 +56,27 @@ pub(super) struct CommandBody {
     /// (0–16777216).
     #[serde(default)]
     max_output_bytes: Option<i64>,
+    /// Each stream shaped for a model: in the `commands:run` answer and in
+    /// the `exit` record of the log. Not with `maxOutputBytes`.
+    #[serde(default)]
+    output: Option<OutputBody>,
+}
+
+/// `output`: how to shape each stream.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub(super) struct OutputBody {
+    /// Most characters of each shaped stream (256–1000000), the line that
+    /// says what was omitted included.
+    max_chars: i64,
+    /// Characters given to the head (0 to `maxChars` − 80); default a
+    /// quarter of `maxChars`.
+    #[serde(default)]
+    head_chars: Option<i64>,
+    /// Keep escape sequences and carriage returns; default `false`
+    /// (collapsed).
+    #[serde(default)]
+    raw: Option<bool>,
 }
 
 impl From<CommandBody> for CommandRequest {
@@ -72,6 +93,11 @@ impl From<CommandBody> for CommandRequest {
             timeout_ms: b.timeout_ms,
             detached: b.detached,
             max_output_bytes: b.max_output_bytes,
+            output: b.output.map(|o| OutputRequest {
+                max_chars: o.max_chars,
+                head_chars: o.head_chars,
+                raw: o.raw,
+            }),
         }
     }
 }

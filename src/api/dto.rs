@@ -278,22 +278,117 @@ pub(super) struct CommandRun {
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(nullable = false)]
     usage: Option<Usage>,
+    /// With `output` in the request: what shaping kept of each stream.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    output: Option<OutputShapes>,
 }
 
 impl From<RunResult> for CommandRun {
     fn from(r: RunResult) -> Self {
+        let t = r.tails;
         CommandRun {
             exit_code: r.finished.exit.exit_code,
-            stdout: r.stdout,
-            stderr: r.stderr,
-            stdout_truncated_bytes: r.stdout_truncated_bytes,
-            stderr_truncated_bytes: r.stderr_truncated_bytes,
+            stdout: t.stdout,
+            stderr: t.stderr,
+            stdout_truncated_bytes: t.stdout_cut,
+            stderr_truncated_bytes: t.stderr_cut,
             timed_out: r.finished.exit.timed_out,
             killed: r.finished.exit.killed,
             duration_ms: r.finished.duration_ms,
             timeout_ms: r.timeout_ms,
             oom_killed: r.finished.oom_killed,
             usage: r.finished.usage.map(Usage::from),
+            output: t.shapes.map(OutputShapes::from),
+        }
+    }
+}
+
+/// What shaping kept of each stream (`output` in the request).
+#[derive(Debug, Serialize, ToSchema)]
+#[cfg_attr(test, derive(serde::Deserialize))]
+#[serde(deny_unknown_fields)]
+pub(super) struct OutputShapes {
+    stdout: OutputShape,
+    stderr: OutputShape,
+}
+
+/// One shaped stream: `stdout` (or `stderr`) is its first `headChars`
+/// characters, a line saying what was omitted (only when something was),
+/// and its last `tailChars` characters. Counts other than those two are of
+/// the stream's text as the log holds it (before collapsing).
+#[derive(Debug, Serialize, ToSchema)]
+#[cfg_attr(test, derive(serde::Deserialize))]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub(super) struct OutputShape {
+    total_chars: u64,
+    /// Newlines, plus one for a last line without one.
+    total_lines: u64,
+    /// Bytes the stream wrote.
+    total_bytes: u64,
+    omitted_chars: u64,
+    /// Newlines in the omitted part (whole lines, as the cuts fall on line
+    /// boundaries where they can).
+    omitted_lines: u64,
+    /// UTF-8 bytes of the omitted part.
+    omitted_bytes: u64,
+    head_chars: u64,
+    tail_chars: u64,
+    /// Not text (a NUL byte, or more than 32 sequences that are not
+    /// UTF-8): nothing of it is shown.
+    binary: bool,
+    /// Escape sequences or carriage returns were collapsed in what is shown.
+    collapsed: bool,
+    /// Where the omitted part is in the command's log, when one was.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    middle: Option<OutputMiddle>,
+}
+
+/// The omitted part of a stream: read `GET …/commands/{commandId}/logs?after={after}`,
+/// skip the first `skipChars` characters of this stream's records, then
+/// take `omittedChars`; the last of them is in record `until`.
+#[derive(Debug, Serialize, ToSchema)]
+#[cfg_attr(test, derive(serde::Deserialize))]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub(super) struct OutputMiddle {
+    command_id: String,
+    after: u64,
+    until: u64,
+    skip_chars: u64,
+    /// The log still holds all of it (its ring keeps the newest output).
+    retained: bool,
+}
+
+impl From<log::Shapes> for OutputShapes {
+    fn from(s: log::Shapes) -> Self {
+        OutputShapes {
+            stdout: s.stdout.into(),
+            stderr: s.stderr.into(),
+        }
+    }
+}
+
+impl From<log::Shape> for OutputShape {
+    fn from(s: log::Shape) -> Self {
+        OutputShape {
+            total_chars: s.total_chars,
+            total_lines: s.total_lines,
+            total_bytes: s.total_bytes,
+            omitted_chars: s.omitted_chars,
+            omitted_lines: s.omitted_lines,
+            omitted_bytes: s.omitted_bytes,
+            head_chars: s.head_chars,
+            tail_chars: s.tail_chars,
+            binary: s.binary,
+            collapsed: s.collapsed,
+            middle: s.middle.map(|m| OutputMiddle {
+                command_id: m.command_id,
+                after: m.after,
+                until: m.until,
+                skip_chars: m.skip_chars,
+                retained: m.retained,
+            }),
         }
     }
 }

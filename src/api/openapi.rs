@@ -50,6 +50,17 @@ pub(super) enum LogRecord {
         #[serde(default)]
         #[schema(nullable = false)]
         usage: Option<Usage>,
+        /// With `output` in the request: each stream shaped (see
+        /// `OutputShape`), when the agent still had them.
+        #[serde(default)]
+        #[schema(nullable = false)]
+        stdout: Option<String>,
+        #[serde(default)]
+        #[schema(nullable = false)]
+        stderr: Option<String>,
+        #[serde(default)]
+        #[schema(nullable = false)]
+        output: Option<Box<dto::OutputShapes>>,
         seq: u64,
     },
 }
@@ -211,13 +222,13 @@ mod tests {
     use super::*;
 
     /// docs/openapi.json is what the code generates; regenerate it with
-    /// `cargo run -q -- openapi > docs/openapi.json`.
+    /// `cargo run -q --bin sandboxd -- openapi > docs/openapi.json`.
     #[test]
     fn the_docs_copy_is_current() {
         let copy = include_str!("../../docs/openapi.json");
         assert!(
             copy == json(),
-            "docs/openapi.json differs from the generated document; run `cargo run -q -- openapi > docs/openapi.json`"
+            "docs/openapi.json differs from the generated document; run `cargo run -q --bin sandboxd -- openapi > docs/openapi.json`"
         );
     }
 
@@ -231,10 +242,40 @@ mod tests {
             timed_out: false,
             killed: false,
         };
+        let shape = log::Shape {
+            total_chars: 10,
+            total_lines: 2,
+            total_bytes: 10,
+            omitted_chars: 4,
+            omitted_lines: 1,
+            omitted_bytes: 4,
+            head_chars: 2,
+            tail_chars: 2,
+            binary: false,
+            collapsed: false,
+            middle: Some(log::Middle {
+                command_id: "c".into(),
+                after: 1,
+                until: 2,
+                skip_chars: 0,
+                retained: true,
+            }),
+        };
+        let shaped = log::Shaped {
+            stdout: "a\n[…]\nb\n".into(),
+            stderr: String::new(),
+            shapes: log::Shapes {
+                stdout: shape.clone(),
+                stderr: log::Shape {
+                    middle: None,
+                    ..shape
+                },
+            },
+        };
         let lines = [
             log::heartbeat_line(3),
             log::error_line("gone", 4),
-            log::exit_line(exit, None, None, 5),
+            log::exit_line(exit, None, None, None, 5),
             log::exit_line(
                 exit,
                 Some(false),
@@ -243,6 +284,7 @@ mod tests {
                     cpu_system_ms: 2,
                     max_rss_kb: 3,
                 }),
+                Some(&shaped),
                 6,
             ),
         ];

@@ -13,11 +13,11 @@ use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use futures_util::Stream;
-use sandboxd_proto::{FailureKind, Op, ReadLog, Reply};
+use sandboxd_proto::{FailureKind, Op, ReadLog, RecordBody, Reply};
 use tokio_util::sync::CancellationToken;
 
 use super::Command;
-use super::log::{check_order, error_line, exit_line, heartbeat_line, render};
+use super::log::{Usage, check_order, error_line, exit_line, exit_of, heartbeat_line, render};
 use crate::agent::AgentError;
 use crate::config::Config;
 use crate::sandbox::registry::OpenRequest;
@@ -137,7 +137,22 @@ impl Follow {
                     }
                     let mut buf = BytesMut::new();
                     for r in &chunk.records {
-                        buf.extend_from_slice(&render(r));
+                        match &r.body {
+                            // A command that asked for shaped streams has
+                            // them in its exit record.
+                            RecordBody::Exit(e) if self.cmd.shape.is_some() => {
+                                let tails =
+                                    super::fetch_tails(&conn, &self.cmd, self.agent_timeout).await;
+                                buf.extend_from_slice(&exit_line(
+                                    exit_of(e),
+                                    Some(e.oom_killed),
+                                    Some(Usage::from(e.usage)),
+                                    tails.shaped().as_ref(),
+                                    r.seq,
+                                ));
+                            }
+                            _ => buf.extend_from_slice(&render(r)),
+                        }
                     }
                     self.after = last;
                     return Some(buf.freeze());
@@ -147,7 +162,13 @@ impl Follow {
                 Err(AgentError::Refused(f)) if f.kind == FailureKind::NoSuchCommand => {
                     self.done = true;
                     let f = self.cmd.ended().await;
-                    return Some(exit_line(f.exit, f.oom_killed, f.usage, self.after + 1));
+                    return Some(exit_line(
+                        f.exit,
+                        f.oom_killed,
+                        f.usage,
+                        None,
+                        self.after + 1,
+                    ));
                 }
                 Err(_) => tokio::time::sleep(RETRY_EVERY).await,
             }
@@ -162,7 +183,13 @@ impl Follow {
         let why = self.cmd.ended_by_sandboxd().unwrap_or_default();
         let mut buf = BytesMut::new();
         buf.extend_from_slice(&error_line(&why, self.after + 1));
-        buf.extend_from_slice(&exit_line(f.exit, f.oom_killed, f.usage, self.after + 2));
+        buf.extend_from_slice(&exit_line(
+            f.exit,
+            f.oom_killed,
+            f.usage,
+            None,
+            self.after + 2,
+        ));
         buf.freeze()
     }
 }

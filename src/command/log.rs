@@ -5,7 +5,7 @@
 //! decoded (valid UTF-8, bounded by the frame).
 
 use bytes::Bytes;
-use sandboxd_proto::{Ended, Record, RecordBody, Stream};
+use sandboxd_proto::{Ended, Record, RecordBody, ShapeInfo, Stream};
 use serde::Serialize;
 
 /// How a command ended, as `wait` and the `exit` record say it.
@@ -35,6 +35,93 @@ impl From<sandboxd_proto::Usage> for Usage {
     }
 }
 
+/// What shaping kept of one stream (see docs/API.md, Shaped output).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Shape {
+    pub total_chars: u64,
+    pub total_lines: u64,
+    pub total_bytes: u64,
+    pub omitted_chars: u64,
+    pub omitted_lines: u64,
+    pub omitted_bytes: u64,
+    pub head_chars: u64,
+    pub tail_chars: u64,
+    pub binary: bool,
+    pub collapsed: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub middle: Option<Middle>,
+}
+
+/// Where the omitted part of a stream is in its command's log.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Middle {
+    pub command_id: String,
+    pub after: u64,
+    pub until: u64,
+    pub skip_chars: u64,
+    pub retained: bool,
+}
+
+/// Both streams shaped: their texts and what they kept.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Shaped {
+    pub stdout: String,
+    pub stderr: String,
+    pub shapes: Shapes,
+}
+
+/// What shaping kept of each stream.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Shapes {
+    pub stdout: Shape,
+    pub stderr: Shape,
+}
+
+impl Shape {
+    /// What the agent says about a stream it shaped into `text` for
+    /// `command_id` within `max_chars`, checked: the numbers must agree
+    /// with each other and with the text.
+    pub fn from_agent(
+        info: &ShapeInfo,
+        text: &str,
+        command_id: &str,
+        max_chars: u32,
+    ) -> Result<Shape, String> {
+        let shown = text.chars().count() as u64;
+        let consistent = shown <= u64::from(max_chars)
+            && info.omitted_chars <= info.total_chars
+            && info.omitted_lines <= info.total_lines
+            && info.head_chars + info.tail_chars <= shown
+            && (info.binary || info.omitted_chars > 0 || shown <= info.total_chars)
+            && info.middle.is_none_or(|m| m.after < m.until)
+            && (info.middle.is_some() || info.binary || info.omitted_chars == 0);
+        if !consistent {
+            return Err(format!("shaped output that does not add up ({info:?})"));
+        }
+        Ok(Shape {
+            total_chars: info.total_chars,
+            total_lines: info.total_lines,
+            total_bytes: info.total_bytes,
+            omitted_chars: info.omitted_chars,
+            omitted_lines: info.omitted_lines,
+            omitted_bytes: info.omitted_bytes,
+            head_chars: info.head_chars,
+            tail_chars: info.tail_chars,
+            binary: info.binary,
+            collapsed: info.collapsed,
+            middle: info.middle.map(|m| Middle {
+                command_id: command_id.to_string(),
+                after: m.after,
+                until: m.until,
+                skip_chars: m.skip_chars,
+                retained: m.retained,
+            }),
+        })
+    }
+}
+
 #[derive(Serialize)]
 struct OutputLine<'a> {
     stream: &'static str,
@@ -44,7 +131,7 @@ struct OutputLine<'a> {
 
 #[derive(Serialize)]
 #[serde(rename_all = "camelCase")]
-struct ExitLine {
+struct ExitLine<'a> {
     stream: &'static str,
     exit_code: i64,
     timed_out: bool,
@@ -53,6 +140,12 @@ struct ExitLine {
     oom_killed: Option<bool>,
     #[serde(skip_serializing_if = "Option::is_none")]
     usage: Option<Usage>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    stdout: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    stderr: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    output: Option<&'a Shapes>,
     seq: u64,
 }
 
@@ -101,11 +194,13 @@ pub fn error_line(message: &str, seq: u64) -> Bytes {
     })
 }
 
-/// An `exit` line; `oom_killed` and `usage` when the agent said them.
+/// An `exit` line; `oom_killed` and `usage` when the agent said them, and
+/// the shaped streams of a command that asked for them.
 pub fn exit_line(
     exit: ExitInfo,
     oom_killed: Option<bool>,
     usage: Option<Usage>,
+    shaped: Option<&Shaped>,
     seq: u64,
 ) -> Bytes {
     line(&ExitLine {
@@ -115,6 +210,9 @@ pub fn exit_line(
         killed: exit.killed,
         oom_killed,
         usage,
+        stdout: shaped.map(|s| s.stdout.as_str()),
+        stderr: shaped.map(|s| s.stderr.as_str()),
+        output: shaped.map(|s| &s.shapes),
         seq,
     })
 }
@@ -149,6 +247,7 @@ pub fn render(r: &Record) -> Bytes {
             exit_of(e),
             Some(e.oom_killed),
             Some(Usage::from(e.usage)),
+            None,
             r.seq,
         ),
     }

@@ -19,17 +19,19 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use dashmap::DashMap;
-use sandboxd_proto::{CommandMeta, CommandState, Ended, FailureKind, Op, Reply, Spawn, Stream};
+use sandboxd_proto::{
+    CommandMeta, CommandState, Ended, FailureKind, Op, Reply, ShapeInfo, ShapeSpec, Spawn, Stream,
+};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use crate::agent::{AgentError, reply_name};
+use crate::agent::{AgentConn, AgentError, reply_name};
 use crate::clock::now_ms;
 use crate::config::Config;
 use crate::field_error::FieldError;
 use crate::sandbox::registry::{RunningCommand, Stops};
 use crate::sandbox::{Sandbox, SandboxError, Sandboxes};
-use log::{ExitInfo, Usage, exit_of};
+use log::{ExitInfo, Shape, Shaped, Shapes, Usage, exit_of};
 use spec::{CommandRequest, CommandSpec};
 
 /// How often finished commands are pruned.
@@ -110,6 +112,8 @@ pub struct Command {
     ended_by_sandboxd: Mutex<Option<String>>,
     /// The agent that runs it (its boot id).
     boot: u64,
+    /// Its streams are shaped for its end (`output`).
+    shape: Option<ShapeSpec>,
 }
 
 impl Command {
@@ -172,12 +176,116 @@ impl Command {
 #[derive(Debug, Clone)]
 pub struct RunResult {
     pub finished: Finished,
-    pub stdout: String,
-    pub stderr: String,
-    pub stdout_truncated_bytes: u64,
-    pub stderr_truncated_bytes: u64,
     /// The effective timeout (capped to `max_timeout`).
     pub timeout_ms: u64,
+    pub tails: Tails,
+}
+
+/// What the agent kept of a command's streams for its end: the tail of
+/// each, or each shaped for a model.
+#[derive(Debug, Clone, Default)]
+pub struct Tails {
+    pub stdout: String,
+    pub stderr: String,
+    /// Bytes left out before each tail (shaped: the omitted part's).
+    pub stdout_cut: u64,
+    pub stderr_cut: u64,
+    /// What shaping kept, when the command asked for it and its agent
+    /// still had it.
+    pub shapes: Option<Shapes>,
+}
+
+impl Tails {
+    /// The shaped streams, when there are.
+    pub fn shaped(self) -> Option<Shaped> {
+        let shapes = self.shapes?;
+        Some(Shaped {
+            stdout: self.stdout,
+            stderr: self.stderr,
+            shapes,
+        })
+    }
+}
+
+/// Asks `cmd`'s agent what it kept of its streams. What the agent sends is
+/// checked against what was asked for: within the byte limit for tails,
+/// within the budget (and adding up) for shaped streams. Whatever goes
+/// wrong leaves the streams empty, with a warning in sandboxd's log.
+async fn fetch_tails(conn: &AgentConn, cmd: &Command, limit: Duration) -> Tails {
+    let mut text = [String::new(), String::new()];
+    let mut cut = [0u64; 2];
+    let mut infos: [Option<ShapeInfo>; 2] = [None, None];
+    let max_chars = cmd.shape.map_or(0, |s| s.max_chars as usize);
+    let got = conn
+        .call_parts_within(
+            Op::Tail {
+                command: cmd.id.clone(),
+            },
+            limit,
+            |part| {
+                let (stream, piece) = match part {
+                    Reply::TailPart {
+                        stream,
+                        text,
+                        cut_bytes,
+                    } if cmd.shape.is_none() => {
+                        cut[usize::from(stream == Stream::Stderr)] = cut_bytes;
+                        (stream, text)
+                    }
+                    Reply::Shaped { stream, text, info } if cmd.shape.is_some() => {
+                        infos[usize::from(stream == Stream::Stderr)] = Some(info);
+                        (stream, text)
+                    }
+                    other => return Err(format!("{} in a tail", reply_name(&other))),
+                };
+                let slot = &mut text[usize::from(stream == Stream::Stderr)];
+                // A shaped character takes at most four bytes.
+                let most = if cmd.shape.is_some() {
+                    max_chars * 4
+                } else {
+                    spec::MAX_RUN_OUTPUT_BYTES
+                };
+                if slot.len() + piece.len() > most {
+                    return Err("a tail longer than asked for".into());
+                }
+                slot.push_str(&piece);
+                Ok(())
+            },
+        )
+        .await;
+    if let Err(e) = got {
+        tracing::warn!(command_id = %cmd.id, error = %e, "the agent's tails of a command");
+        return Tails::default();
+    }
+    let [stdout, stderr] = text;
+    let shapes = match (cmd.shape, infos) {
+        (Some(spec), [Some(out), Some(err)]) => {
+            let checked = Shape::from_agent(&out, &stdout, &cmd.id, spec.max_chars).and_then(|o| {
+                Shape::from_agent(&err, &stderr, &cmd.id, spec.max_chars).map(|e| (o, e))
+            });
+            match checked {
+                Ok((o, e)) => {
+                    cut = [o.omitted_bytes, e.omitted_bytes];
+                    Some(Shapes {
+                        stdout: o,
+                        stderr: e,
+                    })
+                }
+                Err(e) => {
+                    tracing::warn!(command_id = %cmd.id, error = %e, "the agent's shaped output");
+                    return Tails::default();
+                }
+            }
+        }
+        _ => None,
+    };
+    Tails {
+        stdout,
+        stderr,
+        stdout_cut: cut[0],
+        stderr_cut: cut[1],
+        shapes,
+    }
 }
 
 /// A command as the list shows it: the command, and how many processes of
@@ -238,46 +346,17 @@ impl Commands {
             _ = shutdown.cancelled() => return Err(CommandError::ShuttingDown),
         };
         let sandbox = self.sandboxes.lookup(sandbox_id).await?;
-        let mut tails = [(String::new(), 0u64), (String::new(), 0u64)];
         // The tails live in the agent; a sandbox that died took them along.
-        if let Ok(conn) = self.sandboxes.agent(&sandbox).await {
-            if conn.boot() == cmd.boot {
-                let limit = spec::MAX_RUN_OUTPUT_BYTES;
-                let _ = conn
-                    .call_parts_within(
-                        Op::Tail {
-                            command: cmd.id.clone(),
-                        },
-                        self.config.agent_timeout,
-                        |part| {
-                            let Reply::TailPart {
-                                stream,
-                                text,
-                                cut_bytes,
-                            } = part
-                            else {
-                                return Err(format!("{} in a tail", reply_name(&part)));
-                            };
-                            let slot = &mut tails[usize::from(stream == Stream::Stderr)];
-                            if slot.0.len() + text.len() > limit {
-                                return Err("a tail longer than asked for".into());
-                            }
-                            slot.0.push_str(&text);
-                            slot.1 = cut_bytes;
-                            Ok(())
-                        },
-                    )
-                    .await;
+        let tails = match self.sandboxes.agent(&sandbox).await {
+            Ok(conn) if conn.boot() == cmd.boot => {
+                fetch_tails(&conn, &cmd, self.config.agent_timeout).await
             }
-        }
-        let [(stdout, out_cut), (stderr, err_cut)] = tails;
+            _ => Tails::default(),
+        };
         Ok(RunResult {
             finished: done,
-            stdout,
-            stderr,
-            stdout_truncated_bytes: out_cut,
-            stderr_truncated_bytes: err_cut,
             timeout_ms: cmd.timeout_ms,
+            tails,
         })
     }
 
@@ -311,7 +390,7 @@ impl Commands {
             env: spec.env,
             cwd: spec.cwd,
             stdin: spec.stdin,
-            tail_bytes: if keep_tails {
+            tail_bytes: if keep_tails && spec.shape.is_none() {
                 u32::try_from(spec.max_output_bytes).unwrap_or(u32::MAX)
             } else {
                 0
@@ -320,6 +399,7 @@ impl Commands {
                 summary: spec.summary.clone(),
                 started_at_ms: started_at,
                 timeout_ms,
+                shape: spec.shape,
             },
         };
         let limit = self.config.agent_timeout;
@@ -362,6 +442,7 @@ impl Commands {
             finished: watch::channel(None).0,
             ended_by_sandboxd: Mutex::new(None),
             boot,
+            shape: spec.shape,
         });
         self.all.insert(id, Arc::clone(&cmd));
         crate::telemetry::command_started();
@@ -547,6 +628,11 @@ impl Commands {
                 finished: watch::channel(state.ended.as_ref().map(Finished::from_agent)).0,
                 ended_by_sandboxd: Mutex::new(None),
                 boot: conn.boot(),
+                // Bounded like a request's, whatever the agent says.
+                shape: state.meta.shape.map(|s| ShapeSpec {
+                    max_chars: s.max_chars.min(spec::MAX_SHAPED_CHARS),
+                    ..s
+                }),
             });
             self.all.insert(cmd.id.clone(), Arc::clone(&cmd));
             n += 1;

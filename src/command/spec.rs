@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use sandboxd_proto::{SHAPE_MARKER_CHARS as MARKER_CHARS, ShapeSpec};
 use serde::Deserialize;
 
 use crate::config::Config;
@@ -14,6 +15,20 @@ use crate::process_fields::{self, no_nul, summarise};
 pub const DEFAULT_RUN_OUTPUT_BYTES: usize = 1024 * 1024;
 /// Most `maxOutputBytes` a run may ask for, per stream.
 pub const MAX_RUN_OUTPUT_BYTES: usize = 16 * 1024 * 1024;
+/// Range of `output.maxChars`.
+pub const MIN_SHAPED_CHARS: u32 = 256;
+pub const MAX_SHAPED_CHARS: u32 = 1_000_000;
+
+/// `output`: each stream shaped for a model (see docs/API.md).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct OutputRequest {
+    pub max_chars: i64,
+    #[serde(default)]
+    pub head_chars: Option<i64>,
+    #[serde(default)]
+    pub raw: Option<bool>,
+}
 
 /// `POST …/commands` and `…/commands:run` bodies.
 #[derive(Debug, Clone, Deserialize)]
@@ -43,6 +58,10 @@ pub struct CommandRequest {
     /// Only for `commands:run`: bytes of each stream's tail to return.
     #[serde(default)]
     pub max_output_bytes: Option<i64>,
+    /// Each stream shaped for a model, in the `run` answer and the `exit`
+    /// record.
+    #[serde(default)]
+    pub output: Option<OutputRequest>,
 }
 
 /// What will run.
@@ -60,6 +79,8 @@ pub struct CommandSpec {
     pub requested_timeout: Option<Duration>,
     pub summary: String,
     pub max_output_bytes: usize,
+    /// Shape the streams instead of keeping their tails.
+    pub shape: Option<ShapeSpec>,
 }
 
 fn bad(field: &str, msg: impl std::fmt::Display) -> FieldError {
@@ -180,6 +201,14 @@ impl CommandSpec {
                 })?,
         };
 
+        if req.output.is_some() && req.max_output_bytes.is_some() {
+            return Err(bad(
+                "output",
+                "give output (shaped streams) or maxOutputBytes (tails), not both",
+            ));
+        }
+        let shape = req.output.map(shape_of).transpose()?;
+
         Ok(CommandSpec {
             argv,
             env,
@@ -189,8 +218,45 @@ impl CommandSpec {
             requested_timeout,
             summary,
             max_output_bytes,
+            shape,
         })
     }
+}
+
+/// Checks `output`: the head defaults to a quarter of the budget.
+fn shape_of(o: OutputRequest) -> Result<ShapeSpec, FieldError> {
+    let max_chars = u32::try_from(o.max_chars)
+        .ok()
+        .filter(|n| (MIN_SHAPED_CHARS..=MAX_SHAPED_CHARS).contains(n))
+        .ok_or_else(|| {
+            bad(
+                "output.maxChars",
+                format!(
+                    "must be between {MIN_SHAPED_CHARS} and {MAX_SHAPED_CHARS} (got {})",
+                    o.max_chars
+                ),
+            )
+        })?;
+    let most_head = max_chars - MARKER_CHARS;
+    let head_chars = match o.head_chars {
+        None => max_chars / 4,
+        Some(h) => u32::try_from(h)
+            .ok()
+            .filter(|h| *h <= most_head)
+            .ok_or_else(|| {
+                bad(
+                    "output.headChars",
+                    format!(
+                        "must be between 0 and maxChars - {MARKER_CHARS} ({most_head}) (got {h})"
+                    ),
+                )
+            })?,
+    };
+    Ok(ShapeSpec {
+        max_chars,
+        head_chars,
+        raw: o.raw.unwrap_or(false),
+    })
 }
 
 #[cfg(test)]
@@ -333,5 +399,48 @@ mod tests {
         let s = parse(serde_json::json!({"command": format!("echo\n{long}")})).expect("ok");
         assert!(s.summary.chars().count() <= SUMMARY_CHARS);
         assert!(!s.summary.contains('\n'));
+    }
+
+    #[test]
+    fn output_gives_the_head_a_quarter_by_default_and_keeps_room_for_the_marker() {
+        let s =
+            parse(serde_json::json!({"command": "x", "output": {"maxChars": 1000}})).expect("ok");
+        assert_eq!(
+            s.shape,
+            Some(ShapeSpec {
+                max_chars: 1000,
+                head_chars: 250,
+                raw: false
+            })
+        );
+        let s = parse(serde_json::json!({"command": "x", "output": {"maxChars": 1000, "headChars": 920, "raw": true}}))
+            .expect("ok");
+        assert_eq!(s.shape.map(|s| (s.head_chars, s.raw)), Some((920, true)));
+        assert_eq!(
+            parse(serde_json::json!({"command": "x"}))
+                .expect("ok")
+                .shape,
+            None
+        );
+        for (output, field) in [
+            (serde_json::json!({"maxChars": 255}), "output.maxChars"),
+            (serde_json::json!({"maxChars": -1}), "output.maxChars"),
+            (
+                serde_json::json!({"maxChars": 1_000_001}),
+                "output.maxChars",
+            ),
+            (
+                serde_json::json!({"maxChars": 1000, "headChars": 921}),
+                "output.headChars",
+            ),
+            (
+                serde_json::json!({"maxChars": 1000, "headChars": -1}),
+                "output.headChars",
+            ),
+        ] {
+            let e =
+                parse(serde_json::json!({"command": "x", "output": output})).expect_err("refused");
+            assert!(e.starts_with(field), "{e}");
+        }
     }
 }

@@ -29,4 +29,5 @@ mod pty;
 mod remcochat;
 mod sandboxes;
 mod security;
+mod shaping;
 mod shell;

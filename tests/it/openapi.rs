@@ -51,7 +51,7 @@ async fn served_with_the_token_printed_by_the_subcommand_and_equal_to_the_copy()
     assert!(
         printed == copy,
         "docs/openapi.json differs from `sandboxd openapi`; regenerate it with \
-         `cargo run -q -- openapi > docs/openapi.json`"
+         `cargo run -q --bin sandboxd -- openapi > docs/openapi.json`"
     );
     let copy: Value = serde_json::from_str(&copy).expect("docs/openapi.json is JSON");
     assert_eq!(served, copy, "the served document is the copy");
