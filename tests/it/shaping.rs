@@ -253,3 +253,31 @@ async fn bad_output_requests_are_refused_naming_the_field() {
         .await;
     assert_eq!(r["stdout"], "ok\n", "{r}");
 }
+
+#[tokio::test]
+async fn output_that_leftovers_write_after_the_end_is_not_in_the_shaped_exit_record() {
+    let server = TestServer::start().await;
+    let sid = server.offline_sandbox().await;
+    let cid = server
+        .start_command(
+            &sid,
+            json!({"command": "(sleep 1; echo late) & echo early", "output": {"maxChars": 1000}}),
+        )
+        .await;
+    server.wait_command(&sid, &cid).await;
+    // Positive control: the leftover did write, into the log past the exit.
+    crate::harness::eventually(
+        std::time::Duration::from_secs(20),
+        "the leftover's line in the log",
+        || async {
+            let records = server.log_records(&sid, &cid, "?leftovers=true").await;
+            records.iter().any(|r| r["data"] == "late\n")
+        },
+    )
+    .await;
+    let records = server.log_records(&sid, &cid, "").await;
+    let exit = records.last().expect("exit");
+    assert_eq!(exit["stream"], "exit", "{exit}");
+    assert_eq!(exit["stdout"], "early\n", "{exit}");
+    assert_eq!(exit["output"]["stdout"]["totalChars"], 6);
+}
