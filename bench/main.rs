@@ -74,8 +74,16 @@
 //!   in a session sandbox that idled as long, measured first after the
 //!   idle time (after three `GET /v1/sandboxes`).
 //!
+//! - shaping (issue 20, lines `shaping: …`): 100 MB of base64 text (76
+//!   characters a line) run by `commands:run` with `"output": {"maxChars":
+//!   20000}`, timed from the request to the answer, after checking the
+//!   answer's counts; floor column: the same command streamed (`POST
+//!   …/commands` to the `exit` record of `GET …/logs`, every byte read). And
+//!   the same `commands:run` without `output` (1 MiB tails), for
+//!   comparison. 3 samples of each, interleaved, in an offline sandbox.
+//!
 //! `--profile` also prints where the time of an exec round trip goes.
-//! `--only egress`, `gvisor`, `pty` or `pool` measures that section alone (for
+//! `--only egress`, `gvisor`, `pty`, `pool` or `shaping` measures that section alone (for
 //! looking into one figure; the other lines say "not measured", and the
 //! JSON is written only where `--json` says).
 //! Not part of `cargo test`.
@@ -387,6 +395,10 @@ const POOL_FIRST_WRITE: &str = "pool: first 4 MiB write after a claim p50 (ms)";
 const POOL_PUBLISH: &str = "pool: port publish, first GET right after a claim p50 (ms)";
 const POOL_MEMBER_CGROUP: &str = "pool: idle member, its memory cgroup (MB)";
 const POOL_MEMBER_SHIM: &str = "pool: idle member, the engine's shim on the host, RSS (MB)";
+const SHAPED_RUN: &str = "shaping: `commands:run` of 100 MB with `output` p50 (ms)";
+const TAIL_RUN: &str = "shaping: the same run with 1 MiB tails, no `output` p50 (ms)";
+/// Bytes of output the shaping lines measure.
+const SHAPED_BYTES: u64 = 100_000_000;
 
 fn ratio_at_most(v: f64, f: Option<f64>, r: f64) -> bool {
     f.is_some_and(|f| v <= f * r)
@@ -509,6 +521,12 @@ fn lines() -> Vec<Line> {
         line(POOL_PUBLISH, "≤ 250 ms", Some(|v, _| v <= 250.0)),
         line(POOL_MEMBER_CGROUP, "report", None),
         line(POOL_MEMBER_SHIM, "report", None),
+        line(
+            SHAPED_RUN,
+            "≤ 1.2× streaming it (floor column)",
+            Some(|v, f| ratio_at_most(v, f, 1.2)),
+        ),
+        line(TAIL_RUN, "report (floor column: streaming it)", None),
     ]
 }
 
@@ -561,6 +579,7 @@ enum Section {
     Gvisor,
     Pty,
     Pool,
+    Shaping,
 }
 
 async fn run(
@@ -608,9 +627,13 @@ async fn run(
         let mut figures = RunFigures::default();
         let result = match only {
             None => match measure(&server, &floor, &mut figures, profile, runsc).await {
-                Ok(()) => pool(&server, &floor, &mut figures, idle_secs).await,
+                Ok(()) => match shaping(&server, &mut figures).await {
+                    Ok(()) => pool(&server, &floor, &mut figures, idle_secs).await,
+                    Err(e) => Err(e),
+                },
                 Err(e) => Err(e),
             },
+            Some(Section::Shaping) => shaping(&server, &mut figures).await,
             Some(Section::Pool) => pool(&server, &floor, &mut figures, idle_secs).await,
             Some(Section::Egress) => egress(&server, &mut figures).await,
             Some(Section::Gvisor) => gvisor(&server, &floor, &mut figures).await,
@@ -1453,6 +1476,60 @@ async fn read_logs(server: &Server, sid: &str, cid: &str, since: Instant) -> Res
     Ok(read)
 }
 
+/// The shaping lines (see the module docs).
+async fn shaping(server: &Server, fig: &mut RunFigures) -> Res<()> {
+    let v = server
+        .post(
+            "/v1/sandboxes",
+            json!({"sessionKey": "shaping", "network": {"mode": "none"}}),
+        )
+        .await?;
+    let sid = id_of(&v, "sandboxId")?;
+    let generator = format!(
+        "head -c {} /dev/urandom | base64 -w 76 | head -c {SHAPED_BYTES}",
+        SHAPED_BYTES * 3 / 4 + 4096
+    );
+    let body = json!({"command": generator, "login": false, "timeoutMs": 300000});
+    let (mut shaped, mut tails, mut streamed) = (vec![], vec![], vec![]);
+    for _ in 0..3 {
+        let t = Instant::now();
+        let v = server
+            .post(&format!("/v1/sandboxes/{sid}/commands"), body.clone())
+            .await?;
+        let cid = id_of(&v, "commandId")?;
+        let logs = read_logs(server, &sid, &cid, t).await?;
+        match logs.to_exit {
+            Some(took) if logs.data == SHAPED_BYTES => streamed.push(ms(took)),
+            _ => return Err(format!("shaping: the stream read {} bytes", logs.data).into()),
+        }
+
+        let mut with_output = body.clone();
+        with_output["output"] = json!({"maxChars": 20000});
+        let t = Instant::now();
+        let r = server
+            .post(&format!("/v1/sandboxes/{sid}/commands:run"), with_output)
+            .await?;
+        let took = ms(t.elapsed());
+        let out = &r["output"]["stdout"];
+        if out["totalBytes"] != SHAPED_BYTES || out["omittedChars"].as_u64().unwrap_or(0) == 0 {
+            return Err(format!("shaping: counts {out}").into());
+        }
+        shaped.push(took);
+
+        let t = Instant::now();
+        let r = server
+            .post(&format!("/v1/sandboxes/{sid}/commands:run"), body.clone())
+            .await?;
+        if r["exitCode"] != 0 {
+            return Err(format!("shaping: the tail run {}", r["exitCode"]).into());
+        }
+        tails.push(ms(t.elapsed()));
+    }
+    fig.p50(SHAPED_RUN, &shaped, &streamed);
+    fig.p50(TAIL_RUN, &tails, &streamed);
+    Ok(())
+}
+
 fn main() -> std::process::ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let value_of = |flag: &str| {
@@ -1467,8 +1544,9 @@ fn main() -> std::process::ExitCode {
         Some("gvisor") => Some(Section::Gvisor),
         Some("pty") => Some(Section::Pty),
         Some("pool") => Some(Section::Pool),
+        Some("shaping") => Some(Section::Shaping),
         Some(other) => {
-            eprintln!("bench: --only takes egress, gvisor, pty or pool, not {other:?}");
+            eprintln!("bench: --only takes egress, gvisor, pty, pool or shaping, not {other:?}");
             return std::process::ExitCode::FAILURE;
         }
     };

@@ -424,13 +424,16 @@ impl Commands {
             return Err(Failure::new(FailureKind::NoProcesses, AT_PIDS_LIMIT));
         }
         let (tx, rx) = mpsc::channel(8);
-        let shape = spec.meta.shape;
+        let (shape, awaits_reader) = (spec.meta.shape, spec.awaits_reader);
         let cmd = Rc::new(Cmd {
             id: spec.command.clone(),
             meta: spec.meta,
             started,
             log: RefCell::new({
                 let mut log = Log::new(settings.ring_bytes);
+                if !awaits_reader {
+                    log.expect_no_first_reader();
+                }
                 if let Some(shape) = shape {
                     log.shape(shape);
                 }

@@ -228,6 +228,12 @@ impl Log {
         }
     }
 
+    /// No reader is coming to read from the start (a run to its end): no
+    /// output is held back for one.
+    pub(crate) fn expect_no_first_reader(&mut self) {
+        self.followers.remove(&FIRST_READER);
+    }
+
     /// Shapes each stream as `spec` says, for [`Log::shaped`].
     pub(crate) fn shape(&mut self, spec: ShapeSpec) {
         self.shapers = Some(Box::new([Shaper::new(spec), Shaper::new(spec)]));
@@ -690,6 +696,36 @@ mod tests {
         );
         log.follow(1, 1, now);
         assert!(!log.must_wait(50, now), "the reader that came read it");
+    }
+
+    #[test]
+    fn a_run_to_its_end_holds_nothing_for_a_first_reader() {
+        let mut log = Log::new(100);
+        log.expect_no_first_reader();
+        log.append(Stream::Stdout, &[b'x'; 90]);
+        assert!(!log.must_wait(50, Instant::now()));
+        // A reader that does come (through the list) is still waited for.
+        log.follow(1, 0, Instant::now());
+        assert!(log.must_wait(50, Instant::now()));
+    }
+
+    #[test]
+    fn shaped_streams_are_those_of_the_records_and_stop_at_the_exit() {
+        let mut log = Log::new(1 << 20);
+        log.shape(ShapeSpec {
+            max_chars: 1000,
+            head_chars: 100,
+            raw: false,
+        });
+        log.append(Stream::Stdout, b"a\xff\n\xe2\x82");
+        log.append(Stream::Stderr, b"warn\n");
+        log.append(Stream::Stdout, b"\xac\n");
+        log.finish(ended(0));
+        log.append(Stream::Stdout, b"after the exit\n");
+        let [(out, out_info), (err, err_info)] = log.shaped().expect("shaped");
+        assert_eq!(out, "a\u{FFFD}\n\u{20ac}\n");
+        assert_eq!((out_info.total_bytes, out_info.total_chars), (7, 5));
+        assert_eq!((err.as_str(), err_info.total_lines), ("warn\n", 1));
     }
 
     #[test]

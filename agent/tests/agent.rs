@@ -138,6 +138,7 @@ impl Client {
                 cwd: Some("/tmp".into()),
                 stdin: vec![],
                 tail_bytes: 0,
+                awaits_reader: true,
                 meta: CommandMeta {
                     summary: script.into(),
                     started_at_ms: 0,
@@ -244,6 +245,7 @@ async fn exit_codes_output_and_stdin() {
             cwd: None,
             stdin: vec![],
             tail_bytes: 0,
+            awaits_reader: true,
             meta: CommandMeta {
                 summary: String::new(),
                 started_at_ms: 0,
@@ -263,6 +265,7 @@ async fn exit_codes_output_and_stdin() {
             cwd: Some("/tmp".into()),
             stdin: vec![b'x'; 200_000],
             tail_bytes: 1024,
+            awaits_reader: false,
             meta: CommandMeta {
                 summary: String::new(),
                 started_at_ms: 0,

@@ -294,6 +294,10 @@ pub struct Spawn {
     pub stdin: Vec<u8>,
     /// Keep the last this many bytes of each stream for [`Op::Tail`].
     pub tail_bytes: u32,
+    /// A client reads the log from its start (a started command): output
+    /// is held back for a first reader for a moment. A run to its end
+    /// (`commands:run`) has none coming, and holds nothing.
+    pub awaits_reader: bool,
     pub meta: CommandMeta,
 }
 
@@ -647,6 +651,7 @@ mod tests {
                 cwd: Some("/workspace/x".into()),
                 stdin: vec![0, 1, 2, 255],
                 tail_bytes: 1024,
+                awaits_reader: false,
                 meta: CommandMeta {
                     summary: "echo hi".into(),
                     started_at_ms: 1,

@@ -395,6 +395,7 @@ impl Commands {
             } else {
                 0
             },
+            awaits_reader: !keep_tails,
             meta: CommandMeta {
                 summary: spec.summary.clone(),
                 started_at_ms: started_at,
