@@ -111,10 +111,12 @@ impl Shaper {
         if rest.is_empty() {
             return;
         }
+        // Records are found by where they start, also one the head took
+        // the first characters of.
         if self.after_head.is_none() {
-            self.after_head = Some((seq, rest_offset));
+            self.after_head = Some((seq, offset));
         }
-        self.tail_records.push_back((seq, rest_offset));
+        self.tail_records.push_back((seq, offset));
         self.tail.push_str(rest);
         self.tail_chars += (offset + chars as u64 - rest_offset) as usize;
         if self.tail_chars > self.window.saturating_mul(2).max(1) {
@@ -401,6 +403,64 @@ mod tests {
                 "[… {} lines, {} characters omitted …]\n",
                 info.omitted_lines, info.omitted_chars
             )));
+        }
+    }
+
+    #[test]
+    fn any_budget_and_any_record_sizes_give_back_the_whole_text() {
+        // A small deterministic generator: lines of varied length (some
+        // empty, some longer than the budget), multi-byte characters.
+        let mut seed: u64 = 0x9e37_79b9_7f4a_7c15;
+        let mut next = |n: u64| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed % n
+        };
+        for round in 0..1000 {
+            let lines = next(400) as usize;
+            let text: String = (0..lines)
+                .map(|i| {
+                    let len = match next(10) {
+                        0 => 0,
+                        1 => next(3000) as usize,
+                        _ => next(40) as usize,
+                    };
+                    let c = if i % 3 == 0 { 'ü' } else { 'x' };
+                    format!("{}\n", c.to_string().repeat(len))
+                })
+                .collect();
+            let max = 256 + next(3000) as u32;
+            let head = next(u64::from(max - MARKER_RESERVE) + 1) as u32;
+            let piece = 1 + next(500) as usize;
+            let (out, info, records) = shaped(spec(max, head), &text, piece);
+            let what = format!("round {round}: max {max} head {head} piece {piece}");
+            assert!(out.chars().count() <= max as usize, "{what}");
+            assert_eq!(info.total_chars, text.chars().count() as u64, "{what}");
+            if info.omitted_chars == 0 {
+                assert_eq!(out, text, "{what}");
+                continue;
+            }
+            let chars: Vec<char> = out.chars().collect();
+            let h: String = chars[..info.head_chars as usize].iter().collect();
+            let t: String = chars[chars.len() - info.tail_chars as usize..]
+                .iter()
+                .collect();
+            let m = middle(&info, &records);
+            let whole = format!("{h}{m}{t}");
+            assert!(
+                whole == text,
+                "{what}: {info:?}; {} + {} + {} chars against {}",
+                h.chars().count(),
+                m.chars().count(),
+                t.chars().count(),
+                text.chars().count()
+            );
+            assert_eq!(
+                info.omitted_lines,
+                m.bytes().filter(|&b| b == b'\n').count() as u64,
+                "{what}"
+            );
         }
     }
 
