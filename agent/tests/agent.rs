@@ -138,10 +138,12 @@ impl Client {
                 cwd: Some("/tmp".into()),
                 stdin: vec![],
                 tail_bytes: 0,
+                changes: None,
                 meta: CommandMeta {
                     summary: script.into(),
                     started_at_ms: 0,
                     timeout_ms,
+                    changes: false,
                 },
             }))
             .await;
@@ -243,10 +245,12 @@ async fn exit_codes_output_and_stdin() {
             cwd: None,
             stdin: vec![],
             tail_bytes: 0,
+            changes: None,
             meta: CommandMeta {
                 summary: String::new(),
                 started_at_ms: 0,
                 timeout_ms: 10_000,
+                changes: false,
             },
         }))
         .await;
@@ -261,10 +265,12 @@ async fn exit_codes_output_and_stdin() {
             cwd: Some("/tmp".into()),
             stdin: vec![b'x'; 200_000],
             tail_bytes: 1024,
+            changes: None,
             meta: CommandMeta {
                 summary: String::new(),
                 started_at_ms: 0,
                 timeout_ms: 10_000,
+                changes: false,
             },
         }))
         .await;

@@ -30,7 +30,7 @@ use serde::{Deserialize, Serialize};
 use tokio_util::codec::LengthDelimitedCodec;
 
 /// Bumped on any change to the types below.
-pub const VERSION: u32 = 3;
+pub const VERSION: u32 = 4;
 
 /// Largest piece of bulk data (file content, a tail) in one response.
 pub const CHUNK: usize = 1024 * 1024;
@@ -117,6 +117,11 @@ pub enum Op {
     /// The last `tail_bytes` of each stream of a command started with
     /// them: [`Reply::TailPart`]s, then [`Reply::Ok`].
     Tail { command: String },
+    /// What a command started with [`Spawn::changes`] changed in the
+    /// workspace by its end: [`Reply::ChangesPart`]s, then
+    /// [`Reply::Changes`]. [`FailureKind::NotFound`] for a command started
+    /// without, [`FailureKind::StillRunning`] for one still running.
+    Changes { command: String },
     /// Drop a finished command and its log.
     Forget { command: String },
     /// Every command the agent knows: [`Reply::Commands`].
@@ -221,6 +226,8 @@ pub struct CommandMeta {
     pub summary: String,
     pub started_at_ms: u64,
     pub timeout_ms: u64,
+    /// It was started with [`Spawn::changes`].
+    pub changes: bool,
 }
 
 /// A command to start.
@@ -237,7 +244,60 @@ pub struct Spawn {
     pub stdin: Vec<u8>,
     /// Keep the last this many bytes of each stream for [`Op::Tail`].
     pub tail_bytes: u32,
+    /// Watch the workspace while it runs, for [`Op::Changes`].
+    pub changes: Option<ChangesSpec>,
     pub meta: CommandMeta,
+}
+
+/// What to watch for [`Op::Changes`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChangesSpec {
+    /// Directory names (plain names, no `/`) whose trees are left out, at
+    /// any depth.
+    pub ignore: Vec<String>,
+    /// Most changes listed; the rest are counted.
+    pub max: u32,
+}
+
+/// Longest path of a [`Change`], in bytes.
+pub const MAX_CHANGE_PATH: usize = 4096;
+
+/// A file a command created, modified or deleted.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Change {
+    /// Relative to the workspace, '/'-separated.
+    pub path: String,
+    pub kind: ChangeKind,
+    /// Its size now (`None` when deleted).
+    pub size: Option<u64>,
+}
+
+/// What happened to a file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ChangeKind {
+    Created,
+    Modified,
+    Deleted,
+}
+
+/// How the changes were found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ChangeMethod {
+    /// inotify events while the command ran.
+    Inotify,
+    /// The workspace as listed at the start against what is there at the
+    /// end.
+    Scan,
+}
+
+/// The end of a changes answer: what the listed parts leave out.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChangesSummary {
+    /// Changes beyond the ones sent.
+    pub more: u64,
+    pub method: ChangeMethod,
+    /// Every change is accounted for exactly.
+    pub complete: bool,
 }
 
 /// A read of a command's log.
@@ -377,6 +437,8 @@ pub enum Reply {
     PreconditionFailed(Vec<Mismatch>),
     Matches(Vec<Match>),
     Searched(Searched),
+    ChangesPart(Vec<Change>),
+    Changes(ChangesSummary),
     Error(Failure),
 }
 
@@ -583,10 +645,15 @@ mod tests {
                 cwd: Some("/workspace/x".into()),
                 stdin: vec![0, 1, 2, 255],
                 tail_bytes: 1024,
+                changes: Some(ChangesSpec {
+                    ignore: vec![".git".into()],
+                    max: 1000,
+                }),
                 meta: CommandMeta {
                     summary: "echo hi".into(),
                     started_at_ms: 1,
                     timeout_ms: 30_000,
+                    changes: true,
                 },
             }),
         };
