@@ -13,7 +13,7 @@ use utoipa::openapi::schema::{ObjectBuilder, Schema, Type};
 use utoipa::openapi::{RefOr, ResponseBuilder};
 use utoipa::{Modify, OpenApi, PartialSchema, ToSchema};
 
-use super::dto::{self, Usage};
+use super::dto::{self, Usage, WorkspaceChanges};
 use super::error::ErrorCode;
 
 /// One line of a command's log stream (`application/x-ndjson`), told apart
@@ -50,6 +50,11 @@ pub(super) enum LogRecord {
         #[serde(default)]
         #[schema(nullable = false)]
         usage: Option<Usage>,
+        /// For a command started with `changes`: what it changed in the
+        /// workspace (absent when the sandbox's agent could not say).
+        #[serde(default)]
+        #[schema(nullable = false)]
+        changes: Option<WorkspaceChanges>,
         seq: u64,
     },
 }

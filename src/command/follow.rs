@@ -13,11 +13,11 @@ use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use futures_util::Stream;
-use sandboxd_proto::{FailureKind, Op, ReadLog, Reply};
+use sandboxd_proto::{FailureKind, Op, ReadLog, RecordBody, Reply};
 use tokio_util::sync::CancellationToken;
 
 use super::Command;
-use super::log::{check_order, error_line, exit_line, heartbeat_line, render};
+use super::log::{check_order, error_line, exit_line, heartbeat_line, render, render_exit};
 use crate::agent::AgentError;
 use crate::config::Config;
 use crate::sandbox::registry::OpenRequest;
@@ -137,7 +137,15 @@ impl Follow {
                     }
                     let mut buf = BytesMut::new();
                     for r in &chunk.records {
-                        buf.extend_from_slice(&render(r));
+                        match &r.body {
+                            // The agent made the report before it wrote
+                            // the record: it is there to ask for.
+                            RecordBody::Exit(e) if self.cmd.changes_max.is_some() => {
+                                let changes = self.cmd.changes(&conn, self.agent_timeout).await;
+                                buf.extend_from_slice(&render_exit(e, r.seq, changes.as_ref()));
+                            }
+                            _ => buf.extend_from_slice(&render(r)),
+                        }
                     }
                     self.after = last;
                     return Some(buf.freeze());

@@ -8,6 +8,8 @@ use bytes::Bytes;
 use sandboxd_proto::{Ended, Record, RecordBody, Stream};
 use serde::Serialize;
 
+use super::changes::Changes;
+
 /// How a command ended, as `wait` and the `exit` record say it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ExitInfo {
@@ -44,7 +46,7 @@ struct OutputLine<'a> {
 
 #[derive(Serialize)]
 #[serde(rename_all = "camelCase")]
-struct ExitLine {
+struct ExitLine<'a> {
     stream: &'static str,
     exit_code: i64,
     timed_out: bool,
@@ -53,6 +55,8 @@ struct ExitLine {
     oom_killed: Option<bool>,
     #[serde(skip_serializing_if = "Option::is_none")]
     usage: Option<Usage>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    changes: Option<&'a Changes>,
     seq: u64,
 }
 
@@ -115,6 +119,22 @@ pub fn exit_line(
         killed: exit.killed,
         oom_killed,
         usage,
+        changes: None,
+        seq,
+    })
+}
+
+/// The agent's `exit` record, with what the command changed when it was
+/// started with `changes` (and its agent could say).
+pub fn render_exit(e: &Ended, seq: u64, changes: Option<&Changes>) -> Bytes {
+    line(&ExitLine {
+        stream: "exit",
+        exit_code: i64::from(e.exit_code),
+        timed_out: e.timed_out,
+        killed: e.killed,
+        oom_killed: Some(e.oom_killed),
+        usage: Some(Usage::from(e.usage)),
+        changes,
         seq,
     })
 }
@@ -145,12 +165,7 @@ pub fn render(r: &Record) -> Bytes {
             seq: r.seq,
         }),
         RecordBody::Error { message } => error_line(message, r.seq),
-        RecordBody::Exit(e) => exit_line(
-            exit_of(e),
-            Some(e.oom_killed),
-            Some(Usage::from(e.usage)),
-            r.seq,
-        ),
+        RecordBody::Exit(e) => render_exit(e, r.seq, None),
     }
 }
 

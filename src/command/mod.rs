@@ -11,11 +11,12 @@
 //! checked and only ever describes that sandbox's own commands; how long
 //! a command keeps its sandbox busy is bounded by sandboxd's own clock.
 
+pub mod changes;
 mod follow;
 pub mod log;
 pub mod spec;
 
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use dashmap::DashMap;
@@ -23,12 +24,13 @@ use sandboxd_proto::{CommandMeta, CommandState, Ended, FailureKind, Op, Reply, S
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use crate::agent::{AgentError, reply_name};
+use crate::agent::{AgentConn, AgentError, reply_name};
 use crate::clock::now_ms;
 use crate::config::Config;
 use crate::field_error::FieldError;
 use crate::sandbox::registry::{RunningCommand, Stops};
 use crate::sandbox::{Sandbox, SandboxError, Sandboxes};
+use changes::Changes;
 use log::{ExitInfo, Usage, exit_of};
 use spec::{CommandRequest, CommandSpec};
 
@@ -110,9 +112,28 @@ pub struct Command {
     ended_by_sandboxd: Mutex<Option<String>>,
     /// The agent that runs it (its boot id).
     boot: u64,
+    /// Started with `changes`: the most entries its report may list.
+    changes_max: Option<u32>,
+    /// Its report, once the agent gave it.
+    changes: OnceLock<Changes>,
 }
 
 impl Command {
+    /// What it changed in the workspace, when it was started with
+    /// `changes` and has ended: asked of `conn` (its own agent) once, then
+    /// kept. `None` when its agent cannot say (the sandbox went).
+    async fn changes(&self, conn: &AgentConn, limit: Duration) -> Option<Changes> {
+        let max = self.changes_max?;
+        if let Some(c) = self.changes.get() {
+            return Some(c.clone());
+        }
+        if conn.boot() != self.boot {
+            return None;
+        }
+        let c = changes::fetch(conn, &self.id, max, limit).await?;
+        Some(self.changes.get_or_init(|| c).clone())
+    }
+
     /// How it ended, once it has.
     pub fn finished(&self) -> Option<Finished> {
         *self.finished.borrow()
@@ -178,6 +199,9 @@ pub struct RunResult {
     pub stderr_truncated_bytes: u64,
     /// The effective timeout (capped to `max_timeout`).
     pub timeout_ms: u64,
+    /// What it changed, when it was started with `changes` and its agent
+    /// could say.
+    pub changes: Option<Changes>,
 }
 
 /// A command as the list shows it: the command, and how many processes of
@@ -239,8 +263,10 @@ impl Commands {
         };
         let sandbox = self.sandboxes.lookup(sandbox_id).await?;
         let mut tails = [(String::new(), 0u64), (String::new(), 0u64)];
+        let mut changes = None;
         // The tails live in the agent; a sandbox that died took them along.
         if let Ok(conn) = self.sandboxes.agent(&sandbox).await {
+            changes = cmd.changes(&conn, self.config.agent_timeout).await;
             if conn.boot() == cmd.boot {
                 let limit = spec::MAX_RUN_OUTPUT_BYTES;
                 let _ = conn
@@ -278,6 +304,7 @@ impl Commands {
             stdout_truncated_bytes: out_cut,
             stderr_truncated_bytes: err_cut,
             timeout_ms: cmd.timeout_ms,
+            changes,
         })
     }
 
@@ -316,10 +343,12 @@ impl Commands {
             } else {
                 0
             },
+            changes: spec.changes.clone(),
             meta: CommandMeta {
                 summary: spec.summary.clone(),
                 started_at_ms: started_at,
                 timeout_ms,
+                changes: spec.changes.is_some(),
             },
         };
         let limit = self.config.agent_timeout;
@@ -362,6 +391,8 @@ impl Commands {
             finished: watch::channel(None).0,
             ended_by_sandboxd: Mutex::new(None),
             boot,
+            changes_max: spec.changes.as_ref().map(|c| c.max),
+            changes: OnceLock::new(),
         });
         self.all.insert(id, Arc::clone(&cmd));
         crate::telemetry::command_started();
@@ -547,6 +578,9 @@ impl Commands {
                 finished: watch::channel(state.ended.as_ref().map(Finished::from_agent)).0,
                 ended_by_sandboxd: Mutex::new(None),
                 boot: conn.boot(),
+                // How many it asked for is not kept: at most what any may.
+                changes_max: state.meta.changes.then_some(changes::MAX_MAX),
+                changes: OnceLock::new(),
             });
             self.all.insert(cmd.id.clone(), Arc::clone(&cmd));
             n += 1;

@@ -43,6 +43,9 @@ pub struct CommandRequest {
     /// Only for `commands:run`: bytes of each stream's tail to return.
     #[serde(default)]
     pub max_output_bytes: Option<i64>,
+    /// `true`, `false` or options: see [`super::changes::parse`].
+    #[serde(default)]
+    pub changes: Option<serde_json::Value>,
 }
 
 /// What will run.
@@ -60,6 +63,8 @@ pub struct CommandSpec {
     pub requested_timeout: Option<Duration>,
     pub summary: String,
     pub max_output_bytes: usize,
+    /// What the agent watches for the files the command changes.
+    pub changes: Option<sandboxd_proto::ChangesSpec>,
 }
 
 fn bad(field: &str, msg: impl std::fmt::Display) -> FieldError {
@@ -180,6 +185,8 @@ impl CommandSpec {
                 })?,
         };
 
+        let changes = super::changes::parse(req.changes)?;
+
         Ok(CommandSpec {
             argv,
             env,
@@ -189,6 +196,7 @@ impl CommandSpec {
             requested_timeout,
             summary,
             max_output_bytes,
+            changes,
         })
     }
 }
