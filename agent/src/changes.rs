@@ -119,9 +119,10 @@ pub(crate) struct Watch {
     before: Vec<Rel>,
     /// Paths an event named.
     touched: HashSet<Rel>,
-    /// Path bytes and entries kept so far.
+    /// Path bytes and entries kept so far, and the most entries.
     kept_bytes: usize,
     kept: usize,
+    max_paths: usize,
     /// `None`: scanning (inotify could not be used).
     inotify: Option<Inotify>,
     /// Events were lost: the end is a walk.
@@ -136,6 +137,11 @@ pub(crate) struct Watch {
 impl Watch {
     /// Lists and watches the workspace; call before the command starts.
     pub(crate) fn start(workspace: &str, spec: &ChangesSpec) -> Watch {
+        Watch::start_keeping(workspace, spec, MAX_PATHS)
+    }
+
+    /// [`Watch::start`], keeping at most `max_paths` paths.
+    fn start_keeping(workspace: &str, spec: &ChangesSpec, max_paths: usize) -> Watch {
         let inotify = inotify::init(CreateFlags::CLOEXEC | CreateFlags::NONBLOCK)
             .ok()
             .and_then(|fd| register(fd).ok())
@@ -152,6 +158,7 @@ impl Watch {
             touched: HashSet::new(),
             kept_bytes: 0,
             kept: 0,
+            max_paths,
             inotify,
             lost: false,
             incomplete: false,
@@ -173,7 +180,7 @@ impl Watch {
 
     /// Counts a path against the caps; false when it does not fit.
     fn keep(&mut self, path: &[u8]) -> bool {
-        if self.kept >= MAX_PATHS || self.kept_bytes + path.len() > MAX_PATH_BYTES {
+        if self.kept >= self.max_paths || self.kept_bytes + path.len() > MAX_PATH_BYTES {
             return false;
         }
         self.kept += 1;
@@ -711,6 +718,27 @@ mod tests {
         let paths: Vec<&str> = r.changes.iter().map(|c| c.path.as_str()).collect();
         assert_eq!(paths, ["f0", "f1", "f2"], "the first by path");
         assert_eq!(r.more, 7);
+    }
+
+    #[tokio::test]
+    async fn past_the_paths_kept_the_end_is_a_walk_and_a_large_start_is_incomplete() {
+        let dir = workspace();
+        // 5 files at the start, 12 paths kept: the events of the command
+        // overflow what is kept, and the end walks the workspace.
+        let mut w = Watch::start_keeping(
+            dir.path().to_str().expect("utf-8"),
+            &spec(&[".git", "node_modules"], 1000),
+            12,
+        );
+        act(dir.path());
+        w.read_events();
+        assert!(w.lost, "past the cap");
+        let r = w.conclude();
+        assert_eq!(listed(&r), expected());
+        assert_eq!((r.method, r.complete), (ChangeMethod::Inotify, true));
+        // Fewer kept than there are files at the start: not complete.
+        let w = Watch::start_keeping(dir.path().to_str().expect("utf-8"), &spec(&[], 1000), 3);
+        assert!(!w.conclude().complete);
     }
 
     #[test]
