@@ -272,6 +272,9 @@ impl Watch {
             }
             // Closing the instance removes the watches made so far.
             Err(e) if at_limit(e) && self.starting => self.inotify = None,
+            // Not readable (its listing fails too): what is in it is not
+            // known either way.
+            Err(_) if self.starting => self.incomplete = true,
             Err(_) => self.lost = true,
         }
     }

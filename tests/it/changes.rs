@@ -294,7 +294,7 @@ async fn odd_names_and_unreadable_directories() {
     let r = server
         .run(
             &sid,
-            json!({"command": "touch $'bad\\xff' && chmod 000 locked", "changes": true}),
+            json!({"command": "touch $'bad\\xff' && chmod 000 locked && sleep 0.1", "changes": true}),
         )
         .await;
     assert_eq!(r["exitCode"], 0, "{r}");
