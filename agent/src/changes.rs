@@ -48,7 +48,7 @@ const MAX_PATHS: usize = 250_000;
 const MAX_PATH_BYTES: usize = 32 << 20;
 /// How far file times may lag the clock read at the start (the kernel
 /// stamps files from a clock that ticks every few milliseconds).
-pub(crate) const CLOCK_MARGIN: Duration = Duration::from_millis(20);
+const CLOCK_MARGIN: Duration = Duration::from_millis(20);
 /// Bytes read from the inotify descriptor at once.
 const EVENT_BUFFER: usize = 64 * 1024;
 /// How long events gather before they are read, the descriptor out of the
