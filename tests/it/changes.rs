@@ -91,6 +91,23 @@ async fn run_reports_what_changed_outside_the_ignored_directories() {
     })
     .await;
 
+    // What another command writes while this one runs is in it: the
+    // workspace is watched, not the command.
+    server
+        .start_command(&sid, json!({"command": "sleep 0.5 && echo o > other"}))
+        .await;
+    let r = server
+        .run(
+            &sid,
+            json!({"command": "until test -s other; do sleep 0.1; done", "changes": true, "timeoutMs": 10000}),
+        )
+        .await;
+    assert_eq!(
+        r["changes"]["files"],
+        json!([{"path": "other", "kind": "created", "size": 2}]),
+        "{r}"
+    );
+
     // Without the option there is no report.
     let r = server.run(&sid, json!({"command": "touch x"})).await;
     assert!(r.get("changes").is_none(), "{r}");
