@@ -81,9 +81,12 @@
 //!   …/commands` to the `exit` record of `GET …/logs`, every byte read). And
 //!   the same `commands:run` without `output` (1 MiB tails), for
 //!   comparison. 3 samples of each, interleaved, in an offline sandbox.
+//! - changes (issue 20): `commands:run` of a script that writes 1,000
+//!   files, with `"changes": true`; floor column: the same without, in the
+//!   same loop, alternating which goes first. 20 samples after 3 warm-ups.
 //!
 //! `--profile` also prints where the time of an exec round trip goes.
-//! `--only egress`, `gvisor`, `pty`, `pool` or `shaping` measures that section alone (for
+//! `--only egress`, `gvisor`, `pty`, `pool`, `shaping` or `changes` measures that section alone (for
 //! looking into one figure; the other lines say "not measured", and the
 //! JSON is written only where `--json` says).
 //! Not part of `cargo test`.
@@ -381,6 +384,7 @@ const PTY_OUTPUT: &str = "terminal output a WebSocket viewer received (MB/s)";
 const PTY_PROGRAM: &str = "terminal output the program wrote, 64 MiB (MB/s)";
 const PTY_SKIPPED: &str = "of it, the viewer was told it skipped (MB)";
 const PTY_UNACCOUNTED: &str = "of it, neither received nor told skipped (MB)";
+const CHANGES: &str = "command touching 1,000 files with `\"changes\": true` (run) p50 (ms)";
 const POOL_COLD: &str = "pool: cold create p50, sandboxd without a pool (ms)";
 const POOL_HIT: &str = "pool: create p50, a claim (ms)";
 const POOL_HIT_RESIZED: &str = "pool: create p50, a claim with 2 vCPUs / 2 GiB (ms)";
@@ -485,6 +489,11 @@ fn lines() -> Vec<Line> {
         line(PTY_SKIPPED, "report", None),
         line(PTY_UNACCOUNTED, "0", Some(|v, _| v == 0.0)),
         line(
+            CHANGES,
+            "≤ 1.1× without (floor column)",
+            Some(|v, f| ratio_at_most(v, f, 1.1)),
+        ),
+        line(
             POOL_COLD,
             "≤ 1.26× floor (unchanged)",
             Some(|v, f| ratio_at_most(v, f, 1.26)),
@@ -580,6 +589,7 @@ enum Section {
     Pty,
     Pool,
     Shaping,
+    Changes,
 }
 
 async fn run(
@@ -638,6 +648,7 @@ async fn run(
             Some(Section::Egress) => egress(&server, &mut figures).await,
             Some(Section::Gvisor) => gvisor(&server, &floor, &mut figures).await,
             Some(Section::Pty) => terminals(&server, &mut figures).await,
+            Some(Section::Changes) => changes(&server, &mut figures).await,
         };
         drop(server);
         cleanup(&docker, &instance).await;
@@ -1148,7 +1159,56 @@ async fn measure(
     );
     fig.value(DRAINED, FLOOD_BYTES as f64 / flood_secs / 1e6, None);
     egress(server, fig).await?;
-    terminals(server, fig).await
+    terminals(server, fig).await?;
+    changes(server, fig).await
+}
+
+/// `commands:run` of a script that writes 1,000 files (in a workspace of
+/// 1,000 more), with `"changes": true` and without, alternately and in
+/// turns of which goes first; 20 samples of each after 3 warm-ups.
+async fn changes(server: &Server, fig: &mut RunFigures) -> Res<()> {
+    let sid = id_of(
+        &server
+            .post(
+                "/v1/sandboxes",
+                json!({"sessionKey": "changes", "network": {"mode": "none"}}),
+            )
+            .await?,
+        "sandboxId",
+    )?;
+    let path = format!("/v1/sandboxes/{sid}/commands:run");
+    let script = "mkdir -p touched && cd touched && for i in $(seq 1000); do echo $i > f$i; done";
+    server
+        .post(
+            &path,
+            json!({"command": "mkdir -p old && cd old && for i in $(seq 1000); do echo $i > f$i; done"}),
+        )
+        .await?;
+    let (mut with, mut without) = (Vec::new(), Vec::new());
+    for i in 0..23 {
+        let mut pair = [0.0; 2];
+        let order = if i % 2 == 0 {
+            [true, false]
+        } else {
+            [false, true]
+        };
+        for watched in order {
+            let t = Instant::now();
+            let v = server
+                .post(&path, json!({"command": script, "changes": watched}))
+                .await?;
+            pair[usize::from(watched)] = ms(t.elapsed());
+            if v["exitCode"] != 0 || (watched && v["changes"]["files"].as_array().is_none()) {
+                return Err(format!("changes: {v}").into());
+            }
+        }
+        if i >= 3 {
+            without.push(pair[0]);
+            with.push(pair[1]);
+        }
+    }
+    fig.p50(CHANGES, &with, &without);
+    Ok(())
 }
 
 /// 100 MB from the fake internet's "public" server: by name through the
@@ -1545,8 +1605,11 @@ fn main() -> std::process::ExitCode {
         Some("pty") => Some(Section::Pty),
         Some("pool") => Some(Section::Pool),
         Some("shaping") => Some(Section::Shaping),
+        Some("changes") => Some(Section::Changes),
         Some(other) => {
-            eprintln!("bench: --only takes egress, gvisor, pty, pool or shaping, not {other:?}");
+            eprintln!(
+                "bench: --only takes egress, gvisor, pty, pool, shaping or changes, not {other:?}"
+            );
             return std::process::ExitCode::FAILURE;
         }
     };

@@ -345,6 +345,8 @@ pub fn reply_name(r: &Reply) -> &'static str {
         Reply::PreconditionFailed(_) => "PreconditionFailed",
         Reply::Matches(_) => "Matches",
         Reply::Searched(_) => "Searched",
+        Reply::ChangesPart(_) => "ChangesPart",
+        Reply::Changes(_) => "Changes",
         Reply::Error(_) => "Error",
     }
 }

@@ -30,6 +30,7 @@ use tokio::net::unix::pipe;
 use tokio::sync::{Notify, mpsc, oneshot, watch};
 use tokio_util::codec::Framed;
 
+use crate::changes::{Report, Watch, Watching};
 use crate::keeper::{self, FromKeeper, ToKeeper};
 use crate::log::{Log, Tail};
 use crate::{cgroup, tree};
@@ -89,6 +90,9 @@ pub(crate) struct Cmd {
     started: Instant,
     pub(crate) log: RefCell<Log>,
     tails: RefCell<Option<[Tail; 2]>>,
+    /// What it changed in the workspace, once it ended (when it was
+    /// started with `changes`).
+    changes: RefCell<Option<Report>>,
     ended: RefCell<Option<Ended>>,
     /// Bumped on every change of the log or the state.
     changed: watch::Sender<u64>,
@@ -145,6 +149,16 @@ impl Cmd {
             .borrow()
             .as_ref()
             .map(|[o, e]| [o.finish(), e.finish()])
+    }
+
+    /// Whether it was started with `changes`.
+    pub(crate) fn watched(&self) -> bool {
+        self.meta.changes
+    }
+
+    /// What it changed, once it ended.
+    pub(crate) fn changes(&self) -> Option<Report> {
+        self.changes.borrow().clone()
     }
 
     /// Ends the tree (running or left over); resolves once SIGTERM is sent.
@@ -358,6 +372,11 @@ impl Commands {
         });
         let body = sandboxd_proto::encode(&start)
             .map_err(|e| Failure::new(FailureKind::Invalid, format!("the start: {e}")))?;
+        // Before the command runs, so that all it does is seen.
+        let mut workspace_watch = spec
+            .changes
+            .as_ref()
+            .map(|c| Watch::start(&settings.workspace, c));
         let (mut child, framed, out, err, first) = loop {
             let (keeper, was_spare) = self.keeper_for_command().await?;
             let StartedKeeper {
@@ -445,6 +464,7 @@ impl Commands {
                     Tail::new(spec.tail_bytes as usize),
                 ]
             })),
+            changes: RefCell::new(None),
             ended: RefCell::new(None),
             changed: watch::channel(0).0,
             room: Notify::new(),
@@ -456,6 +476,7 @@ impl Commands {
             FromKeeper::Started { pid } => pid,
             FromKeeper::Failed { exit_code, message } => {
                 cmd.append(Stream::Stderr, message.as_bytes());
+                *cmd.changes.borrow_mut() = workspace_watch.take().map(Watch::conclude);
                 cmd.finish(exit_code, false, false, Usage::default(), false);
                 0
             }
@@ -484,6 +505,7 @@ impl Commands {
             oom_before,
             stopping: None,
             main_usage: None,
+            watching: workspace_watch.map(Watch::spawn),
         };
         tokio::task::spawn_local(runner.run(rx));
         Ok(pid)
@@ -774,6 +796,8 @@ struct Runner {
     stopping: Option<StopCause>,
     /// What the command's own process used, once it ended.
     main_usage: Option<Usage>,
+    /// The workspace's watch while the command runs.
+    watching: Option<Watching>,
 }
 
 /// What woke the runner.
@@ -908,6 +932,7 @@ impl Runner {
                             (Some(before), Some(now)) if now > before
                         );
                     let exit_code = code.unwrap_or_else(|| 128 + signal.unwrap_or(9));
+                    self.conclude_changes().await;
                     self.cmd.finish(exit_code, false, false, usage, oom);
                 }
                 self.commands.refill_spare();
@@ -916,6 +941,7 @@ impl Runner {
             FromKeeper::Stopped { within_grace } => {
                 if self.cmd.ended().is_none() {
                     self.drain().await;
+                    self.conclude_changes().await;
                     let usage = self.main_usage.unwrap_or_default();
                     match self.stopping {
                         Some(StopCause::Timeout) => self.cmd.finish(124, true, false, usage, false),
@@ -951,6 +977,7 @@ impl Runner {
             self.cmd.log.borrow_mut().error(
                 "the command's keeper process was killed from inside the sandbox; its processes were ended",
             );
+            self.conclude_changes().await;
             let usage = self.main_usage.unwrap_or_default();
             self.cmd.finish(137, false, false, usage, false);
         }
@@ -960,6 +987,15 @@ impl Runner {
         );
         self.commands.end_orphans();
         self.cmd.touch();
+    }
+
+    /// Ends the workspace's watch and keeps what it found, before the end
+    /// is recorded: whoever learns of the end can ask for it.
+    async fn conclude_changes(&mut self) {
+        if let Some(w) = self.watching.take() {
+            let report = w.finish().await;
+            *self.cmd.changes.borrow_mut() = Some(report);
+        }
     }
 
     /// Reads what the pipes hold now (the command's own process has ended,

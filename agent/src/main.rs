@@ -22,6 +22,7 @@
 
 mod bridge;
 mod cgroup;
+mod changes;
 mod commands;
 mod egress;
 mod files;

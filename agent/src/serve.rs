@@ -22,8 +22,8 @@ use std::time::{Duration, Instant};
 
 use futures_util::{SinkExt, StreamExt};
 use sandboxd_proto::{
-    CHUNK, ENTRIES_PER_CHUNK, Failure, FailureKind, HelloReply, LogChunk, MAX_AGENT_FRAME,
-    MAX_HOST_FRAME, Op, Reply, Request, Response, Stream,
+    CHUNK, Change, ChangesSummary, ENTRIES_PER_CHUNK, Failure, FailureKind, HelloReply, LogChunk,
+    MAX_AGENT_FRAME, MAX_HOST_FRAME, Op, Reply, Request, Response, Stream,
 };
 use tokio::net::UnixStream;
 use tokio::sync::{mpsc, oneshot};
@@ -434,6 +434,38 @@ async fn handle(op: Op, answer: Answer, agent: Rc<Agent>, conn: Rc<Conn>) {
             }
             answer.last(Reply::Ok).await
         }
+        Op::Changes { command } => {
+            let cmd = match commands.get(&command) {
+                Ok(c) => c,
+                Err(f) => return answer.last(Reply::Error(f)).await,
+            };
+            let report = match (cmd.watched(), cmd.changes()) {
+                (false, _) => Err(Failure::new(
+                    FailureKind::NotFound,
+                    format!("command {command} was started without changes"),
+                )),
+                (true, None) => Err(Failure::new(
+                    FailureKind::StillRunning,
+                    format!("command {command} is still running"),
+                )),
+                (true, Some(r)) => Ok(r),
+            };
+            let report = match report {
+                Ok(r) => r,
+                Err(f) => return answer.last(Reply::Error(f)).await,
+            };
+            for piece in change_pieces(report.changes) {
+                if !answer.part(Reply::ChangesPart(piece)).await {
+                    return;
+                }
+            }
+            let summary = ChangesSummary {
+                more: report.more,
+                method: report.method,
+                complete: report.complete,
+            };
+            answer.last(Reply::Changes(summary)).await
+        }
         Op::Forget { command } => {
             let r = commands.forget(&command).map(|()| Reply::Ok);
             answer.result(r).await
@@ -612,6 +644,27 @@ fn text_chunks(text: &str, max: usize) -> Vec<&str> {
         rest = tail;
     }
     out
+}
+
+/// Changes in pieces that each fit a frame: at most about half a
+/// [`CHUNK`] of paths per piece.
+fn change_pieces(changes: Vec<Change>) -> Vec<Vec<Change>> {
+    let mut pieces = Vec::new();
+    let mut piece = Vec::new();
+    let mut bytes = 0usize;
+    for c in changes {
+        let weight = 32 + c.path.len();
+        if !piece.is_empty() && bytes + weight > CHUNK / 2 {
+            pieces.push(std::mem::take(&mut piece));
+            bytes = 0;
+        }
+        bytes += weight;
+        piece.push(c);
+    }
+    if !piece.is_empty() {
+        pieces.push(piece);
+    }
+    pieces
 }
 
 /// Matches in pieces that each fit a frame: at most about half a

@@ -139,11 +139,13 @@ impl Client {
                 stdin: vec![],
                 tail_bytes: 0,
                 awaits_reader: true,
+                changes: None,
                 meta: CommandMeta {
                     summary: script.into(),
                     started_at_ms: 0,
                     timeout_ms,
                     shape: None,
+                    changes: false,
                 },
             }))
             .await;
@@ -246,11 +248,13 @@ async fn exit_codes_output_and_stdin() {
             stdin: vec![],
             tail_bytes: 0,
             awaits_reader: true,
+            changes: None,
             meta: CommandMeta {
                 summary: String::new(),
                 started_at_ms: 0,
                 timeout_ms: 10_000,
                 shape: None,
+                changes: false,
             },
         }))
         .await;
@@ -266,11 +270,13 @@ async fn exit_codes_output_and_stdin() {
             stdin: vec![b'x'; 200_000],
             tail_bytes: 1024,
             awaits_reader: false,
+            changes: None,
             meta: CommandMeta {
                 summary: String::new(),
                 started_at_ms: 0,
                 timeout_ms: 10_000,
                 shape: None,
+                changes: false,
             },
         }))
         .await;

@@ -30,7 +30,7 @@ use serde::{Deserialize, Serialize};
 use tokio_util::codec::LengthDelimitedCodec;
 
 /// Bumped on any change to the types below.
-pub const VERSION: u32 = 4;
+pub const VERSION: u32 = 5;
 
 /// Largest piece of bulk data (file content, a tail) in one response.
 pub const CHUNK: usize = 1024 * 1024;
@@ -118,6 +118,11 @@ pub enum Op {
     /// them: [`Reply::TailPart`]s, then [`Reply::Ok`]. A command started
     /// with a [`ShapeSpec`] answers [`Reply::Shaped`] parts instead.
     Tail { command: String },
+    /// What a command started with [`Spawn::changes`] changed in the
+    /// workspace by its end: [`Reply::ChangesPart`]s, then
+    /// [`Reply::Changes`]. [`FailureKind::NotFound`] for a command started
+    /// without, [`FailureKind::StillRunning`] for one still running.
+    Changes { command: String },
     /// Drop a finished command and its log.
     Forget { command: String },
     /// Every command the agent knows: [`Reply::Commands`].
@@ -225,6 +230,8 @@ pub struct CommandMeta {
     /// Shape each stream's output for a model: [`Op::Tail`] then answers
     /// [`Reply::Shaped`] parts.
     pub shape: Option<ShapeSpec>,
+    /// It was started with [`Spawn::changes`].
+    pub changes: bool,
 }
 
 /// Characters of a shaped stream kept for the line that says what was
@@ -298,7 +305,60 @@ pub struct Spawn {
     /// is held back for a first reader for a moment. A run to its end
     /// (`commands:run`) has none coming, and holds nothing.
     pub awaits_reader: bool,
+    /// Watch the workspace while it runs, for [`Op::Changes`].
+    pub changes: Option<ChangesSpec>,
     pub meta: CommandMeta,
+}
+
+/// What to watch for [`Op::Changes`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChangesSpec {
+    /// Directory names (plain names, no `/`) whose trees are left out, at
+    /// any depth.
+    pub ignore: Vec<String>,
+    /// Most changes listed; the rest are counted.
+    pub max: u32,
+}
+
+/// Longest path of a [`Change`], in bytes.
+pub const MAX_CHANGE_PATH: usize = 4096;
+
+/// A file a command created, modified or deleted.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Change {
+    /// Relative to the workspace, '/'-separated.
+    pub path: String,
+    pub kind: ChangeKind,
+    /// Its size now (`None` when deleted).
+    pub size: Option<u64>,
+}
+
+/// What happened to a file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ChangeKind {
+    Created,
+    Modified,
+    Deleted,
+}
+
+/// How the changes were found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ChangeMethod {
+    /// inotify events while the command ran.
+    Inotify,
+    /// The workspace as listed at the start against what is there at the
+    /// end.
+    Scan,
+}
+
+/// The end of a changes answer: what the listed parts leave out.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChangesSummary {
+    /// Changes beyond the ones sent.
+    pub more: u64,
+    pub method: ChangeMethod,
+    /// Every change is accounted for exactly.
+    pub complete: bool,
 }
 
 /// A read of a command's log.
@@ -445,6 +505,8 @@ pub enum Reply {
     PreconditionFailed(Vec<Mismatch>),
     Matches(Vec<Match>),
     Searched(Searched),
+    ChangesPart(Vec<Change>),
+    Changes(ChangesSummary),
     Error(Failure),
 }
 
@@ -652,6 +714,10 @@ mod tests {
                 stdin: vec![0, 1, 2, 255],
                 tail_bytes: 1024,
                 awaits_reader: false,
+                changes: Some(ChangesSpec {
+                    ignore: vec![".git".into()],
+                    max: 1000,
+                }),
                 meta: CommandMeta {
                     summary: "echo hi".into(),
                     started_at_ms: 1,
@@ -661,6 +727,7 @@ mod tests {
                         head_chars: 1000,
                         raw: false,
                     }),
+                    changes: true,
                 },
             }),
         };

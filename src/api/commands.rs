@@ -60,6 +60,12 @@ pub(super) struct CommandBody {
     /// the `exit` record of the log. Not with `maxOutputBytes`.
     #[serde(default)]
     output: Option<OutputBody>,
+    /// Report the files the command created, modified and deleted in the
+    /// workspace by its end: in the `commands:run` answer and in the
+    /// `exit` record of its log.
+    #[serde(default)]
+    #[schema(value_type = Option<ChangesParam>)]
+    changes: Option<serde_json::Value>,
 }
 
 /// `output`: how to shape each stream.
@@ -77,6 +83,35 @@ pub(super) struct OutputBody {
     /// (collapsed).
     #[serde(default)]
     raw: Option<bool>,
+}
+
+/// `changes`: `true` (ignore `.git`, `node_modules`, `__pycache__` and
+/// `.venv`, list up to 1000), `false` (the default: no report), or options.
+#[derive(Debug, ToSchema)]
+#[serde(untagged)]
+#[allow(
+    dead_code,
+    reason = "it describes the field; the domain parses it and names the field it refuses"
+)]
+enum ChangesParam {
+    On(bool),
+    With(ChangesOptions),
+}
+
+/// Options of `changes`; each left out keeps its default.
+#[derive(Debug, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[allow(
+    dead_code,
+    reason = "it describes the field; the domain parses it and names the field it refuses"
+)]
+struct ChangesOptions {
+    /// Directory names (no `/`) whose trees are left out, at any depth: at
+    /// most 64, each 1–255 bytes. Replaces the default list.
+    ignore: Option<Vec<String>>,
+    /// Most changes listed, 1–10000 (default 1000); `more` counts the rest.
+    #[schema(minimum = 1, maximum = 10000)]
+    max: Option<u32>,
 }
 
 impl From<CommandBody> for CommandRequest {
@@ -98,6 +133,7 @@ impl From<CommandBody> for CommandRequest {
                 head_chars: o.head_chars,
                 raw: o.raw,
             }),
+            changes: b.changes,
         }
     }
 }

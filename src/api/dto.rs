@@ -13,6 +13,7 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use super::error::ErrorCode;
+use crate::command::changes::{self, Changes};
 use crate::command::log;
 use crate::command::{Command, Finished, Listed, RunResult};
 use crate::files::{Entry, EntryKind, FileContent, LinesRead, Mismatch, PathInfo, SearchResult};
@@ -282,6 +283,87 @@ pub(super) struct CommandRun {
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(nullable = false)]
     output: Option<OutputShapes>,
+    /// With `changes`: what the command changed in the workspace (absent
+    /// when the sandbox's agent could not say).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    changes: Option<WorkspaceChanges>,
+}
+
+/// The files a command created, modified and deleted in the workspace by
+/// the time its own process ended, sorted by path. Directories are not
+/// listed (the files in them are); ignored directories are left out.
+#[derive(Debug, Serialize, ToSchema)]
+#[cfg_attr(test, derive(serde::Deserialize))]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub(super) struct WorkspaceChanges {
+    /// At most `max` of them, the first by path.
+    files: Vec<ChangedFile>,
+    /// How many changes there are beyond `files` (exact).
+    more: u64,
+    /// `inotify`: events while the command ran; `scan`: the workspace at
+    /// the start against the end (inotify could not be used).
+    method: ChangeMethod,
+    /// `false` when a change may be missing or may not be one (see
+    /// docs/API.md).
+    complete: bool,
+}
+
+/// One changed file.
+#[derive(Debug, Serialize, ToSchema)]
+#[cfg_attr(test, derive(serde::Deserialize))]
+#[serde(deny_unknown_fields)]
+pub(super) struct ChangedFile {
+    /// Relative to the workspace.
+    path: String,
+    kind: ChangeKind,
+    /// Bytes now; absent when deleted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    size: Option<u64>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+#[cfg_attr(test, derive(serde::Deserialize))]
+#[serde(rename_all = "lowercase")]
+enum ChangeKind {
+    Created,
+    Modified,
+    Deleted,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+#[cfg_attr(test, derive(serde::Deserialize))]
+#[serde(rename_all = "lowercase")]
+enum ChangeMethod {
+    Inotify,
+    Scan,
+}
+
+impl From<Changes> for WorkspaceChanges {
+    fn from(c: Changes) -> Self {
+        WorkspaceChanges {
+            files: c
+                .files
+                .into_iter()
+                .map(|f| ChangedFile {
+                    path: f.path,
+                    kind: match f.kind {
+                        changes::Kind::Created => ChangeKind::Created,
+                        changes::Kind::Modified => ChangeKind::Modified,
+                        changes::Kind::Deleted => ChangeKind::Deleted,
+                    },
+                    size: f.size,
+                })
+                .collect(),
+            more: c.more,
+            method: match c.method {
+                changes::Method::Inotify => ChangeMethod::Inotify,
+                changes::Method::Scan => ChangeMethod::Scan,
+            },
+            complete: c.complete,
+        }
+    }
 }
 
 impl From<RunResult> for CommandRun {
@@ -300,6 +382,7 @@ impl From<RunResult> for CommandRun {
             oom_killed: r.finished.oom_killed,
             usage: r.finished.usage.map(Usage::from),
             output: t.shapes.map(OutputShapes::from),
+            changes: r.changes.map(WorkspaceChanges::from),
         }
     }
 }

@@ -13,7 +13,7 @@ use utoipa::openapi::schema::{ObjectBuilder, Schema, Type};
 use utoipa::openapi::{RefOr, ResponseBuilder};
 use utoipa::{Modify, OpenApi, PartialSchema, ToSchema};
 
-use super::dto::{self, Usage};
+use super::dto::{self, Usage, WorkspaceChanges};
 use super::error::ErrorCode;
 
 /// One line of a command's log stream (`application/x-ndjson`), told apart
@@ -61,6 +61,11 @@ pub(super) enum LogRecord {
         #[serde(default)]
         #[schema(nullable = false)]
         output: Option<Box<dto::OutputShapes>>,
+        /// For a command started with `changes`: what it changed in the
+        /// workspace (absent when the sandbox's agent could not say).
+        #[serde(default)]
+        #[schema(nullable = false)]
+        changes: Option<WorkspaceChanges>,
         seq: u64,
     },
 }

@@ -17,7 +17,7 @@ use sandboxd_proto::{FailureKind, Op, ReadLog, RecordBody, Reply};
 use tokio_util::sync::CancellationToken;
 
 use super::Command;
-use super::log::{Usage, check_order, error_line, exit_line, exit_of, heartbeat_line, render};
+use super::log::{check_order, error_line, exit_line, heartbeat_line, render, render_exit};
 use crate::agent::AgentError;
 use crate::config::Config;
 use crate::sandbox::registry::OpenRequest;
@@ -138,17 +138,26 @@ impl Follow {
                     let mut buf = BytesMut::new();
                     for r in &chunk.records {
                         match &r.body {
-                            // A command that asked for shaped streams has
-                            // them in its exit record.
-                            RecordBody::Exit(e) if self.cmd.shape.is_some() => {
-                                let tails =
-                                    super::fetch_tails(&conn, &self.cmd, self.agent_timeout).await;
-                                buf.extend_from_slice(&exit_line(
-                                    exit_of(e),
-                                    Some(e.oom_killed),
-                                    Some(Usage::from(e.usage)),
-                                    tails.shaped().as_ref(),
+                            // A command that asked for shaped streams or
+                            // its changes has them in its exit record (the
+                            // agent made them before it wrote the record).
+                            RecordBody::Exit(e)
+                                if self.cmd.shape.is_some() || self.cmd.changes_max.is_some() =>
+                            {
+                                let shaped = match self.cmd.shape {
+                                    Some(_) => {
+                                        super::fetch_tails(&conn, &self.cmd, self.agent_timeout)
+                                            .await
+                                            .shaped()
+                                    }
+                                    None => None,
+                                };
+                                let changes = self.cmd.changes(&conn, self.agent_timeout).await;
+                                buf.extend_from_slice(&render_exit(
+                                    e,
                                     r.seq,
+                                    shaped.as_ref(),
+                                    changes.as_ref(),
                                 ));
                             }
                             _ => buf.extend_from_slice(&render(r)),

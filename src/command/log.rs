@@ -8,6 +8,8 @@ use bytes::Bytes;
 use sandboxd_proto::{Ended, Record, RecordBody, ShapeInfo, Stream};
 use serde::Serialize;
 
+use super::changes::Changes;
+
 /// How a command ended, as `wait` and the `exit` record say it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ExitInfo {
@@ -146,6 +148,8 @@ struct ExitLine<'a> {
     stderr: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     output: Option<&'a Shapes>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    changes: Option<&'a Changes>,
     seq: u64,
 }
 
@@ -213,6 +217,31 @@ pub fn exit_line(
         stdout: shaped.map(|s| s.stdout.as_str()),
         stderr: shaped.map(|s| s.stderr.as_str()),
         output: shaped.map(|s| &s.shapes),
+        changes: None,
+        seq,
+    })
+}
+
+/// The agent's `exit` record, with the shaped streams and what the command
+/// changed when it was started with `output` or `changes` (and its agent
+/// could say).
+pub fn render_exit(
+    e: &Ended,
+    seq: u64,
+    shaped: Option<&Shaped>,
+    changes: Option<&Changes>,
+) -> Bytes {
+    line(&ExitLine {
+        stream: "exit",
+        exit_code: i64::from(e.exit_code),
+        timed_out: e.timed_out,
+        killed: e.killed,
+        oom_killed: Some(e.oom_killed),
+        usage: Some(Usage::from(e.usage)),
+        stdout: shaped.map(|s| s.stdout.as_str()),
+        stderr: shaped.map(|s| s.stderr.as_str()),
+        output: shaped.map(|s| &s.shapes),
+        changes,
         seq,
     })
 }
@@ -243,13 +272,7 @@ pub fn render(r: &Record) -> Bytes {
             seq: r.seq,
         }),
         RecordBody::Error { message } => error_line(message, r.seq),
-        RecordBody::Exit(e) => exit_line(
-            exit_of(e),
-            Some(e.oom_killed),
-            Some(Usage::from(e.usage)),
-            None,
-            r.seq,
-        ),
+        RecordBody::Exit(e) => render_exit(e, r.seq, None, None),
     }
 }
 

@@ -11,11 +11,12 @@
 //! checked and only ever describes that sandbox's own commands; how long
 //! a command keeps its sandbox busy is bounded by sandboxd's own clock.
 
+pub mod changes;
 mod follow;
 pub mod log;
 pub mod spec;
 
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use dashmap::DashMap;
@@ -31,6 +32,7 @@ use crate::config::Config;
 use crate::field_error::FieldError;
 use crate::sandbox::registry::{RunningCommand, Stops};
 use crate::sandbox::{Sandbox, SandboxError, Sandboxes};
+use changes::Changes;
 use log::{ExitInfo, Shape, Shaped, Shapes, Usage, exit_of};
 use spec::{CommandRequest, CommandSpec};
 
@@ -114,9 +116,28 @@ pub struct Command {
     boot: u64,
     /// Its streams are shaped for its end (`output`).
     shape: Option<ShapeSpec>,
+    /// Started with `changes`: the most entries its report may list.
+    changes_max: Option<u32>,
+    /// Its report, once the agent gave it.
+    changes: OnceLock<Changes>,
 }
 
 impl Command {
+    /// What it changed in the workspace, when it was started with
+    /// `changes` and has ended: asked of `conn` (its own agent) once, then
+    /// kept. `None` when its agent cannot say (the sandbox went).
+    async fn changes(&self, conn: &AgentConn, limit: Duration) -> Option<Changes> {
+        let max = self.changes_max?;
+        if let Some(c) = self.changes.get() {
+            return Some(c.clone());
+        }
+        if conn.boot() != self.boot {
+            return None;
+        }
+        let c = changes::fetch(conn, &self.id, max, limit).await?;
+        Some(self.changes.get_or_init(|| c).clone())
+    }
+
     /// How it ended, once it has.
     pub fn finished(&self) -> Option<Finished> {
         *self.finished.borrow()
@@ -179,6 +200,9 @@ pub struct RunResult {
     /// The effective timeout (capped to `max_timeout`).
     pub timeout_ms: u64,
     pub tails: Tails,
+    /// What it changed, when it was started with `changes` and its agent
+    /// could say.
+    pub changes: Option<Changes>,
 }
 
 /// What the agent kept of a command's streams for its end: the tail of
@@ -347,16 +371,23 @@ impl Commands {
         };
         let sandbox = self.sandboxes.lookup(sandbox_id).await?;
         // The tails live in the agent; a sandbox that died took them along.
-        let tails = match self.sandboxes.agent(&sandbox).await {
-            Ok(conn) if conn.boot() == cmd.boot => {
-                fetch_tails(&conn, &cmd, self.config.agent_timeout).await
+        let (tails, changes) = match self.sandboxes.agent(&sandbox).await {
+            Ok(conn) => {
+                let changes = cmd.changes(&conn, self.config.agent_timeout).await;
+                let tails = if conn.boot() == cmd.boot {
+                    fetch_tails(&conn, &cmd, self.config.agent_timeout).await
+                } else {
+                    Tails::default()
+                };
+                (tails, changes)
             }
-            _ => Tails::default(),
+            Err(_) => (Tails::default(), None),
         };
         Ok(RunResult {
             finished: done,
             timeout_ms: cmd.timeout_ms,
             tails,
+            changes,
         })
     }
 
@@ -396,11 +427,13 @@ impl Commands {
                 0
             },
             awaits_reader: !keep_tails,
+            changes: spec.changes.clone(),
             meta: CommandMeta {
                 summary: spec.summary.clone(),
                 started_at_ms: started_at,
                 timeout_ms,
                 shape: spec.shape,
+                changes: spec.changes.is_some(),
             },
         };
         let limit = self.config.agent_timeout;
@@ -444,6 +477,8 @@ impl Commands {
             ended_by_sandboxd: Mutex::new(None),
             boot,
             shape: spec.shape,
+            changes_max: spec.changes.as_ref().map(|c| c.max),
+            changes: OnceLock::new(),
         });
         self.all.insert(id, Arc::clone(&cmd));
         crate::telemetry::command_started();
@@ -634,6 +669,9 @@ impl Commands {
                     max_chars: s.max_chars.min(spec::MAX_SHAPED_CHARS),
                     ..s
                 }),
+                // How many it asked for is not kept: at most what any may.
+                changes_max: state.meta.changes.then_some(changes::MAX_MAX),
+                changes: OnceLock::new(),
             });
             self.all.insert(cmd.id.clone(), Arc::clone(&cmd));
             n += 1;

@@ -62,6 +62,9 @@ pub struct CommandRequest {
     /// record.
     #[serde(default)]
     pub output: Option<OutputRequest>,
+    /// `true`, `false` or options: see [`super::changes::parse`].
+    #[serde(default)]
+    pub changes: Option<serde_json::Value>,
 }
 
 /// What will run.
@@ -81,6 +84,8 @@ pub struct CommandSpec {
     pub max_output_bytes: usize,
     /// Shape the streams instead of keeping their tails.
     pub shape: Option<ShapeSpec>,
+    /// What the agent watches for the files the command changes.
+    pub changes: Option<sandboxd_proto::ChangesSpec>,
 }
 
 fn bad(field: &str, msg: impl std::fmt::Display) -> FieldError {
@@ -208,6 +213,7 @@ impl CommandSpec {
             ));
         }
         let shape = req.output.map(shape_of).transpose()?;
+        let changes = super::changes::parse(req.changes)?;
 
         Ok(CommandSpec {
             argv,
@@ -219,6 +225,7 @@ impl CommandSpec {
             summary,
             max_output_bytes,
             shape,
+            changes,
         })
     }
 }

@@ -9,6 +9,7 @@ mod harness;
 mod abuse;
 mod agent;
 mod auth;
+mod changes;
 mod codes;
 mod commands;
 mod config;

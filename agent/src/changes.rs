@@ -1,0 +1,776 @@
+//! What a command changed in the workspace: the files it created, modified
+//! and deleted by the time its own process ended. This module owns the
+//! watch of one command started with `changes` ([`Watch`]): a listing of
+//! the workspace's files at the start (names only, from the directory
+//! walk that also puts an inotify watch on every directory), the paths
+//! inotify named while the command ran, and the [`Report`] made from both
+//! at its end.
+//!
+//! Whether a path existed before is whether the start listing holds it;
+//! what is there now is an `lstat` at the end. So a file created then
+//! deleted is no change, and one deleted then created again is
+//! `modified`. Directories themselves are never changes (the files in
+//! them are); directories named in `ignore` are skipped at any depth.
+//!
+//! When inotify cannot be used (no instance or no watch left: the limits
+//! are per user, and the sandbox's code runs as the agent's user), the
+//! end is a second walk compared with the start listing (`Scan`): a file
+//! whose ctime is after the start counts as modified. When events were
+//! lost (the kernel's queue overflowed, a directory created later could
+//! not be watched, more paths than this module keeps), the end is the
+//! same walk, with what the events said on top. A file whose ctime is
+//! within [`CLOCK_MARGIN`] before the start may have changed just before
+//! or just after it (file times come from a coarse clock): it is listed as
+//! modified and the report says it is not `complete`.
+//!
+//! Everything is bounded: the paths kept (start listing and events
+//! together) by [`MAX_PATHS`] and [`MAX_PATH_BYTES`], the report by the
+//! `max` asked for (the rest is counted). It all runs on the agent's own
+//! thread, the events read as they come through the runtime.
+
+use std::collections::{BinaryHeap, HashMap, HashSet};
+use std::ffi::OsStr;
+use std::mem::MaybeUninit;
+use std::os::fd::OwnedFd;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use rustix::fs::inotify::{self, CreateFlags, ReadFlags, WatchFlags};
+use sandboxd_proto::{Change, ChangeKind, ChangeMethod, ChangesSpec, MAX_CHANGE_PATH};
+use tokio::io::unix::AsyncFd;
+use tokio::sync::oneshot;
+
+/// Most paths kept, the start listing and the paths events named together.
+const MAX_PATHS: usize = 250_000;
+/// Most bytes of those paths.
+const MAX_PATH_BYTES: usize = 32 << 20;
+/// How far file times may lag the clock read at the start (the kernel
+/// stamps files from a clock that ticks every few milliseconds).
+const CLOCK_MARGIN: Duration = Duration::from_millis(20);
+/// Bytes read from the inotify descriptor at once.
+const EVENT_BUFFER: usize = 64 * 1024;
+/// How long events gather before they are read, the descriptor out of the
+/// runtime's poll set meanwhile: the agent shares the sandbox's CPU with
+/// the command, and a wake-up of its thread per event (epoll reports every
+/// event queued) made a command that writes 1,000 files a third slower.
+/// The kernel queues 16,384 events (and merges repeats of the same one),
+/// so this is far from overflowing it.
+const GATHER: Duration = Duration::from_millis(10);
+
+/// What a command changed, as the agent reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Report {
+    /// Sorted by path, at most the `max` asked for.
+    pub(crate) changes: Vec<Change>,
+    /// Changes beyond those.
+    pub(crate) more: u64,
+    pub(crate) method: ChangeMethod,
+    pub(crate) complete: bool,
+}
+
+/// A path relative to the workspace, as bytes ('/'-separated).
+type Rel = Vec<u8>;
+
+/// A file time in nanoseconds since the epoch.
+type Nanos = i128;
+
+fn nanos(t: SystemTime) -> Nanos {
+    match t.duration_since(UNIX_EPOCH) {
+        Ok(d) => d.as_nanos() as Nanos,
+        Err(e) => -(e.duration().as_nanos() as Nanos),
+    }
+}
+
+fn join(dir: &[u8], name: &[u8]) -> Rel {
+    let mut p = Vec::with_capacity(dir.len() + 1 + name.len());
+    if !dir.is_empty() {
+        p.extend_from_slice(dir);
+        p.push(b'/');
+    }
+    p.extend_from_slice(name);
+    p
+}
+
+/// The inotify instance and which directory each watch is on.
+#[derive(Debug)]
+struct Inotify {
+    fd: OwnedFd,
+    dirs: HashMap<i32, Rel>,
+}
+
+/// Joins (a copy of) the inotify descriptor to the runtime's poll set,
+/// until it is dropped.
+#[expect(
+    deprecated,
+    reason = "tokio deprecated AsyncFd::new for inner types that do not own their descriptor; an OwnedFd owns it, so this is the sound case, and the replacement is unsafe, which this crate forbids"
+)]
+fn register(fd: OwnedFd) -> std::io::Result<AsyncFd<OwnedFd>> {
+    AsyncFd::new(fd)
+}
+
+/// Whether an error says a per-user inotify limit is reached.
+fn at_limit(e: rustix::io::Errno) -> bool {
+    e == rustix::io::Errno::NOSPC || e == rustix::io::Errno::MFILE
+}
+
+/// See the module docs.
+#[derive(Debug)]
+pub(crate) struct Watch {
+    root: PathBuf,
+    ignore: HashSet<Vec<u8>>,
+    max: usize,
+    /// The clock when the walk began.
+    start: Nanos,
+    /// Files (every entry but directories) at the start, sorted.
+    before: Vec<Rel>,
+    /// Paths an event named.
+    touched: HashSet<Rel>,
+    /// Path bytes and entries kept so far, and the most entries.
+    kept_bytes: usize,
+    kept: usize,
+    max_paths: usize,
+    /// `None`: scanning (inotify could not be used).
+    inotify: Option<Inotify>,
+    /// Events were lost: the end is a walk.
+    lost: bool,
+    /// Something could not be known (a directory not readable, the start
+    /// listing cut at the cap).
+    incomplete: bool,
+    /// The start walk is on.
+    starting: bool,
+}
+
+impl Watch {
+    /// Lists and watches the workspace; call before the command starts.
+    pub(crate) fn start(workspace: &str, spec: &ChangesSpec) -> Watch {
+        Watch::start_keeping(workspace, spec, MAX_PATHS)
+    }
+
+    /// [`Watch::start`], keeping at most `max_paths` paths.
+    fn start_keeping(workspace: &str, spec: &ChangesSpec, max_paths: usize) -> Watch {
+        let inotify = inotify::init(CreateFlags::CLOEXEC | CreateFlags::NONBLOCK)
+            .ok()
+            .map(|fd| Inotify {
+                fd,
+                dirs: HashMap::new(),
+            });
+        let mut w = Watch {
+            root: PathBuf::from(workspace),
+            ignore: spec.ignore.iter().map(|n| n.as_bytes().to_vec()).collect(),
+            max: spec.max as usize,
+            start: nanos(SystemTime::now()),
+            before: Vec::new(),
+            touched: HashSet::new(),
+            kept_bytes: 0,
+            kept: 0,
+            max_paths,
+            inotify,
+            lost: false,
+            incomplete: false,
+            starting: true,
+        };
+        let mut before = Vec::new();
+        w.walk(Vec::new(), &mut |w, file, _| {
+            if w.keep(&file) {
+                before.push(file);
+            } else {
+                w.incomplete = true;
+            }
+        });
+        before.sort_unstable();
+        w.before = before;
+        w.starting = false;
+        w
+    }
+
+    /// Counts a path against the caps; false when it does not fit.
+    fn keep(&mut self, path: &[u8]) -> bool {
+        if self.kept >= self.max_paths || self.kept_bytes + path.len() > MAX_PATH_BYTES {
+            return false;
+        }
+        self.kept += 1;
+        self.kept_bytes += path.len();
+        true
+    }
+
+    /// Walks the tree at `top` (relative; empty: the workspace), skipping
+    /// ignored directories and not following symlinks, watching each
+    /// directory while inotify is in use, and calls `file` with every
+    /// entry that is not a directory (and its metadata when `file` needs
+    /// it: see [`Watch::rescan`]).
+    fn walk(&mut self, top: Rel, file: &mut dyn FnMut(&mut Watch, Rel, Option<std::fs::Metadata>)) {
+        self.walk_with(top, false, file);
+    }
+
+    fn walk_with(
+        &mut self,
+        top: Rel,
+        with_metadata: bool,
+        file: &mut dyn FnMut(&mut Watch, Rel, Option<std::fs::Metadata>),
+    ) {
+        let mut dirs = vec![top];
+        while let Some(dir) = dirs.pop() {
+            let abs = self.abs(&dir);
+            self.watch_dir(&abs, &dir);
+            let Ok(entries) = std::fs::read_dir(&abs) else {
+                self.incomplete = true;
+                continue;
+            };
+            for entry in entries {
+                let Ok(entry) = entry else {
+                    self.incomplete = true;
+                    continue;
+                };
+                let name = entry.file_name();
+                let path = join(&dir, name.as_bytes());
+                let Ok(kind) = entry.file_type() else {
+                    self.incomplete = true;
+                    continue;
+                };
+                if kind.is_dir() {
+                    if !self.ignore.contains(name.as_bytes()) {
+                        dirs.push(path);
+                    }
+                } else {
+                    let meta = with_metadata
+                        .then(|| std::fs::symlink_metadata(entry.path()).ok())
+                        .flatten();
+                    file(self, path, meta);
+                }
+            }
+        }
+    }
+
+    fn abs(&self, rel: &[u8]) -> PathBuf {
+        if rel.is_empty() {
+            self.root.clone()
+        } else {
+            self.root.join(OsStr::from_bytes(rel))
+        }
+    }
+
+    /// Puts a watch on a directory (the same one again if it has one:
+    /// then it now goes by `rel`). At a per-user limit: at the start,
+    /// inotify is given up for a scan; later, events are lost.
+    fn watch_dir(&mut self, abs: &Path, rel: &[u8]) {
+        let Some(ino) = &mut self.inotify else {
+            return;
+        };
+        let mask = WatchFlags::CREATE
+            | WatchFlags::DELETE
+            | WatchFlags::MODIFY
+            | WatchFlags::ATTRIB
+            | WatchFlags::MOVED_FROM
+            | WatchFlags::MOVED_TO
+            | WatchFlags::ONLYDIR
+            | WatchFlags::DONT_FOLLOW;
+        match inotify::add_watch(&ino.fd, abs, mask) {
+            Ok(wd) => {
+                ino.dirs.insert(wd, rel.to_vec());
+            }
+            // Closing the instance removes the watches made so far.
+            Err(e) if at_limit(e) && self.starting => self.inotify = None,
+            // Not readable (its listing fails too): what is in it is not
+            // known either way.
+            Err(_) if self.starting => self.incomplete = true,
+            Err(_) => self.lost = true,
+        }
+    }
+
+    /// Records that an event named `path`.
+    fn touch(&mut self, path: Rel) {
+        if self.lost || self.touched.contains(&path) {
+            return;
+        }
+        if self.keep(&path) {
+            self.touched.insert(path);
+        } else {
+            // The end walks the workspace instead.
+            self.lost = true;
+        }
+    }
+
+    /// Reads every event queued now.
+    pub(crate) fn read_events(&mut self) {
+        let mut buf = vec![MaybeUninit::<u8>::uninit(); EVENT_BUFFER];
+        let mut events: Vec<(i32, ReadFlags, Option<Rel>)> = Vec::new();
+        loop {
+            let (more, failed) = {
+                let Some(ino) = &self.inotify else { return };
+                let mut reader = inotify::Reader::new(&ino.fd, &mut buf);
+                loop {
+                    match reader.next() {
+                        Ok(ev) => events.push((
+                            ev.wd(),
+                            ev.events(),
+                            ev.file_name().map(|n| n.to_bytes().to_vec()),
+                        )),
+                        Err(rustix::io::Errno::AGAIN) => break (false, false),
+                        Err(rustix::io::Errno::INTR) => break (true, false),
+                        Err(_) => break (false, true),
+                    }
+                    if reader.is_buffer_empty() {
+                        break (true, false);
+                    }
+                }
+            };
+            self.lost |= failed;
+            for (wd, mask, name) in events.drain(..) {
+                self.on_event(wd, mask, name);
+            }
+            if !more {
+                return;
+            }
+        }
+    }
+
+    fn on_event(&mut self, wd: i32, mask: ReadFlags, name: Option<Rel>) {
+        if mask.contains(ReadFlags::QUEUE_OVERFLOW) {
+            self.lost = true;
+            return;
+        }
+        let Some(ino) = &mut self.inotify else { return };
+        if self.lost {
+            // The end walks the workspace: events add nothing.
+            return;
+        }
+        if mask.contains(ReadFlags::IGNORED) {
+            ino.dirs.remove(&wd);
+            return;
+        }
+        // Events about a watched directory itself carry no name.
+        let (Some(dir), Some(name)) = (ino.dirs.get(&wd), name) else {
+            return;
+        };
+        let path = join(dir, &name);
+        if !mask.contains(ReadFlags::ISDIR) {
+            return self.touch(path);
+        }
+        if self.ignore.contains(&name) {
+            return;
+        }
+        if mask.intersects(ReadFlags::MOVED_FROM) {
+            // Its watches go by another path now (or none in the
+            // workspace); each is named again if it shows up here. The
+            // files it held at the start are gone from here.
+            let mut prefix = path.clone();
+            prefix.push(b'/');
+            ino.dirs
+                .retain(|_, d| *d != path && !d.starts_with(&prefix));
+            let from = self.before.partition_point(|p| p < &prefix);
+            let gone: Vec<Rel> = self.before[from..]
+                .iter()
+                .take_while(|p| p.starts_with(&prefix))
+                .cloned()
+                .collect();
+            for p in gone {
+                self.touch(p);
+            }
+        } else if mask.intersects(ReadFlags::CREATE | ReadFlags::MOVED_TO) {
+            // Files may be in it before its watch is: all it holds counts.
+            self.walk(path, &mut |w, file, _| w.touch(file));
+        }
+    }
+
+    /// Ends the watch and says what changed.
+    pub(crate) fn conclude(mut self) -> Report {
+        self.read_events();
+        let method = if self.inotify.is_some() {
+            ChangeMethod::Inotify
+        } else {
+            ChangeMethod::Scan
+        };
+        // The watches go now, not when the report is read.
+        self.inotify = None;
+        let mut out = Collected::new(self.max);
+        if method == ChangeMethod::Scan || self.lost {
+            self.rescan(&mut out);
+        } else {
+            for path in std::mem::take(&mut self.touched) {
+                let existed = self.before.binary_search(&path).is_ok();
+                let now = std::fs::symlink_metadata(self.abs(&path))
+                    .ok()
+                    .filter(|m| !m.is_dir());
+                match (existed, now) {
+                    (false, Some(m)) => out.push(path, ChangeKind::Created, Some(m.len())),
+                    (true, Some(m)) => out.push(path, ChangeKind::Modified, Some(m.len())),
+                    (true, None) => out.push(path, ChangeKind::Deleted, None),
+                    (false, None) => {}
+                }
+            }
+        }
+        let complete = !self.incomplete && !out.unsure;
+        let (changes, more) = out.finish();
+        Report {
+            changes,
+            more,
+            method,
+            complete,
+        }
+    }
+
+    /// The end as a walk: files not in the start listing are created,
+    /// files in it not found now deleted, and files in both modified when
+    /// their ctime is after the start or an event named them.
+    fn rescan(&mut self, out: &mut Collected) {
+        let mut seen = vec![false; self.before.len()];
+        let start = self.start;
+        let margin = CLOCK_MARGIN.as_nanos() as Nanos;
+        self.walk_with(Vec::new(), true, &mut |w, path, meta| {
+            let Some(meta) = meta else {
+                // Gone since it was listed: as if not there.
+                return;
+            };
+            let size = Some(meta.len());
+            match w.before.binary_search(&path) {
+                Err(_) => out.push(path, ChangeKind::Created, size),
+                Ok(i) => {
+                    seen[i] = true;
+                    let ctime =
+                        Nanos::from(meta.ctime()) * 1_000_000_000 + Nanos::from(meta.ctime_nsec());
+                    if ctime > start || w.touched.contains(&path) {
+                        out.push(path, ChangeKind::Modified, size);
+                    } else if ctime >= start - margin {
+                        out.unsure = true;
+                        out.push(path, ChangeKind::Modified, size);
+                    }
+                }
+            }
+        });
+        for (path, seen) in self.before.iter().zip(seen) {
+            if !seen {
+                out.push(path.clone(), ChangeKind::Deleted, None);
+            }
+        }
+    }
+
+    /// Reads events until `stop`, then concludes: the task that watches
+    /// while the command runs.
+    pub(crate) fn spawn(mut self) -> Watching {
+        let (stop, stopped) = oneshot::channel::<()>();
+        let (tx, report) = oneshot::channel();
+        tokio::task::spawn_local(async move {
+            tokio::pin!(stopped);
+            let mut stop_seen = false;
+            loop {
+                // Registered only while nothing is queued (a registration
+                // reports what is queued already).
+                let waiting = match &self.inotify {
+                    None => break,
+                    Some(ino) => ino.fd.try_clone().and_then(register),
+                };
+                let ready: Result<(), ()> = match &waiting {
+                    Ok(fd) => tokio::select! {
+                        _ = &mut stopped => {
+                            stop_seen = true;
+                            break;
+                        }
+                        ready = fd.readable() => ready.map(drop).map_err(drop),
+                    },
+                    Err(_) => Err(()),
+                };
+                drop(waiting);
+                if ready.is_err() {
+                    self.lost = true;
+                    break;
+                }
+                tokio::select! {
+                    _ = &mut stopped => {
+                        stop_seen = true;
+                        break;
+                    }
+                    _ = tokio::time::sleep(GATHER) => self.read_events(),
+                }
+            }
+            // Scanning, or inotify failed: nothing to read until the end.
+            if !stop_seen {
+                let _ = stopped.await;
+            }
+            let _ = tx.send(self.conclude());
+        });
+        Watching { stop, report }
+    }
+}
+
+/// A watch running while its command runs.
+#[derive(Debug)]
+pub(crate) struct Watching {
+    stop: oneshot::Sender<()>,
+    report: oneshot::Receiver<Report>,
+}
+
+impl Watching {
+    /// The report, once the command's own process has ended.
+    pub(crate) async fn finish(self) -> Report {
+        let _ = self.stop.send(());
+        self.report.await.unwrap_or(Report {
+            changes: Vec::new(),
+            more: 0,
+            method: ChangeMethod::Scan,
+            complete: false,
+        })
+    }
+}
+
+/// The first `max` changes by path, and a count of the rest.
+struct Collected {
+    max: usize,
+    /// A max-heap: the largest path kept is the first to go.
+    kept: BinaryHeap<(Rel, KindOrd, Option<u64>)>,
+    more: u64,
+    /// A change may not be one (see [`CLOCK_MARGIN`]).
+    unsure: bool,
+}
+
+/// [`ChangeKind`] in a heap (paths are unique, so its order never decides).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+struct KindOrd(u8);
+
+impl Collected {
+    fn new(max: usize) -> Collected {
+        Collected {
+            max,
+            kept: BinaryHeap::new(),
+            more: 0,
+            unsure: false,
+        }
+    }
+
+    fn push(&mut self, path: Rel, kind: ChangeKind, size: Option<u64>) {
+        // A path too long for the protocol is counted, not listed.
+        if path.len() > MAX_CHANGE_PATH {
+            self.more += 1;
+            return;
+        }
+        let kind = KindOrd(match kind {
+            ChangeKind::Created => 0,
+            ChangeKind::Modified => 1,
+            ChangeKind::Deleted => 2,
+        });
+        self.kept.push((path, kind, size));
+        if self.kept.len() > self.max {
+            self.kept.pop();
+            self.more += 1;
+        }
+    }
+
+    fn finish(self) -> (Vec<Change>, u64) {
+        let changes = self
+            .kept
+            .into_sorted_vec()
+            .into_iter()
+            .map(|(path, kind, size)| Change {
+                path: String::from_utf8_lossy(&path).into_owned(),
+                kind: match kind.0 {
+                    0 => ChangeKind::Created,
+                    1 => ChangeKind::Modified,
+                    _ => ChangeKind::Deleted,
+                },
+                size,
+            })
+            .collect();
+        (changes, self.more)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(ignore: &[&str], max: u32) -> ChangesSpec {
+        ChangesSpec {
+            ignore: ignore.iter().map(|s| s.to_string()).collect(),
+            max,
+        }
+    }
+
+    fn listed(r: &Report) -> Vec<(String, ChangeKind, Option<u64>)> {
+        r.changes
+            .iter()
+            .map(|c| (c.path.clone(), c.kind, c.size))
+            .collect()
+    }
+
+    /// A workspace with `keep`, `edit`, `gone`, `again`, `sub/old` and
+    /// files in ignored directories.
+    fn workspace() -> tempfile::TempDir {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let root = dir.path();
+        for d in ["sub", "node_modules/x", ".git", "deep/node_modules"] {
+            std::fs::create_dir_all(root.join(d)).expect("mkdir");
+        }
+        for f in [
+            "keep",
+            "edit",
+            "gone",
+            "again",
+            "sub/old",
+            "node_modules/x/a",
+            ".git/HEAD",
+            "deep/node_modules/b",
+        ] {
+            std::fs::write(root.join(f), b"1").expect("write");
+        }
+        // Older than the coarse clock's margin when the watch starts, so
+        // that a scan has no file in doubt.
+        std::thread::sleep(CLOCK_MARGIN * 2);
+        dir
+    }
+
+    /// What a command does to [`workspace`].
+    fn act(root: &Path) {
+        std::fs::write(root.join("edit"), b"22").expect("edit");
+        std::fs::remove_file(root.join("gone")).expect("rm");
+        std::fs::remove_file(root.join("again")).expect("rm");
+        std::fs::write(root.join("again"), b"333").expect("again");
+        std::fs::write(root.join("new"), b"4444").expect("new");
+        std::fs::write(root.join("brief"), b"x").expect("brief");
+        std::fs::remove_file(root.join("brief")).expect("rm brief");
+        std::fs::create_dir_all(root.join("made/inner")).expect("mkdir");
+        std::fs::write(root.join("made/inner/f"), b"55555").expect("made");
+        std::fs::create_dir(root.join("empty")).expect("empty dir");
+        std::fs::rename(root.join("sub"), root.join("moved")).expect("mv");
+        std::fs::write(root.join("node_modules/x/a"), b"ignored").expect("nm");
+        std::fs::write(root.join("node_modules/new"), b"ignored").expect("nm");
+        std::fs::write(root.join(".git/HEAD"), b"ignored").expect("git");
+        std::fs::write(root.join("deep/node_modules/b"), b"ignored").expect("deep");
+    }
+
+    fn expected() -> Vec<(String, ChangeKind, Option<u64>)> {
+        use ChangeKind::*;
+        vec![
+            ("again".into(), Modified, Some(3)),
+            ("edit".into(), Modified, Some(2)),
+            ("gone".into(), Deleted, None),
+            ("made/inner/f".into(), Created, Some(5)),
+            ("moved/old".into(), Created, Some(1)),
+            ("new".into(), Created, Some(4)),
+            ("sub/old".into(), Deleted, None),
+        ]
+    }
+
+    fn start(root: &Path) -> Watch {
+        Watch::start(
+            root.to_str().expect("utf-8"),
+            &spec(&[".git", "node_modules"], 1000),
+        )
+    }
+
+    #[tokio::test]
+    async fn inotify_sees_exactly_what_changed_outside_ignored_directories() {
+        let dir = workspace();
+        let mut w = start(dir.path());
+        assert!(w.inotify.is_some(), "inotify is in use");
+        act(dir.path());
+        w.read_events();
+        let r = w.conclude();
+        assert_eq!(listed(&r), expected());
+        assert_eq!(
+            (r.more, r.method, r.complete),
+            (0, ChangeMethod::Inotify, true)
+        );
+    }
+
+    #[tokio::test]
+    async fn a_scan_finds_the_same_without_inotify() {
+        let dir = workspace();
+        let mut w = start(dir.path());
+        // As when the per-user limit was reached at the start.
+        w.inotify = None;
+        // Past the coarse clock's margin, so no change is in doubt.
+        std::thread::sleep(CLOCK_MARGIN * 2);
+        act(dir.path());
+        let r = w.conclude();
+        assert_eq!(listed(&r), expected());
+        assert_eq!(
+            (r.more, r.method, r.complete),
+            (0, ChangeMethod::Scan, true)
+        );
+    }
+
+    #[tokio::test]
+    async fn lost_events_end_in_a_walk_with_the_same_result() {
+        let dir = workspace();
+        let mut w = start(dir.path());
+        std::thread::sleep(CLOCK_MARGIN * 2);
+        act(dir.path());
+        // As after IN_Q_OVERFLOW.
+        w.on_event(-1, ReadFlags::QUEUE_OVERFLOW, None);
+        let r = w.conclude();
+        assert_eq!(listed(&r), expected());
+        assert_eq!(
+            (r.more, r.method, r.complete),
+            (0, ChangeMethod::Inotify, true)
+        );
+    }
+
+    #[tokio::test]
+    async fn a_file_changed_at_the_start_is_in_doubt_in_a_scan() {
+        let dir = workspace();
+        let mut w = start(dir.path());
+        w.inotify = None;
+        // Its ctime is (about) the start: before or after cannot be told.
+        std::fs::write(dir.path().join("keep"), b"1").expect("write");
+        let meta = std::fs::symlink_metadata(dir.path().join("keep")).expect("stat");
+        w.start = Nanos::from(meta.ctime()) * 1_000_000_000 + Nanos::from(meta.ctime_nsec());
+        let r = w.conclude();
+        assert!(
+            r.changes
+                .iter()
+                .any(|c| c.path == "keep" && c.kind == ChangeKind::Modified),
+            "{r:?}"
+        );
+        assert!(!r.complete);
+    }
+
+    #[tokio::test]
+    async fn the_list_is_capped_and_the_rest_counted() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut w = Watch::start(dir.path().to_str().expect("utf-8"), &spec(&[], 3));
+        for i in 0..10 {
+            std::fs::write(dir.path().join(format!("f{i}")), b"").expect("write");
+        }
+        w.read_events();
+        let r = w.conclude();
+        let paths: Vec<&str> = r.changes.iter().map(|c| c.path.as_str()).collect();
+        assert_eq!(paths, ["f0", "f1", "f2"], "the first by path");
+        assert_eq!(r.more, 7);
+    }
+
+    #[tokio::test]
+    async fn past_the_paths_kept_the_end_is_a_walk_and_a_large_start_is_incomplete() {
+        let dir = workspace();
+        // 5 files at the start, 12 paths kept: the events of the command
+        // overflow what is kept, and the end walks the workspace.
+        let mut w = Watch::start_keeping(
+            dir.path().to_str().expect("utf-8"),
+            &spec(&[".git", "node_modules"], 1000),
+            12,
+        );
+        act(dir.path());
+        w.read_events();
+        assert!(w.lost, "past the cap");
+        let r = w.conclude();
+        assert_eq!(listed(&r), expected());
+        assert_eq!((r.method, r.complete), (ChangeMethod::Inotify, true));
+        // Fewer kept than there are files at the start: not complete.
+        let w = Watch::start_keeping(dir.path().to_str().expect("utf-8"), &spec(&[], 1000), 3);
+        assert!(!w.conclude().complete);
+    }
+
+    #[test]
+    fn paths_too_long_for_the_protocol_are_counted_only() {
+        let mut c = Collected::new(10);
+        c.push(
+            vec![b'a'; MAX_CHANGE_PATH + 1],
+            ChangeKind::Created,
+            Some(0),
+        );
+        c.push(b"b".to_vec(), ChangeKind::Deleted, None);
+        let (changes, more) = c.finish();
+        assert_eq!(changes.len(), 1);
+        assert_eq!(more, 1);
+    }
+}
