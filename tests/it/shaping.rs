@@ -281,3 +281,34 @@ async fn output_that_leftovers_write_after_the_end_is_not_in_the_shaped_exit_rec
     assert_eq!(exit["stdout"], "early\n", "{exit}");
     assert_eq!(exit["output"]["stdout"]["totalChars"], 6);
 }
+
+#[tokio::test]
+async fn shaped_output_and_changes_come_together_in_the_answer_and_the_exit_record() {
+    let server = TestServer::start().await;
+    let sid = server.offline_sandbox().await;
+    let body = json!({
+        "command": "seq 5000; echo made > made.txt",
+        "output": {"maxChars": 300, "headChars": 100},
+        "changes": true,
+    });
+    let r = server.run(&sid, body.clone()).await;
+    assert_eq!(r["output"]["stdout"]["totalLines"], 5000, "{r}");
+    assert!(
+        r["stdout"].as_str().unwrap_or("").ends_with("5000\n"),
+        "{r}"
+    );
+    assert_eq!(
+        r["changes"]["files"],
+        json!([{"path": "made.txt", "kind": "created", "size": 5}]),
+        "{r}"
+    );
+    // The second time the file is there already: modified.
+    let cid = server.start_command(&sid, body).await;
+    let records = server.log_records(&sid, &cid, "").await;
+    let exit = records.last().expect("exit");
+    assert_eq!(
+        (&exit["stream"], &exit["stdout"]),
+        (&json!("exit"), &r["stdout"])
+    );
+    assert_eq!(exit["changes"]["files"][0]["kind"], "modified", "{exit}");
+}
