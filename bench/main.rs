@@ -722,8 +722,10 @@ fn report(all: &[RunFigures]) -> (String, Value) {
         let ratio = value.zip(floor).map(|(v, f)| v / f);
         let ok = match (line.check, value) {
             (Some(check), Some(v)) if !missing => Some(check(v, floor)),
-            (Some(_), _) => Some(false),
-            (None, _) => None,
+            // Measured in some runs only: the others failed it.
+            (Some(_), Some(_)) => Some(false),
+            // Not measured at all (another section's line): no verdict.
+            (Some(_), None) | (None, _) => None,
         };
         let cell =
             |x: Option<f64>, digits: usize| x.map_or("–".into(), |x| format!("{x:.digits$}"));
