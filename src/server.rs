@@ -53,6 +53,10 @@ pub async fn run(config: Config) -> std::io::Result<()> {
         Arc::clone(&app.sandboxes),
         shutdown.clone(),
     ));
+    tasks.spawn(sandbox::run_next_link(
+        Arc::clone(&app.sandboxes),
+        shutdown.clone(),
+    ));
     tasks.spawn(command::run_pruner(
         Arc::clone(&app.commands),
         shutdown.clone(),

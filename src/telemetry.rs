@@ -80,13 +80,16 @@ pub fn engine_error(kind: &'static str) {
 }
 
 /// Current gauges, set just before a scrape renders them; `pool` is the
-/// members ready per runtime.
+/// members ready per runtime, `next_link` whether the next `internet`
+/// sandbox's link network is made.
 pub fn set_gauges(
     sandboxes: usize,
     running_commands: usize,
     pool: &std::collections::BTreeMap<String, usize>,
+    next_link: bool,
 ) {
     gauge!("sandboxd_sandboxes", "state" => "running").set(sandboxes as f64);
+    gauge!("sandboxd_link_networks_ready").set(f64::from(u8::from(next_link)));
     gauge!("sandboxd_commands_running").set(running_commands as f64);
     for (runtime, members) in pool {
         gauge!("sandboxd_pool_members", "runtime" => runtime.clone()).set(*members as f64);

@@ -123,7 +123,12 @@ pub fn router(app: Arc<App>) -> Router {
 async fn metrics(State(app): State<Arc<App>>) -> Response {
     let sandboxes = app.sandboxes.registry().list();
     let running: usize = sandboxes.iter().map(|s| s.running_commands()).sum();
-    telemetry::set_gauges(sandboxes.len(), running, &app.sandboxes.pool_sizes());
+    telemetry::set_gauges(
+        sandboxes.len(),
+        running,
+        &app.sandboxes.pool_sizes(),
+        app.sandboxes.link_network_ready(),
+    );
     let body = app.metrics.as_ref().map(|h| h.render()).unwrap_or_default();
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], body).into_response()
 }

@@ -7,6 +7,7 @@ pub mod agent_delivery;
 mod agent_link;
 pub mod labels;
 pub mod network;
+mod next_link;
 mod pool;
 mod reaper;
 pub mod registry;
@@ -27,6 +28,7 @@ use crate::engine::{
     ContainerStatus, Engine, EngineError, ExecRequest, ExecSession, SandboxContainer,
 };
 use crate::field_error::FieldError;
+pub use next_link::run_next_link;
 pub use pool::run_pool;
 pub use reaper::run_reaper;
 pub use registry::{Sandbox, SandboxRegistry};
@@ -199,6 +201,8 @@ pub struct Sandboxes {
     image_build: tokio::sync::Mutex<()>,
     /// The bridge network was seen; rechecked only when a start says it is gone.
     network_ready: AtomicBool,
+    /// One check-and-create of the bridge network at a time.
+    network_create: tokio::sync::Mutex<()>,
     /// The agent volume holds this agent (checked once per process).
     agent_volume_ready: tokio::sync::Mutex<bool>,
     /// Image -> whether it has a workspace directory of the sandbox user.
@@ -207,6 +211,8 @@ pub struct Sandboxes {
     egress_start: tokio::sync::Mutex<()>,
     /// Warm sandboxes no session has claimed yet.
     pool: pool::Pool,
+    /// The next `internet` sandbox's link network, made ahead.
+    next_link: next_link::NextLink,
 }
 
 impl Sandboxes {
@@ -218,10 +224,12 @@ impl Sandboxes {
             ready: watch::channel(false).0,
             image_build: tokio::sync::Mutex::new(()),
             network_ready: AtomicBool::new(false),
+            network_create: tokio::sync::Mutex::new(()),
             agent_volume_ready: tokio::sync::Mutex::new(false),
             workspace_owned: dashmap::DashMap::new(),
             egress_start: tokio::sync::Mutex::new(()),
             pool: pool::Pool::default(),
+            next_link: next_link::NextLink::default(),
         }
     }
 
@@ -293,7 +301,49 @@ impl Sandboxes {
         }
         self.make_room_for_session().await;
 
-        let id = registry::new_sandbox_id();
+        // The link network made ahead is for the default mode's sandboxes;
+        // one that fails to launch on it is made again without it.
+        let mut prepared = (spec.network == NetworkMode::Internet)
+            .then(|| self.next_link.take())
+            .flatten();
+        let _refill = prepared.is_some().then(|| self.next_link.refill_after());
+        loop {
+            let id = prepared
+                .as_ref()
+                .map(|p| p.id.clone())
+                .unwrap_or_else(registry::new_sandbox_id);
+            match self
+                .create_cold(&spec, &id, prepared.as_ref().map(|p| p.subnet.as_str()))
+                .await
+            {
+                Ok(sandbox) => {
+                    self.registry.insert(reservation, sandbox);
+                    record_created(&id, &spec.session_key, false);
+                    crate::telemetry::create_took(create_started);
+                    return Ok(Created {
+                        sandbox_id: id,
+                        created: true,
+                        ports_added: !spec.ports.is_empty(),
+                    });
+                }
+                Err(e) if prepared.take().is_some() => {
+                    tracing::warn!(sandbox_id = %id, error = %e, "create on the prepared link network failed; trying a new one");
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Makes, launches and returns a new sandbox `id` for `spec`
+    /// (registered by the caller); on failure leaves nothing behind.
+    /// `link` is the subnet of its link network when that was made ahead.
+    async fn create_cold(
+        &self,
+        spec: &SandboxSpec,
+        id: &str,
+        link: Option<&str>,
+    ) -> SandboxResult<Arc<Sandbox>> {
+        let id = id.to_string();
         let record = labels::SandboxRecord {
             id: id.clone(),
             session_key: spec.session_key.clone(),
@@ -313,7 +363,7 @@ impl Sandboxes {
             now_ms(),
         ));
         let labels = labels::encode(&self.config.instance, &record);
-        if let Err(e) = self.launch(&sandbox, &spec, labels).await {
+        if let Err(e) = self.launch(&sandbox, spec, labels, link).await {
             // Leave nothing half-made behind.
             if let Err(e) = self.remove_objects_checked(&id).await {
                 tracing::warn!(sandbox_id = %id, error = %e, "could not remove all engine objects");
@@ -321,14 +371,7 @@ impl Sandboxes {
             tracing::warn!(sandbox_id = %id, session_key = %spec.session_key, error = %e, "create failed; cleaned up");
             return Err(e);
         }
-        self.registry.insert(reservation, sandbox);
-        record_created(&id, &spec.session_key, false);
-        crate::telemetry::create_took(create_started);
-        Ok(Created {
-            sandbox_id: id,
-            created: true,
-            ports_added: !spec.ports.is_empty(),
-        })
+        Ok(sandbox)
     }
 
     /// Reuses `existing` if its container can run; `None` means it is gone
@@ -387,6 +430,7 @@ impl Sandboxes {
         sandbox: &Sandbox,
         spec: &SandboxSpec,
         labels: HashMap<String, String>,
+        prepared_link: Option<&str>,
     ) -> SandboxResult<()> {
         let needs_owner = self.prepare_image(&spec.image).await?;
         if spec.network != NetworkMode::None && !self.network_ready.load(Ordering::Relaxed) {
@@ -398,10 +442,12 @@ impl Sandboxes {
         let volume_labels = labels.clone();
         let (link, volume) = tokio::join!(
             async {
-                if spec.network.through_egress() {
-                    self.link_network(&sandbox.id).await.map(Some)
-                } else {
-                    Ok(None)
+                match prepared_link {
+                    Some(subnet) => Ok(Some(subnet.to_string())),
+                    None if spec.network.through_egress() => {
+                        self.link_network(&sandbox.id).await.map(Some)
+                    }
+                    None => Ok(None),
                 }
             },
             self.engine.create_volume(
@@ -440,7 +486,8 @@ impl Sandboxes {
                 .await;
         };
         // The way out is ready by the time the create answers: the first
-        // `pip install` must not race it.
+        // `pip install` must not race it. (On a link network made ahead the
+        // shared proxy has joined already, and this only checks.)
         let (started, attached) = tokio::join!(
             self.start_container(&container, false),
             self.attach_egress(&sandbox.id, spec.network, &spec.allow, &subnet)
@@ -594,6 +641,9 @@ impl Sandboxes {
     }
 
     async fn ensure_network(&self) -> SandboxResult<()> {
+        // One at a time: this engine makes a second network of the same
+        // name for a concurrent create (API 1.41 checks no duplicates).
+        let _one = self.network_create.lock().await;
         let labels = labels::instance_only(&self.config.instance);
         self.engine
             .ensure_network(self.config.network_name(), labels)
@@ -795,8 +845,9 @@ impl Sandboxes {
             tracing::warn!(sandbox_id = %id, error = %e, "could not remove all engine objects");
         }
         why.record(id, s.map(|s| s.session_key.as_str()).unwrap_or(""));
-        // Its slot may be the pool's now.
+        // Its slot may be the pool's now, its link block the next link's.
         self.pool.wake();
+        self.next_link.wake();
     }
 
     /// Removes proxies, container, volume and link network of `id`, found

@@ -214,8 +214,26 @@ fn local_ipv6(if_inet6: &str) -> Vec<IpAddr> {
 
 impl Sandboxes {
     /// The subnet of sandbox `id`'s link network: found by label, or made
-    /// with a free block of `link_subnet_pool`.
+    /// with a free block of `link_subnet_pool`; when no block is free but
+    /// the link network made ahead for the next sandbox holds one, that one
+    /// is given back first.
     pub async fn link_network(&self, sandbox_id: &str) -> SandboxResult<String> {
+        match self.make_link_network(sandbox_id).await {
+            Err(e @ SandboxError::NoLinkBlock { .. }) => {
+                match self.take_link_for_its_block().await {
+                    Some(spare) => {
+                        self.release_link(&spare.id).await;
+                        self.make_link_network(sandbox_id).await
+                    }
+                    None => Err(e),
+                }
+            }
+            other => other,
+        }
+    }
+
+    /// `link_network` without giving the prepared one's block back.
+    pub(super) async fn make_link_network(&self, sandbox_id: &str) -> SandboxResult<String> {
         if let Some(subnet) = self.existing_link_subnet(sandbox_id).await? {
             return Ok(subnet);
         }

@@ -397,7 +397,7 @@ impl Sandboxes {
         ));
         let labels = labels::encode_member(&self.config.instance, &record);
         let made = async {
-            self.launch(&sandbox, &spec, labels).await?;
+            self.launch(&sandbox, &spec, labels, None).await?;
             self.agent(&sandbox).await?;
             let status = self.engine.container_status(&sandbox.container).await?;
             status

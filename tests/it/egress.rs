@@ -752,13 +752,99 @@ async fn the_way_out_survives_a_sandboxd_restart_and_stop_leaves_nothing() {
         vec![format!("/{}-egress", server.instance)],
         "only the shared proxy"
     );
+    // What stays is at most the link network made ahead for the next
+    // sandbox, which no sandbox has.
+    let links = server.networks_with("sandboxd.role", "link").await;
     assert!(
-        server
-            .networks_with("sandboxd.role", "link")
-            .await
-            .is_empty(),
-        "no link network left"
+        links.len() <= 1
+            && links
+                .iter()
+                .all(|n| !n.contains(&sid) && !n.contains(&sid_allow)),
+        "no link network of a stopped sandbox left: {links:?}"
     );
+}
+
+/// Whether `server` reports the next `internet` sandbox's link network made.
+async fn link_ready(server: &TestServer) -> bool {
+    server
+        .metrics_text()
+        .await
+        .lines()
+        .any(|l| l == "sandboxd_link_networks_ready 1")
+}
+
+/// The sandbox ids of this instance's link networks.
+async fn link_ids(server: &TestServer) -> Vec<String> {
+    let prefix = format!("{}-", server.instance);
+    let mut ids: Vec<String> = server
+        .networks_with("sandboxd.role", "link")
+        .await
+        .into_iter()
+        .filter_map(|n| Some(n.strip_prefix(&prefix)?.strip_suffix("-link")?.to_string()))
+        .collect();
+    ids.sort();
+    ids
+}
+
+/// A cold create in the default mode takes the link network sandboxd made
+/// ahead (its id is the sandbox's), gets out through it, and the next one
+/// is made after it; a create in mode `none` leaves it alone.
+#[tokio::test]
+async fn a_cold_internet_create_takes_the_link_network_made_ahead() {
+    let _net = FakeNet::start().await;
+    let server = server(&[]).await;
+    eventually(Duration::from_secs(30), "a link network made ahead", || {
+        link_ready(&server)
+    })
+    .await;
+    let ahead = link_ids(&server).await;
+    assert_eq!(ahead.len(), 1, "one network made ahead: {ahead:?}");
+    let none = server
+        .create(json!({"sessionKey": "ahead-none", "network": {"mode": "none"}}))
+        .await;
+    assert_eq!(
+        link_ids(&server).await,
+        ahead,
+        "mode none takes no link network"
+    );
+    assert!(link_ready(&server).await);
+    let sid = server.create(json!({"sessionKey": "ahead"})).await;
+    assert_eq!(
+        vec![sid.clone()],
+        ahead,
+        "the sandbox took the network made ahead"
+    );
+    // Its way out works through it (positive control of the egress path),
+    // and the private network stays refused.
+    let ok = (
+        200,
+        "public
+"
+        .to_string(),
+    );
+    assert_eq!(curl(&server, &sid, "http://public.test/").await, ok);
+    refused(
+        "private, through the prepared network",
+        &curl(&server, &sid, &format!("http://{PRIVATE}/")).await,
+    );
+    eventually(
+        Duration::from_secs(30),
+        "the next link network made",
+        || link_ready(&server),
+    )
+    .await;
+    let now = link_ids(&server).await;
+    assert_eq!(now.len(), 2, "the sandbox's and the next one: {now:?}");
+    assert!(now.contains(&sid), "{now:?}");
+    for id in [&sid, &none] {
+        let (s, v) = server
+            .post(&format!("/v1/sandboxes/{id}:stop"), Value::Null)
+            .await;
+        assert_eq!(s, 200, "{v}");
+    }
+    let left = link_ids(&server).await;
+    assert_eq!(left.len(), 1, "only the next one stays: {left:?}");
+    assert!(!left.contains(&sid), "{left:?}");
 }
 
 /// One sandbox cannot take the shared egress proxy from the others: the
