@@ -82,29 +82,35 @@ impl App {
     /// answer does not wait, and the first command and the first
     /// `GET …/ports/{port}` find the work done.
     pub async fn create_sandbox(&self, req: CreateSandboxRequest) -> SandboxResult<Created> {
-        let created = self.sandboxes.create(req).await?;
+        let mut created = self.sandboxes.create(req).await?;
+        // The next link network is made once this work is done.
+        let next_link_after = created.next_link_after.take();
         if created.created {
             // Connect to the new sandbox's agent now: its first command
             // then finds the connection made.
             let sandboxes = Arc::clone(&self.sandboxes);
             let id = created.sandbox_id.clone();
             let shutdown = self.shutdown.clone();
+            let after = next_link_after.clone();
             self.tasks.spawn(async move {
                 tokio::select! {
                     _ = sandboxes.warm_agent(&id) => {}
                     _ = shutdown.cancelled() => {}
                 }
+                drop(after);
             });
         }
         if created.ports_added {
             let ports = Arc::clone(&self.ports);
             let id = created.sandbox_id.clone();
             let shutdown = self.shutdown.clone();
+            let after = next_link_after.clone();
             self.tasks.spawn(async move {
                 tokio::select! {
                     _ = ports.prepare(&id) => {}
                     _ = shutdown.cancelled() => {}
                 }
+                drop(after);
             });
         }
         Ok(created)

@@ -28,7 +28,7 @@ use crate::engine::{
     ContainerStatus, Engine, EngineError, ExecRequest, ExecSession, SandboxContainer,
 };
 use crate::field_error::FieldError;
-pub use next_link::run_next_link;
+pub use next_link::{RefillAfter, run_next_link};
 pub use pool::run_pool;
 pub use reaper::run_reaper;
 pub use registry::{Sandbox, SandboxRegistry};
@@ -95,13 +95,16 @@ impl From<EngineError> for SandboxError {
 pub type SandboxResult<T> = Result<T, SandboxError>;
 
 /// The answer to a create.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct Created {
     pub sandbox_id: String,
     pub created: bool,
     /// The allowlist grew (or the sandbox is new with ports): their proxies
     /// can be prepared.
     pub ports_added: bool,
+    /// Held by the work that follows a create on the link network made
+    /// ahead: the next one is made once it is all dropped.
+    pub next_link_after: Option<Arc<RefillAfter>>,
 }
 
 /// A sandbox as it is now: what the API shows of it.
@@ -297,6 +300,7 @@ impl Sandboxes {
                 sandbox_id: id,
                 created: true,
                 ports_added: !spec.ports.is_empty(),
+                next_link_after: None,
             });
         }
         self.make_room_for_session().await;
@@ -306,7 +310,7 @@ impl Sandboxes {
         let mut prepared = (spec.network == NetworkMode::Internet)
             .then(|| self.next_link.take())
             .flatten();
-        let _refill = prepared.is_some().then(|| self.next_link.refill_after());
+        let refill = prepared.is_some().then(|| self.next_link.refill_after());
         loop {
             let id = prepared
                 .as_ref()
@@ -324,6 +328,7 @@ impl Sandboxes {
                         sandbox_id: id,
                         created: true,
                         ports_added: !spec.ports.is_empty(),
+                        next_link_after: refill,
                     });
                 }
                 Err(e) if prepared.take().is_some() => {
@@ -420,6 +425,7 @@ impl Sandboxes {
             sandbox_id: existing.id.clone(),
             created: false,
             ports_added: allowed_after > allowed_before,
+            next_link_after: None,
         }))
     }
 

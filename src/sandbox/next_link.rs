@@ -36,7 +36,7 @@ pub(super) struct NextLink {
     /// Held while one is being made: whoever finds no free block waits
     /// for it, then takes its block back.
     making: tokio::sync::Mutex<()>,
-    wake: Notify,
+    wake: Arc<Notify>,
 }
 
 impl NextLink {
@@ -57,10 +57,12 @@ impl NextLink {
         }
     }
 
-    /// Wakes the preparer when dropped: held by a create that took the
-    /// prepared network, until it answers.
-    pub(super) fn refill_after(&self) -> RefillAfter<'_> {
-        RefillAfter(self)
+    /// Wakes the preparer when the last clone is dropped: a create that
+    /// took the prepared network hands it to the work that follows its
+    /// answer (connecting to the agent, publishing ports), which the
+    /// engine would otherwise do next to the making of the next one.
+    pub(super) fn refill_after(&self) -> Arc<RefillAfter> {
+        Arc::new(RefillAfter(Arc::clone(&self.wake)))
     }
 
     /// Whether one is ready.
@@ -74,12 +76,14 @@ impl NextLink {
     }
 }
 
-/// See [`NextLink::refill_after`].
-pub(super) struct RefillAfter<'a>(&'a NextLink);
+/// Wakes the preparer of the next link network when dropped (see
+/// `NextLink::refill_after`).
+#[derive(Debug)]
+pub struct RefillAfter(Arc<Notify>);
 
-impl Drop for RefillAfter<'_> {
+impl Drop for RefillAfter {
     fn drop(&mut self) {
-        self.0.wake();
+        self.0.notify_one();
     }
 }
 
