@@ -57,9 +57,12 @@ pub fn codec(max_frame: usize) -> LengthDelimitedCodec {
 #[error("protocol frame: {0}")]
 pub struct FrameError(String);
 
-/// Encodes a message into one frame body.
+/// Encodes a message into one frame body. Sized first, so a large one (a
+/// file) is written once, not copied each time a growing buffer doubles.
 pub fn encode<T: Serialize>(message: &T) -> Result<Bytes, FrameError> {
-    postcard::to_stdvec(message)
+    let size =
+        postcard::experimental::serialized_size(message).map_err(|e| FrameError(e.to_string()))?;
+    postcard::to_extend(message, Vec::with_capacity(size))
         .map(Bytes::from)
         .map_err(|e| FrameError(e.to_string()))
 }

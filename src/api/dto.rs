@@ -8,7 +8,6 @@
 
 use std::collections::BTreeMap;
 
-use base64::Engine as _;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
@@ -595,12 +594,34 @@ impl From<Option<FileContent>> for FileRead {
             None => FileRead::default(),
             Some(c) => FileRead {
                 found: true,
-                content_base64: Some(base64::engine::general_purpose::STANDARD.encode(c.content)),
+                content_base64: Some(c.content_base64),
                 sha256: Some(c.sha256),
                 ..FileRead::default()
             },
         }
     }
+}
+
+/// The answer to a whole-file `files:read`: the JSON of [`FileRead`],
+/// written directly when the file was found. Its base64 and hex need no
+/// escaping, and serde_json would look at each of the millions of
+/// characters of a large file to see that.
+pub(super) fn file_read_response(content: Option<FileContent>) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    let Some(c) = content else {
+        return axum::Json(FileRead::default()).into_response();
+    };
+    let mut body = String::with_capacity(c.content_base64.len() + c.sha256.len() + 64);
+    body.push_str(r#"{"found":true,"contentBase64":""#);
+    body.push_str(&c.content_base64);
+    body.push_str(r#"","sha256":""#);
+    body.push_str(&c.sha256);
+    body.push_str(r#""}"#);
+    (
+        [(axum::http::header::CONTENT_TYPE, "application/json")],
+        body,
+    )
+        .into_response()
 }
 
 impl From<Option<LinesRead>> for FileRead {
@@ -987,4 +1008,34 @@ pub(super) enum PtyMessage {
     /// and output goes on from the oldest byte kept.
     #[serde(rename_all = "camelCase")]
     Lagged { skipped_bytes: u64 },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The answer written directly is the JSON of `FileRead` for the same
+    /// content, and a missing file's is too.
+    #[tokio::test]
+    async fn a_whole_file_read_is_the_json_of_file_read() {
+        for content in [
+            None,
+            Some(FileContent {
+                content_base64: "aGVsbG8/+w==".into(),
+                sha256: "ab".repeat(32),
+            }),
+        ] {
+            let want = serde_json::to_value(FileRead::from(content.clone())).expect("value");
+            let response = file_read_response(content);
+            assert_eq!(
+                response.headers().get(axum::http::header::CONTENT_TYPE),
+                Some(&axum::http::HeaderValue::from_static("application/json"))
+            );
+            let body = axum::body::to_bytes(response.into_body(), usize::MAX)
+                .await
+                .expect("body");
+            let got: serde_json::Value = serde_json::from_slice(&body).expect("JSON");
+            assert_eq!(got, want);
+        }
+    }
 }

@@ -5,6 +5,7 @@
 use std::sync::Arc;
 
 use axum::extract::State;
+use axum::response::{IntoResponse, Response};
 use base64::Engine as _;
 use serde::Deserialize;
 use utoipa::{IntoParams, ToSchema};
@@ -47,19 +48,19 @@ pub(super) async fn read_file(
     State(app): State<Arc<App>>,
     Path(id): Path<String>,
     Query(q): Query<ReadQuery>,
-) -> Result<axum::Json<dto::FileRead>, ApiError> {
+) -> Result<Response, ApiError> {
     let path = q
         .path
         .ok_or_else(|| ApiError::bad_request("path: the query parameter is required"))?;
     if q.start_line.is_none() && q.end_line.is_none() {
         let content = app.files.read(&id, &path).await?;
-        return Ok(axum::Json(content.into()));
+        return Ok(dto::file_read_response(content));
     }
     let lines = app
         .files
         .read_lines(&id, &path, q.start_line, q.end_line)
         .await?;
-    Ok(axum::Json(lines.into()))
+    Ok(axum::Json(dto::FileRead::from(lines)).into_response())
 }
 
 /// One file of `files:write`, as the client sends it.

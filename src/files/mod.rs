@@ -125,10 +125,22 @@ pub struct FileToWrite {
     pub if_none_match: Option<String>,
 }
 
-/// A whole file's content and its SHA-256 (lowercase hex).
+/// What `call_streamed` hands its consumer.
+enum Piece {
+    /// Start over: the parts so far came on a connection that closed.
+    Restart,
+    /// A part of the answer.
+    Part(Reply),
+    /// The last answer came; no more parts.
+    End,
+}
+
+/// A whole file: its content in standard base64 with padding (encoded,
+/// and hashed, piece by piece as the pieces arrive, so little is left to
+/// do once the last one is in) and its SHA-256 (lowercase hex).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FileContent {
-    pub content: Vec<u8>,
+    pub content_base64: String,
     pub sha256: String,
 }
 
@@ -269,34 +281,59 @@ impl Files {
             .map_err(|e| FieldError::new("path", format!("{p:?}: {e}")).into())
     }
 
-    /// Runs one file operation in the sandbox's agent; answers in parts go
-    /// to `part`.
-    ///
-    /// Parts are held until the answer is complete, at most `budget` bytes
-    /// of them (see [`part_bytes`]): past that the answer is `TooLarge`,
-    /// whatever the agent goes on sending. A budget of 0 is an operation
-    /// that answers in one part.
+    /// Sends `op` to the sandbox's agent and returns its last answer, the
+    /// parts before it handed to `part` once the answer is complete (so
+    /// `part` sees the parts of one connection; see `call_streamed`).
     async fn call(
         &self,
         sandbox_id: &str,
         op: Op,
         budget: usize,
-        part: impl FnMut(Reply) -> Result<(), String>,
+        mut part: impl FnMut(Reply) -> Result<(), String> + Send,
+    ) -> FileResult<Reply> {
+        let mut parts = Vec::new();
+        self.call_streamed(sandbox_id, op, budget, |piece| {
+            match piece {
+                Piece::Restart => parts.clear(),
+                Piece::Part(p) => parts.push(p),
+                Piece::End => {
+                    for p in parts.drain(..) {
+                        part(p)?;
+                    }
+                }
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    /// Sends `op` to the sandbox's agent and returns its last answer,
+    /// handing `on` each part as it arrives. When the connection closes
+    /// under the call and it is sent again on a new one, `on` first gets
+    /// `Restart`: what it took so far is void. At most `budget` bytes of
+    /// parts are taken (0: none may come).
+    async fn call_streamed(
+        &self,
+        sandbox_id: &str,
+        op: Op,
+        budget: usize,
+        on: impl FnMut(Piece) -> Result<(), String> + Send,
     ) -> FileResult<Reply> {
         let sandbox = self.sandboxes.lookup(sandbox_id).await?;
         let _busy = sandbox.open_request();
-        // Parts a closed connection delivered are not undone: a read or a
-        // listing collects parts only once its answer is complete, so
-        // `part` sees the parts of one connection (see `collect`).
-        let part = std::sync::Mutex::new(part);
+        let on = std::sync::Mutex::new(on);
         let limit = self.config.agent_timeout;
         let answer = self
             .sandboxes
             .with_agent(&sandbox, |conn| {
                 let op = op.clone();
-                let part = &part;
+                let on = &on;
+                let feed = move |piece: Piece| match on.lock() {
+                    Ok(mut f) => f(piece),
+                    Err(_) => Err("a poisoned part handler".into()),
+                };
                 async move {
-                    let mut parts = Vec::new();
+                    feed(Piece::Restart).map_err(AgentError::Protocol)?;
                     let mut held = 0usize;
                     let last = conn
                         .call_parts_within(op, limit, |p| {
@@ -307,16 +344,10 @@ impl Files {
                             if held > budget {
                                 return Err(OVER_BUDGET.into());
                             }
-                            parts.push(p);
-                            Ok(())
+                            feed(Piece::Part(p))
                         })
                         .await?;
-                    let mut f = part
-                        .lock()
-                        .map_err(|_| AgentError::Protocol("a poisoned part handler".into()))?;
-                    for p in parts {
-                        f(p).map_err(AgentError::Protocol)?;
-                    }
+                    feed(Piece::End).map_err(AgentError::Protocol)?;
                     Ok(last)
                 }
             })
@@ -333,9 +364,23 @@ impl Files {
     /// The content of a file and its hash, or `None` when there is no such
     /// file.
     pub async fn read(&self, sandbox_id: &str, p: &str) -> FileResult<Option<FileContent>> {
-        Ok(self.read_bytes(sandbox_id, p).await?.map(|content| {
-            let sha256 = text::sha256_hex(&content);
-            FileContent { content, sha256 }
+        let mut encoded = text::Base64Writer::default();
+        let mut hash = text::Sha256Hex::default();
+        let found = self
+            .read_pieces(sandbox_id, p, |piece| match piece {
+                Some(piece) => {
+                    encoded.push(piece);
+                    hash.update(piece);
+                }
+                None => {
+                    encoded = text::Base64Writer::default();
+                    hash = text::Sha256Hex::default();
+                }
+            })
+            .await?;
+        Ok(found.then(|| FileContent {
+            content_base64: encoded.finish(),
+            sha256: hash.finish(),
         }))
     }
 
@@ -387,6 +432,25 @@ impl Files {
 
     /// The bytes of a file, or `None` when there is no such file.
     async fn read_bytes(&self, sandbox_id: &str, p: &str) -> FileResult<Option<Vec<u8>>> {
+        let mut content = Vec::new();
+        let found = self
+            .read_pieces(sandbox_id, p, |piece| match piece {
+                Some(piece) => content.extend_from_slice(piece),
+                None => content.clear(),
+            })
+            .await?;
+        Ok(found.then_some(content))
+    }
+
+    /// Hands a file's bytes to `take` in pieces as they arrive (`None`:
+    /// start over, the pieces so far are void; see `call_streamed`); false
+    /// when there is no such file.
+    async fn read_pieces(
+        &self,
+        sandbox_id: &str,
+        p: &str,
+        mut take: impl FnMut(Option<&[u8]>) + Send,
+    ) -> FileResult<bool> {
         let path = self.parse(p)?;
         if path.is_root() {
             return Err(FileError::IsDirectory(format!(
@@ -394,28 +458,37 @@ impl Files {
             )));
         }
         let max = self.config.max_file_bytes;
-        let mut content = Vec::new();
+        let mut size = 0u64;
         let answer = self
-            .call(
+            .call_streamed(
                 sandbox_id,
                 Op::ReadFile {
                     path: path.relative(),
                     max_bytes: max,
                 },
                 usize::try_from(max).unwrap_or(usize::MAX),
-                |part| match part {
-                    Reply::Data(d) if (content.len() + d.len()) as u64 <= max => {
-                        content.extend_from_slice(&d);
+                |piece| match piece {
+                    Piece::Restart => {
+                        size = 0;
+                        take(None);
                         Ok(())
                     }
-                    Reply::Data(_) => Err(format!("a file past max_file_bytes ({max})")),
-                    other => Err(format!("{} in a file", reply_name(&other))),
+                    Piece::Part(Reply::Data(d)) if size + d.len() as u64 <= max => {
+                        size += d.len() as u64;
+                        take(Some(&d));
+                        Ok(())
+                    }
+                    Piece::Part(Reply::Data(_)) => {
+                        Err(format!("a file past max_file_bytes ({max})"))
+                    }
+                    Piece::Part(other) => Err(format!("{} in a file", reply_name(&other))),
+                    Piece::End => Ok(()),
                 },
             )
             .await;
         match answer {
-            Ok(_) => Ok(Some(content)),
-            Err(FileError::NotFound(_)) => Ok(None),
+            Ok(_) => Ok(true),
+            Err(FileError::NotFound(_)) => Ok(false),
             Err(e) => Err(e),
         }
     }

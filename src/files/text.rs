@@ -9,6 +9,59 @@ pub fn sha256_hex(content: &[u8]) -> String {
     hex(&Sha256::digest(content).into())
 }
 
+/// A SHA-256 fed piece by piece, as lowercase hex at the end.
+#[derive(Default)]
+pub struct Sha256Hex(Sha256);
+
+impl std::fmt::Debug for Sha256Hex {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Sha256Hex")
+    }
+}
+
+impl Sha256Hex {
+    pub fn update(&mut self, piece: &[u8]) {
+        self.0.update(piece);
+    }
+
+    pub fn finish(self) -> String {
+        hex(&self.0.finalize().into())
+    }
+}
+
+/// Standard base64 with padding, encoded piece by piece: whole groups of
+/// three bytes as they come, the last one or two at the end.
+#[derive(Debug, Default)]
+pub struct Base64Writer {
+    out: String,
+    carry: Vec<u8>,
+}
+
+impl Base64Writer {
+    pub fn push(&mut self, mut piece: &[u8]) {
+        use base64::Engine;
+        if !self.carry.is_empty() {
+            let need = (3 - self.carry.len()).min(piece.len());
+            self.carry.extend_from_slice(&piece[..need]);
+            piece = &piece[need..];
+            if self.carry.len() < 3 {
+                return;
+            }
+            base64::engine::general_purpose::STANDARD.encode_string(&self.carry, &mut self.out);
+            self.carry.clear();
+        }
+        let whole = piece.len() - piece.len() % 3;
+        base64::engine::general_purpose::STANDARD.encode_string(&piece[..whole], &mut self.out);
+        self.carry.extend_from_slice(&piece[whole..]);
+    }
+
+    pub fn finish(mut self) -> String {
+        use base64::Engine;
+        base64::engine::general_purpose::STANDARD.encode_string(&self.carry, &mut self.out);
+        self.out
+    }
+}
+
 /// Lowercase hex of a hash.
 pub fn hex(hash: &[u8; 32]) -> String {
     hash.iter().map(|b| format!("{b:02x}")).collect()
@@ -78,6 +131,32 @@ pub fn line_range(content: &[u8], start: u64, end: u64) -> (&[u8], u64, u64) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    proptest::proptest! {
+        /// Pieces of any sizes give what one encoding and one hash of the
+        /// whole give.
+        #[test]
+        fn base64_and_hash_by_pieces_are_those_of_the_whole(
+            data in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..2000),
+            cuts in proptest::collection::vec(0usize..2000, 0..12),
+        ) {
+            use base64::Engine;
+            let mut cuts: Vec<usize> = cuts.into_iter().map(|c| c.min(data.len())).collect();
+            cuts.push(0);
+            cuts.push(data.len());
+            cuts.sort_unstable();
+            let (mut b64, mut hash) = (Base64Writer::default(), Sha256Hex::default());
+            for w in cuts.windows(2) {
+                b64.push(&data[w[0]..w[1]]);
+                hash.update(&data[w[0]..w[1]]);
+            }
+            proptest::prop_assert_eq!(
+                b64.finish(),
+                base64::engine::general_purpose::STANDARD.encode(&data)
+            );
+            proptest::prop_assert_eq!(hash.finish(), sha256_hex(&data));
+        }
+    }
 
     #[test]
     fn hashes_are_lowercase_hex_and_parse_back() {
