@@ -292,16 +292,8 @@ impl Sandboxes {
         }
 
         if let Some(sandbox) = self.claim(&spec).await {
-            let id = sandbox.id.clone();
-            self.registry.insert(reservation, sandbox);
-            record_created(&id, &spec.session_key, true);
-            crate::telemetry::create_took(create_started);
-            return Ok(Created {
-                sandbox_id: id,
-                created: true,
-                ports_added: !spec.ports.is_empty(),
-                next_link_after: None,
-            });
+            let created = self.register_new(reservation, sandbox, &spec, create_started, true);
+            return Ok(created);
         }
         self.make_room_for_session().await;
 
@@ -321,14 +313,11 @@ impl Sandboxes {
                 .await
             {
                 Ok(sandbox) => {
-                    self.registry.insert(reservation, sandbox);
-                    record_created(&id, &spec.session_key, false);
-                    crate::telemetry::create_took(create_started);
+                    let created =
+                        self.register_new(reservation, sandbox, &spec, create_started, false);
                     return Ok(Created {
-                        sandbox_id: id,
-                        created: true,
-                        ports_added: !spec.ports.is_empty(),
                         next_link_after: refill,
+                        ..created
                     });
                 }
                 Err(e) if prepared.take().is_some() => {
@@ -336,6 +325,28 @@ impl Sandboxes {
                 }
                 Err(e) => return Err(e),
             }
+        }
+    }
+
+    /// Registers a sandbox just made (or claimed, `from_pool`) for
+    /// `spec`'s session and records the create.
+    fn register_new(
+        &self,
+        reservation: registry::Reservation<'_>,
+        sandbox: Arc<Sandbox>,
+        spec: &SandboxSpec,
+        started: std::time::Instant,
+        from_pool: bool,
+    ) -> Created {
+        let id = sandbox.id.clone();
+        self.registry.insert(reservation, sandbox);
+        record_created(&id, &spec.session_key, from_pool);
+        crate::telemetry::create_took(started);
+        Created {
+            sandbox_id: id,
+            created: true,
+            ports_added: !spec.ports.is_empty(),
+            next_link_after: None,
         }
     }
 
