@@ -35,7 +35,9 @@
 //!   the engine waits for the leftover's I/O). 10 samples after 2 warm-ups.
 //! - files: `files:write` then `files:read` of 4 MiB of random bytes, 10
 //!   samples; the first 4 MiB write into a sandbox created just before (5
-//!   samples), against the warm write.
+//!   samples), against the warm write. Each is timed from sending the
+//!   request (a write's body made beforehand) to the last byte of the
+//!   answer; the answer is parsed and checked after.
 //! - kill answered: time until `POST …:kill` answers for `trap '' TERM;
 //!   sleep 600` (which then ends only by SIGKILL after the grace period:
 //!   checked, 137 and killed), 10 samples.
@@ -982,13 +984,11 @@ async fn measure(
     let (mut wr, mut rd) = (vec![], vec![]);
     for i in 0..10 {
         wr.push(write_file(server, sid, &format!("bench/f{i}.bin"), &content).await?);
+        let path = format!("/v1/sandboxes/{sid}/files:read?path=bench/f{i}.bin");
         let t = Instant::now();
-        let v = server
-            .get(&format!(
-                "/v1/sandboxes/{sid}/files:read?path=bench/f{i}.bin"
-            ))
-            .await?;
+        let answer = server.raw(reqwest::Method::GET, &path, vec![]).await?;
         rd.push(ms(t.elapsed()));
+        let v: Value = serde_json::from_slice(&answer)?;
         if v["contentBase64"].as_str() != Some(content.as_str()) {
             return Err("file read back differs".into());
         }
@@ -1457,15 +1457,20 @@ async fn log_streams(
     Ok((thr, fthr))
 }
 
+/// A `files:write` of `content` (base64), timed from sending its body,
+/// made beforehand, to the last byte of the answer, which is checked
+/// after.
 async fn write_file(server: &Server, sid: &str, path: &str, content: &str) -> Res<f64> {
+    let body = serde_json::to_vec(&json!({"files": [{"path": path, "contentBase64": content}]}))?;
+    let route = format!("/v1/sandboxes/{sid}/files:write");
     let t = Instant::now();
-    server
-        .post(
-            &format!("/v1/sandboxes/{sid}/files:write"),
-            json!({"files": [{"path": path, "contentBase64": content}]}),
-        )
-        .await?;
-    Ok(ms(t.elapsed()))
+    let answer = server.raw(reqwest::Method::POST, &route, body).await?;
+    let took = ms(t.elapsed());
+    let v: Value = serde_json::from_slice(&answer)?;
+    if v["ok"] != true {
+        return Err(format!("files:write answered {v}").into());
+    }
+    Ok(took)
 }
 
 /// `wait` for a command that must exit 0.

@@ -107,6 +107,34 @@ impl Server {
         Ok(v)
     }
 
+    /// `method` `path` with a body prepared by the caller; the answer's
+    /// bytes, read to the end, when its status is a success. Nothing is
+    /// parsed here, so a caller can time the server's work alone.
+    pub async fn raw(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: Vec<u8>,
+    ) -> Res<bytes::Bytes> {
+        let r = self
+            .client
+            .request(method.clone(), format!("{}{path}", self.base))
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+            .await?;
+        let status = r.status();
+        let answer = r.bytes().await?;
+        if !status.is_success() {
+            return Err(format!(
+                "{method} {path}: {status} {}",
+                String::from_utf8_lossy(&answer)
+            )
+            .into());
+        }
+        Ok(answer)
+    }
+
     pub fn rss_kb(&self) -> u64 {
         std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
             .ok()
