@@ -33,8 +33,8 @@
 //!   the same container are reported next to them (on Docker 20.10 an exec
 //!   that leaves a process behind, and the exec after it, take about 2 s:
 //!   the engine waits for the leftover's I/O). 10 samples after 2 warm-ups.
-//! - files: `files:write` then `files:read` of 4 MiB of random bytes, 10
-//!   samples; the first 4 MiB write into a sandbox created just before (5
+//! - files: `files:write` then `files:read` of 4 MiB of random bytes, 20
+//!   samples after 2 warm-ups; the first 4 MiB write into a sandbox created just before (5
 //!   samples), against the warm write. Each is timed from sending the
 //!   request (a write's body made beforehand) to the last byte of the
 //!   answer; the answer is parsed and checked after.
@@ -120,6 +120,9 @@ use support::{Res, Server, cleanup, median, ms, pct};
 
 const LOG_BYTES: u64 = 64 * 1024 * 1024;
 const FILE_BYTES: usize = 4 * 1024 * 1024;
+/// Writes and reads (each) timed, after the warm-ups that are not.
+const FILE_SAMPLES: usize = 20;
+const FILE_WARMUPS: usize = 2;
 const FLOOD_BYTES: u64 = 1024 * 1024 * 1024;
 const MIB: f64 = 1024.0 * 1024.0;
 
@@ -982,15 +985,19 @@ async fn measure(
         base64::engine::general_purpose::STANDARD.encode(raw)
     };
     let (mut wr, mut rd) = (vec![], vec![]);
-    for i in 0..10 {
-        wr.push(write_file(server, sid, &format!("bench/f{i}.bin"), &content).await?);
+    for i in 0..(FILE_WARMUPS + FILE_SAMPLES) {
+        let written = write_file(server, sid, &format!("bench/f{i}.bin"), &content).await?;
         let path = format!("/v1/sandboxes/{sid}/files:read?path=bench/f{i}.bin");
         let t = Instant::now();
         let answer = server.raw(reqwest::Method::GET, &path, vec![]).await?;
-        rd.push(ms(t.elapsed()));
+        let read = ms(t.elapsed());
         let v: Value = serde_json::from_slice(&answer)?;
         if v["contentBase64"].as_str() != Some(content.as_str()) {
             return Err("file read back differs".into());
+        }
+        if i >= FILE_WARMUPS {
+            wr.push(written);
+            rd.push(read);
         }
     }
     fig.p50(WRITE, &wr, &[]);
