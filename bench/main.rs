@@ -34,8 +34,11 @@
 //!   that leaves a process behind, and the exec after it, take about 2 s:
 //!   the engine waits for the leftover's I/O). 10 samples after 2 warm-ups.
 //! - files: `files:write` then `files:read` of 4 MiB of random bytes, 20
-//!   samples after 2 warm-ups; the first 4 MiB write into a sandbox created just before (5
-//!   samples), against the warm write. Each is timed from sending the
+//!   samples after 2 warm-ups, and what the kernel alone takes to make
+//!   such a file: a Python process in the sandbox writes as many new 4
+//!   MiB files the way the agent does and times each itself; the first 4
+//!   MiB write into a sandbox created just before (5 samples), against
+//!   the warm write. Each is timed from sending the
 //!   request (a write's body made beforehand) to the last byte of the
 //!   answer; the answer is parsed and checked after.
 //! - kill answered: time until `POST …:kill` answers for `trap '' TERM;
@@ -368,6 +371,8 @@ const BG_FLOOR: &str = "background-server command by `docker exec` p50 (ms)";
 const BG_AFTER_FLOOR: &str = "plain `docker exec` right after it p50 (ms)";
 const WRITE: &str = "file write 4 MiB p50 (ms)";
 const READ: &str = "file read 4 MiB p50 (ms)";
+const KERNEL_WRITE: &str =
+    "of a write: the same new file made by a process in the sandbox p50 (ms)";
 const FIRST_WRITE: &str = "first 4 MiB write after create p50 (ms)";
 const KILL: &str = "kill answered p50 (ms)";
 const CREATE: &str = "create p50 (ms)";
@@ -456,6 +461,7 @@ fn lines() -> Vec<Line> {
         ),
         line(WRITE, "≤ 25 ms", Some(|v, _| v <= 25.0)),
         line(READ, "≤ 25 ms", Some(|v, _| v <= 25.0)),
+        line(KERNEL_WRITE, "report", None),
         line(
             FIRST_WRITE,
             "≤ 1.5× warm write (floor column)",
@@ -1002,6 +1008,11 @@ async fn measure(
     }
     fig.p50(WRITE, &wr, &[]);
     fig.p50(READ, &rd, &[]);
+    fig.p50(
+        KERNEL_WRITE,
+        &kernel_file_writes(floor, &container).await?,
+        &[],
+    );
 
     // The first 4 MiB write into a sandbox created just before, against
     // the warm write.
@@ -1462,6 +1473,41 @@ async fn log_streams(
         fthr.push(e.bytes as f64 / e.stream.as_secs_f64() / 1e6);
     }
     Ok((thr, fthr))
+}
+
+/// What the kernel alone takes to make a new 4 MiB file in the
+/// sandbox's workspace, the way the agent makes one (a new temporary
+/// name, one write, close, rename): a Python process in the sandbox makes
+/// FILE_SAMPLES of them after FILE_WARMUPS and times each itself.
+async fn kernel_file_writes(floor: &Floor, container: &str) -> Res<Vec<f64>> {
+    let script = format!(
+        "import os, time, json\n\
+         data = os.urandom({FILE_BYTES})\n\
+         os.makedirs('/workspace/bench-kernel', exist_ok=True)\n\
+         took = []\n\
+         for i in range({n}):\n\
+         \x20   name = '/workspace/bench-kernel/f%d' % i\n\
+         \x20   t = time.perf_counter()\n\
+         \x20   fd = os.open(name + '.tmp', os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)\n\
+         \x20   assert os.write(fd, data) == len(data)\n\
+         \x20   os.close(fd)\n\
+         \x20   os.rename(name + '.tmp', name)\n\
+         \x20   took.append((time.perf_counter() - t) * 1000)\n\
+         print(json.dumps(took[{FILE_WARMUPS}:]))\n",
+        n = FILE_WARMUPS + FILE_SAMPLES
+    );
+    let e = floor
+        .exec(container, &["python3", "-c", &script], true)
+        .await?;
+    if e.exit != Some(0) {
+        return Err(format!(
+            "the in-sandbox file writes failed ({:?}): {}",
+            e.exit,
+            String::from_utf8_lossy(&e.output)
+        )
+        .into());
+    }
+    Ok(serde_json::from_slice(&e.output)?)
 }
 
 /// A `files:write` of `content` (base64), timed from sending its body,
