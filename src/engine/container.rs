@@ -205,6 +205,10 @@ pub fn sandbox_container_body(spec: &SandboxContainer, under_gvisor: bool) -> Co
                 .collect(),
         ),
         runtime: spec.oci_runtime.clone(),
+        // Anything in the sandbox can write to what the engine logs (its
+        // init's output, open as /proc/1/fd/1 by the same user): bounded,
+        // or it fills the engine host's disk.
+        log_config: Some(bounded_log()),
         // Soft equals hard: the sandbox user cannot raise it again.
         ulimits: Some(ulimits(spec, under_gvisor)).filter(|u| !u.is_empty()),
         ..hardened(
@@ -320,9 +324,10 @@ const PROXY_PIDS: i64 = 64;
 /// connection in between is refused.
 pub(crate) const PROXY_LISTENING: &str = "listening on";
 
-/// The log of a container sandboxd reads back: the engine's own file
-/// format whatever the daemon's default, and small (a proxy notes every
-/// connection).
+/// The engine's log of a container: its own file format whatever the
+/// daemon's default (sandboxd reads a proxy's back), and small, on the
+/// engine host's disk: a proxy notes every connection, and a sandbox's
+/// log takes whatever its processes write to its init's output.
 fn bounded_log() -> HostConfigLogConfig {
     HostConfigLogConfig {
         typ: Some("json-file".into()),
@@ -466,6 +471,9 @@ mod tests {
     fn hardening_properties() {
         let body = sandbox_container_body(&spec(), false);
         let hc = body.host_config.clone().expect("host config");
+        let log = hc.log_config.clone().expect("log config");
+        assert_eq!(log.typ.as_deref(), Some("json-file"));
+        assert!(log.config.expect("log options").contains_key("max-size"));
         assert_eq!(hc.readonly_rootfs, Some(true));
         assert_eq!(hc.cap_drop, Some(vec!["ALL".to_string()]));
         assert_eq!(hc.cap_add, Some(vec![]));
