@@ -38,9 +38,9 @@
 //!   such a file: a Python process in the sandbox writes as many new 4
 //!   MiB files the way the agent does and times each itself; the first 4
 //!   MiB write into a sandbox created just before (5 samples), against
-//!   the warm write. Each is timed from sending the
-//!   request (a write's body made beforehand) to the last byte of the
-//!   answer; the answer is parsed and checked after.
+//!   the warm write. Each is timed from sending the request (a write's
+//!   body made beforehand) to the last byte of the answer; the answer is
+//!   parsed and checked after.
 //! - kill answered: time until `POST …:kill` answers for `trap '' TERM;
 //!   sleep 600` (which then ends only by SIGKILL after the grace period:
 //!   checked, 137 and killed), 10 samples.

@@ -292,8 +292,7 @@ impl Sandboxes {
         }
 
         if let Some(sandbox) = self.claim(&spec).await {
-            let created = self.register_new(reservation, sandbox, &spec, create_started, true);
-            return Ok(created);
+            return Ok(self.register_new(reservation, sandbox, &spec, create_started, true));
         }
         self.make_room_for_session().await;
 
