@@ -18,6 +18,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use bytes::Bytes;
 use futures_util::{SinkExt, StreamExt};
 use sandboxd_proto::{
     Failure, Hello, HelloReply, MAX_AGENT_FRAME, MAX_HOST_FRAME, Op, Reply, Request, Response,
@@ -55,11 +56,21 @@ const WRITES_IN_FLIGHT: usize = 64;
 
 type Pending = HashMap<u64, mpsc::Sender<Response>>;
 
+/// What the writer task sends: a request, then the pieces of its content
+/// (a file write's), all before anything else. Once queued it is sent
+/// whole, even if its caller stops waiting: the agent never waits for
+/// pieces that do not come.
+#[derive(Debug)]
+struct Outgoing {
+    request: Request,
+    content: Vec<Bytes>,
+}
+
 /// A live connection to one agent. Cheap to share; closes when dropped by
 /// all or when the stream ends.
 #[derive(Debug)]
 pub struct AgentConn {
-    writes: mpsc::Sender<Request>,
+    writes: mpsc::Sender<Outgoing>,
     pending: Arc<Mutex<Pending>>,
     next_id: AtomicU64,
     closed: watch::Receiver<Option<String>>,
@@ -90,17 +101,22 @@ impl AgentConn {
         let pending: Arc<Mutex<Pending>> = Arc::default();
         let (closed_tx, closed) = watch::channel(None);
         let closed_tx = Arc::new(closed_tx);
-        let (writes, mut rx) = mpsc::channel::<Request>(WRITES_IN_FLIGHT);
+        let (writes, mut rx) = mpsc::channel::<Outgoing>(WRITES_IN_FLIGHT);
         {
             let closed_tx = Arc::clone(&closed_tx);
             let pending = Arc::clone(&pending);
             tokio::spawn(async move {
                 let mut sink = FramedWrite::new(write, sandboxd_proto::codec(MAX_HOST_FRAME));
-                while let Some(req) = rx.recv().await {
-                    let sent = match sandboxd_proto::encode(&req) {
-                        Ok(body) => sink.send(body).await.map_err(|e| e.to_string()),
-                        Err(e) => Err(e.to_string()),
-                    };
+                while let Some(out) = rx.recv().await {
+                    let id = out.request.id;
+                    let mut sent = send_frame(&mut sink, &out.request).await;
+                    for data in out.content {
+                        if sent.is_err() {
+                            break;
+                        }
+                        let op = Op::WriteData { data };
+                        sent = send_frame(&mut sink, &Request { id, op }).await;
+                    }
                     if let Err(e) = sent {
                         close(
                             &closed_tx,
@@ -187,14 +203,24 @@ impl AgentConn {
         let _ = rx.wait_for(Option::is_some).await;
     }
 
-    async fn send(&self, op: Op) -> AgentResult<(u64, mpsc::Receiver<Response>)> {
+    async fn send(
+        &self,
+        op: Op,
+        content: Vec<Bytes>,
+    ) -> AgentResult<(u64, mpsc::Receiver<Response>)> {
         if let Some(why) = self.closed_because() {
             return Err(AgentError::Closed(why));
         }
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = mpsc::channel(PARTS_IN_FLIGHT);
         lock(&self.pending).insert(id, tx);
-        if self.writes.send(Request { id, op }).await.is_err() {
+        let request = Request { id, op };
+        if self
+            .writes
+            .send(Outgoing { request, content })
+            .await
+            .is_err()
+        {
             lock(&self.pending).remove(&id);
             return Err(AgentError::Closed(
                 self.closed_because()
@@ -240,7 +266,26 @@ impl AgentConn {
     /// Sends `op` and returns its one answer. An error answer is
     /// [`AgentError::Refused`]; an answer in parts is a protocol error.
     pub async fn call(&self, op: Op) -> AgentResult<Reply> {
-        let (id, mut rx) = self.send(op).await?;
+        self.call_with_content(op, Vec::new()).await
+    }
+
+    /// As [`AgentConn::call_within`], for an [`Op::WriteFiles`] whose
+    /// content follows it in `content` (pieces of at most
+    /// [`sandboxd_proto::WRITE_PIECE`] bytes).
+    pub async fn call_with_content_within(
+        &self,
+        op: Op,
+        content: Vec<Bytes>,
+        limit: std::time::Duration,
+    ) -> AgentResult<Reply> {
+        match tokio::time::timeout(limit, self.call_with_content(op, content)).await {
+            Ok(r) => r,
+            Err(_) => Err(self.stuck(limit)),
+        }
+    }
+
+    async fn call_with_content(&self, op: Op, content: Vec<Bytes>) -> AgentResult<Reply> {
+        let (id, mut rx) = self.send(op, content).await?;
         let _forget = Forget { conn: self, id };
         match rx.recv().await {
             Some(r) if !r.more => refused(r.reply),
@@ -261,7 +306,7 @@ impl AgentConn {
         op: Op,
         mut part: impl FnMut(Reply) -> Result<(), String>,
     ) -> AgentResult<Reply> {
-        let (id, mut rx) = self.send(op).await?;
+        let (id, mut rx) = self.send(op, Vec::new()).await?;
         let _forget = Forget { conn: self, id };
         loop {
             match rx.recv().await {
@@ -293,6 +338,15 @@ impl Drop for Forget<'_> {
     fn drop(&mut self) {
         lock(&self.conn.pending).remove(&self.id);
     }
+}
+
+/// Encodes and sends one frame.
+async fn send_frame<W: AsyncWrite + Unpin>(
+    sink: &mut FramedWrite<W, tokio_util::codec::LengthDelimitedCodec>,
+    request: &Request,
+) -> Result<(), String> {
+    let body = sandboxd_proto::encode(request).map_err(|e| e.to_string())?;
+    sink.send(body).await.map_err(|e| e.to_string())
 }
 
 fn refused(reply: Reply) -> AgentResult<Reply> {

@@ -24,6 +24,10 @@
 use std::fs::File;
 use std::io::{Read, Write};
 use std::os::fd::OwnedFd;
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::time::Duration;
+
+use bytes::Bytes;
 
 use rustix::fs::{AtFlags, Dir, FileType, Mode, OFlags, Stat};
 use rustix::io::Errno;
@@ -45,6 +49,33 @@ const DIR_FLAGS: OFlags = OFlags::RDONLY
 const TEMP_PREFIX: &str = ".sandboxd-";
 /// Largest mode a written file may get: no setuid, setgid or sticky bits.
 const MAX_MODE: u32 = 0o777;
+/// How long a write waits for the next piece of its content. sandboxd
+/// sends them all at once, so a longer gap means it is gone or stuck, and
+/// the file thread must not wait for it.
+const PIECE_WAIT: Duration = Duration::from_secs(30);
+
+/// Where the content of a write comes from, piece by piece, while earlier
+/// pieces are being written.
+pub(crate) trait Content {
+    /// The next piece, or why none comes.
+    fn next_piece(&mut self) -> Result<Bytes, Failure>;
+}
+
+/// The pieces sandboxd sends, as the connection hands them over.
+impl Content for Receiver<Bytes> {
+    fn next_piece(&mut self) -> Result<Bytes, Failure> {
+        self.recv_timeout(PIECE_WAIT).map_err(|e| {
+            let why = match e {
+                RecvTimeoutError::Timeout => "stopped coming",
+                RecvTimeoutError::Disconnected => "ended before every file was whole",
+            };
+            Failure::new(
+                FailureKind::Invalid,
+                format!("the content of the write {why}"),
+            )
+        })
+    }
+}
 
 /// One path component, as the kernel sees it: bytes (a symlink's target
 /// need not be UTF-8).
@@ -236,7 +267,9 @@ impl Workspace {
 
     /// Every file or none: each path is resolved first (missing parent
     /// directories are created, 0755), then each content is written to a
-    /// temporary file next to its target, and the temporaries are renamed
+    /// temporary file next to its target, piece by piece as `content`
+    /// gives them (each file's `size` bytes, in order, no piece spanning
+    /// two files), and the temporaries are renamed
     /// over their targets only once all are written. On a failure before
     /// the renames, the temporaries and the directories it created are
     /// removed. A final symlink is followed (inside the workspace only).
@@ -247,7 +280,11 @@ impl Workspace {
     /// their present hashes (an empty list: written). Check and write run
     /// on the agent's one file thread, so no other file request comes
     /// between them.
-    pub(crate) fn write_files(&self, files: Vec<NewFile>) -> Result<Vec<Mismatch>, Failure> {
+    pub(crate) fn write_files(
+        &self,
+        files: Vec<NewFile>,
+        content: &mut dyn Content,
+    ) -> Result<Vec<Mismatch>, Failure> {
         // Everything that can be checked without the filesystem is, before
         // anything is touched.
         let mut parsed = Vec::with_capacity(files.len());
@@ -271,7 +308,7 @@ impl Workspace {
             parsed.push(parts);
         }
         let mut staging = Staging::default();
-        match self.stage_and_commit(&files, parsed, &mut staging) {
+        match self.stage_and_commit(&files, parsed, content, &mut staging) {
             Ok(failed) if failed.is_empty() => Ok(failed),
             Ok(failed) => {
                 staging.undo();
@@ -470,6 +507,7 @@ impl Workspace {
         &self,
         files: &[NewFile],
         parsed: Vec<Vec<Name>>,
+        content: &mut dyn Content,
         staging: &mut Staging,
     ) -> Result<Vec<Mismatch>, Failure> {
         for (f, parts) in files.iter().zip(parsed) {
@@ -529,7 +567,20 @@ impl Workspace {
             staging.temps.push(temp);
             // Exactly `mode`, whatever the umask.
             rustix::fs::fchmod(&fd, Mode::from_raw_mode(f.mode)).map_err(os)?;
-            File::from(fd).write_all(&f.content).map_err(io_failure)?;
+            let mut file = File::from(fd);
+            let mut left = f.size;
+            while left > 0 {
+                let piece = content.next_piece()?;
+                let n = u64::try_from(piece.len()).unwrap_or(u64::MAX);
+                if n == 0 || n > left {
+                    return Err(Failure::new(
+                        FailureKind::Invalid,
+                        format!("{}: a piece of content past its size", f.path),
+                    ));
+                }
+                file.write_all(&piece).map_err(io_failure)?;
+                left -= n;
+            }
         }
         for ((dir, leaf), temp) in staging.targets.iter().zip(&staging.temps) {
             rustix::fs::renameat(dir, temp.as_slice(), dir, leaf.as_slice()).map_err(os)?;
@@ -1051,17 +1102,44 @@ mod tests {
         p.to_str().expect("utf-8 temp path").to_string()
     }
 
-    fn nf(path: &str, mode: u32, content: impl Into<Vec<u8>>) -> NewFile {
-        NewFile {
+    /// A file of a write with its content.
+    struct Whole(NewFile, Vec<u8>);
+
+    fn nf(path: &str, mode: u32, content: impl Into<Vec<u8>>) -> Whole {
+        let content = content.into();
+        let file = NewFile {
             path: path.to_string(),
             mode,
-            content: content.into(),
+            size: content.len() as u64,
             precondition: Precondition::None,
+        };
+        Whole(file, content)
+    }
+
+    /// Pieces handed over one by one, as the connection would.
+    impl Content for std::collections::VecDeque<Bytes> {
+        fn next_piece(&mut self) -> Result<Bytes, Failure> {
+            self.pop_front()
+                .ok_or_else(|| Failure::new(FailureKind::Invalid, "no more pieces"))
+        }
+    }
+
+    impl Workspace {
+        /// Writes `files`, their content in pieces of 3 bytes.
+        fn write_whole(&self, files: Vec<Whole>) -> Result<Vec<Mismatch>, Failure> {
+            let mut pieces = std::collections::VecDeque::new();
+            for Whole(_, content) in &files {
+                for piece in content.chunks(3) {
+                    pieces.push_back(Bytes::copy_from_slice(piece));
+                }
+            }
+            let files = files.into_iter().map(|Whole(f, _)| f).collect();
+            self.write_files(files, &mut pieces)
         }
     }
 
     fn write(w: &Workspace, path: &str, content: &str) -> Result<(), Failure> {
-        let failed = w.write_files(vec![nf(path, 0o644, content)])?;
+        let failed = w.write_whole(vec![nf(path, 0o644, content)])?;
         assert!(failed.is_empty(), "no preconditions, none fail");
         Ok(())
     }
@@ -1104,7 +1182,7 @@ mod tests {
         let big: Vec<u8> = (0..3_000_000u32)
             .map(|i| (i.wrapping_mul(7) >> 3) as u8)
             .collect();
-        f.w.write_files(vec![
+        f.w.write_whole(vec![
             nf("a/b/bytes", 0o644, every_byte.clone()),
             nf("empty", 0o644, Vec::new()),
             nf("big", 0o600, big.clone()),
@@ -1129,7 +1207,7 @@ mod tests {
         let f = fixture();
         for (i, mode) in [0o000, 0o400, 0o640, 0o751, 0o777].into_iter().enumerate() {
             let path = format!("m{i}");
-            f.w.write_files(vec![nf(&path, mode, "x")]).expect("write");
+            f.w.write_whole(vec![nf(&path, mode, "x")]).expect("write");
             let meta = fs::symlink_metadata(f.ws.join(&path)).expect("stat");
             assert_eq!(meta.permissions().mode() & 0o7777, mode, "{path}: no umask");
             assert_eq!(meta.uid(), rustix::process::geteuid().as_raw());
@@ -1166,7 +1244,7 @@ mod tests {
             );
             assert!(f.ws.join("ok").exists(), "{bad:?}: checked before deleting");
             assert_eq!(
-                kind(f.w.write_files(vec![nf("new", 0o644, "x"), nf(bad, 0o644, "x")])),
+                kind(f.w.write_whole(vec![nf("new", 0o644, "x"), nf(bad, 0o644, "x")])),
                 FailureKind::Invalid,
                 "{bad:?}"
             );
@@ -1181,14 +1259,14 @@ mod tests {
     fn the_root_cannot_be_written_or_deleted_and_modes_stop_at_0o777() {
         let f = fixture();
         for root in ["", ".", "/", "./"] {
-            let w = f.w.write_files(vec![nf(root, 0o644, "x")]);
+            let w = f.w.write_whole(vec![nf(root, 0o644, "x")]);
             assert_eq!(kind(w), FailureKind::Invalid, "{root:?}");
             let d = f.w.delete(&[root.to_string()], true);
             assert_eq!(kind(d), FailureKind::Invalid, "{root:?}");
             assert_eq!(kind(f.w.read_file(root, 10)), FailureKind::IsDirectory);
         }
         for mode in [0o1000, 0o4755, 0o2755, u32::MAX] {
-            let w = f.w.write_files(vec![nf("m", mode, "x")]);
+            let w = f.w.write_whole(vec![nf("m", mode, "x")]);
             assert_eq!(kind(w), FailureKind::Invalid, "{mode:o}");
         }
         assert!(!f.ws.join("m").exists());
@@ -1463,13 +1541,14 @@ mod tests {
         write(&f.w, "a", "one").expect("write");
         write(&f.w, "real/b", "bee").expect("write");
         symlink("real/b", f.ws.join("to_b")).expect("symlink");
-        let with = |path: &str, content: &str, p: Precondition| NewFile {
-            precondition: p,
-            ..nf(path, 0o644, content)
+        let with = |path: &str, content: &str, p: Precondition| {
+            let mut whole = nf(path, 0o644, content);
+            whole.0.precondition = p;
+            whole
         };
         let stale = hash(b"old");
         let failed =
-            f.w.write_files(vec![
+            f.w.write_whole(vec![
                 with("new/dir/c", "c", Precondition::None),
                 with("to_b", "B", Precondition::IfMatch(hash(b"bee"))),
                 with("a", "A", Precondition::IfMatch(stale)),
@@ -1500,7 +1579,7 @@ mod tests {
         assert!(temps_under(&f.ws).is_empty());
         // Through the symlink, with the hash it has: written.
         let failed =
-            f.w.write_files(vec![
+            f.w.write_whole(vec![
                 with("to_b", "B", Precondition::IfMatch(hash(b"bee"))),
                 with("fresh", "f", Precondition::IfNoneMatch),
             ])
@@ -1513,7 +1592,7 @@ mod tests {
     #[test]
     fn stat_tells_kinds_without_following_the_last_symlink() {
         let f = fixture();
-        f.w.write_files(vec![nf("d/f", 0o640, "hello")])
+        f.w.write_whole(vec![nf("d/f", 0o640, "hello")])
             .expect("write");
         symlink("d/f", f.ws.join("link")).expect("symlink");
         symlink(&f.outside, f.ws.join("out")).expect("symlink");
@@ -1553,11 +1632,11 @@ mod tests {
             nf("keep", 0o644, "new"),
             nf("adir", 0o644, "x"),
         ];
-        let e = f.w.write_files(files).expect_err("a directory");
+        let e = f.w.write_whole(files).expect_err("a directory");
         assert_eq!(e.kind, FailureKind::IsDirectory);
         assert_eq!(e.message, "adir is a directory");
         let files = vec![nf("x/y/z", 0o644, "z"), nf("keep/sub", 0o644, "x")];
-        assert_eq!(kind(f.w.write_files(files)), FailureKind::NotDirectory);
+        assert_eq!(kind(f.w.write_whole(files)), FailureKind::NotDirectory);
         assert!(
             !f.ws.join("new").exists(),
             "created directories are removed"
@@ -1585,16 +1664,57 @@ mod tests {
             nf("keep", 0o644, "new"),
             nf("gone/f", 0o644, "x"),
         ];
-        assert_eq!(kind(f.w.write_files(files)), FailureKind::Changed);
+        assert_eq!(kind(f.w.write_whole(files)), FailureKind::Changed);
         assert!(temps_under(&f.ws).is_empty(), "{:?}", temps_under(&f.ws));
         assert!(!f.ws.join("n1").exists(), "created directories are removed");
         assert_eq!(read_text(&f.w, "keep"), "old");
     }
 
     #[test]
+    fn a_write_whose_content_ends_early_or_overruns_a_file_leaves_nothing() {
+        let f = fixture();
+        write(&f.w, "keep", "old").expect("write");
+        let files = || {
+            vec![
+                NewFile {
+                    path: "n/first".into(),
+                    mode: 0o644,
+                    size: 4,
+                    precondition: Precondition::None,
+                },
+                NewFile {
+                    path: "keep".into(),
+                    mode: 0o644,
+                    size: 3,
+                    precondition: Precondition::None,
+                },
+            ]
+        };
+        // The connection goes away after the first file's content.
+        let (tx, mut rx) = std::sync::mpsc::channel();
+        tx.send(Bytes::from_static(b"abcd")).expect("send");
+        drop(tx);
+        let e = f.w.write_files(files(), &mut rx).expect_err("ended early");
+        assert_eq!(e.kind, FailureKind::Invalid);
+        assert_eq!(
+            e.message,
+            "the content of the write ended before every file was whole"
+        );
+        // A piece holding bytes of the first and the second file.
+        let mut pieces: std::collections::VecDeque<Bytes> =
+            [&b"ab"[..], b"cdnew"].map(Bytes::copy_from_slice).into();
+        let e = f.w.write_files(files(), &mut pieces).expect_err("overrun");
+        assert_eq!(e.kind, FailureKind::Invalid);
+        assert_eq!(e.message, "n/first: a piece of content past its size");
+        assert_eq!(read_text(&f.w, "keep"), "old");
+        assert!(!f.ws.join("n").exists(), "created directories are removed");
+        assert!(temps_under(&f.ws).is_empty());
+    }
+
+    #[test]
     fn entries_are_sorted_with_their_kinds() {
         let f = fixture();
-        f.w.write_files(vec![
+        f.w.write_whole(vec![
             nf("b", 0o640, "bbb"),
             nf(".hidden", 0o644, ""),
             nf("Z", 0o644, "z"),
@@ -1761,7 +1881,7 @@ mod tests {
             nf("small", 0o644, vec![1; 100]),
             nf("d/big", 0o644, vec![2; 10_000]),
         ];
-        let e = f.w.write_files(files).expect_err("too big");
+        let e = f.w.write_whole(files).expect_err("too big");
         assert_eq!(e.kind, FailureKind::TooLarge);
         assert_eq!(
             e.message,

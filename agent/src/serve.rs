@@ -13,17 +13,18 @@
 //! memory or descriptors.
 
 use std::cell::{Cell, RefCell};
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::os::linux::net::SocketAddrExt;
 use std::process::ExitCode;
 use std::rc::Rc;
 use std::sync::mpsc as std_mpsc;
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
 use futures_util::{SinkExt, StreamExt};
 use sandboxd_proto::{
     CHUNK, Change, ChangesSummary, ENTRIES_PER_CHUNK, Failure, FailureKind, HelloReply, LogChunk,
-    MAX_AGENT_FRAME, MAX_HOST_FRAME, Op, Reply, Request, Response, Stream,
+    MAX_AGENT_FRAME, MAX_HOST_FRAME, NewFile, Op, Reply, Request, Response, Stream,
 };
 use tokio::net::UnixStream;
 use tokio::sync::{mpsc, oneshot};
@@ -204,6 +205,46 @@ struct Conn {
     hello: Cell<bool>,
     /// (command, follower) pairs read through this connection.
     followers: RefCell<HashSet<(String, u64)>>,
+    /// Writes whose content is still coming, by request id.
+    uploads: RefCell<HashMap<u64, Upload>>,
+}
+
+/// Where the pieces of one write's content go: to its file thread call.
+#[derive(Debug)]
+struct Upload {
+    to: std_mpsc::Sender<Bytes>,
+    /// Bytes still to come.
+    left: u64,
+}
+
+impl Conn {
+    /// A write `id` starts: its content comes through the receiver. Ending
+    /// the connection drops the sender, so a write never waits for pieces
+    /// that cannot come.
+    fn expect_content(&self, id: u64, files: &[NewFile]) -> std_mpsc::Receiver<Bytes> {
+        let (to, from) = std_mpsc::channel();
+        let left = files.iter().fold(0u64, |n, f| n.saturating_add(f.size));
+        if left > 0 {
+            self.uploads.borrow_mut().insert(id, Upload { to, left });
+        }
+        from
+    }
+
+    /// A piece of write `id`'s content. Dropped when no such write waits
+    /// (it failed already); a piece past the write's size ends its
+    /// content, so the write fails.
+    fn content(&self, id: u64, data: Bytes) {
+        let mut uploads = self.uploads.borrow_mut();
+        let Some(u) = uploads.get_mut(&id) else {
+            return;
+        };
+        let n = u64::try_from(data.len()).unwrap_or(u64::MAX);
+        let taken = n <= u.left && u.to.send(data).is_ok();
+        u.left = u.left.saturating_sub(n);
+        if !taken || u.left == 0 {
+            uploads.remove(&id);
+        }
+    }
 }
 
 async fn connection(stream: UnixStream, agent: Rc<Agent>) {
@@ -231,13 +272,24 @@ async fn connection(stream: UnixStream, agent: Rc<Agent>) {
                 break;
             }
         };
+        let content = match req.op {
+            Op::WriteData { data } => {
+                conn.content(req.id, data);
+                continue;
+            }
+            Op::WriteFiles { ref files } => Some(conn.expect_content(req.id, files)),
+            _ => None,
+        };
         let answer = Answer {
             id: req.id,
             tx: tx.clone(),
         };
-        tokio::task::spawn_local(handle(req.op, answer, Rc::clone(&agent), Rc::clone(&conn)));
+        let (agent, conn) = (Rc::clone(&agent), Rc::clone(&conn));
+        tokio::task::spawn_local(handle(req.op, content, answer, agent, conn));
     }
     drop(tx);
+    // Writes still waiting for content fail now, not after PIECE_WAIT.
+    conn.uploads.borrow_mut().clear();
     for (command, follower) in conn.followers.take() {
         if let Ok(cmd) = agent.commands.get(&command) {
             cmd.log.borrow_mut().unfollow(follower);
@@ -281,7 +333,14 @@ impl Answer {
     }
 }
 
-async fn handle(op: Op, answer: Answer, agent: Rc<Agent>, conn: Rc<Conn>) {
+/// Runs one request. `content` is where a write's content comes from.
+async fn handle(
+    op: Op,
+    content: Option<std_mpsc::Receiver<Bytes>>,
+    answer: Answer,
+    agent: Rc<Agent>,
+    conn: Rc<Conn>,
+) {
     if !conn.hello.get() && !matches!(op, Op::Hello(_)) {
         let f = Failure::new(FailureKind::Invalid, "the first request must be Hello");
         return answer.last(Reply::Error(f)).await;
@@ -489,13 +548,22 @@ async fn handle(op: Op, answer: Answer, agent: Rc<Agent>, conn: Rc<Conn>) {
             }
         }
         Op::WriteFiles { files } => {
-            let r = agent.files.call(move |ws| ws.write_files(files)).await;
+            let Some(mut content) = content else {
+                let f = Failure::new(FailureKind::Other, "a write without its content");
+                return answer.last(Reply::Error(f)).await;
+            };
+            let r = agent
+                .files
+                .call(move |ws| ws.write_files(files, &mut content))
+                .await;
             let r = r.map(|failed| match failed.is_empty() {
                 true => Reply::Ok,
                 false => Reply::PreconditionFailed(failed),
             });
             answer.result(r).await
         }
+        // Routed to its write by the connection; never comes here.
+        Op::WriteData { .. } => {}
         Op::Stat { paths, sha256 } => {
             let r = agent.files.call(move |ws| ws.stat(&paths, sha256)).await;
             answer.result(r.map(Reply::Stats)).await

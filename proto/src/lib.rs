@@ -30,10 +30,13 @@ use serde::{Deserialize, Serialize};
 use tokio_util::codec::LengthDelimitedCodec;
 
 /// Bumped on any change to the types below.
-pub const VERSION: u32 = 5;
+pub const VERSION: u32 = 6;
 
 /// Largest piece of bulk data (file content, a tail) in one response.
 pub const CHUNK: usize = 1024 * 1024;
+/// Largest piece of a file's content in one [`Op::WriteData`]: small
+/// enough that the agent starts writing soon after the write starts.
+pub const WRITE_PIECE: usize = 256 * 1024;
 /// Largest frame sandboxd accepts from an agent: one chunk plus framing.
 pub const MAX_AGENT_FRAME: usize = CHUNK + 64 * 1024;
 /// Largest frame the agent accepts from sandboxd.
@@ -135,8 +138,14 @@ pub enum Op {
     /// Writes every file or none: [`Reply::Ok`], or
     /// [`Reply::PreconditionFailed`] (nothing written) when a file's
     /// [`Precondition`] does not hold. The check and the write are one step
-    /// of the agent's file thread.
+    /// of the agent's file thread. The files' content follows in
+    /// [`Op::WriteData`] frames with this request's id.
     WriteFiles { files: Vec<NewFile> },
+    /// The next piece (at most [`WRITE_PIECE`] bytes) of the content of the
+    /// [`Op::WriteFiles`] with the same id: each file's [`NewFile::size`]
+    /// bytes in order, no piece holding bytes of two files. Not answered;
+    /// a piece of no write under way is dropped.
+    WriteData { data: Bytes },
     /// What each path is (the final symlink not followed), with its SHA-256
     /// when `sha256` and it is a regular file: one [`Reply::Stats`].
     Stat { paths: Vec<String>, sha256: bool },
@@ -387,8 +396,8 @@ pub struct NewFile {
     pub path: String,
     /// Permission bits, at most 0o777.
     pub mode: u32,
-    #[serde(with = "serde_bytes")]
-    pub content: Vec<u8>,
+    /// Bytes of content, sent in [`Op::WriteData`] pieces.
+    pub size: u64,
     /// What must hold of the file before the write for any file to be
     /// written.
     pub precondition: Precondition,

@@ -23,12 +23,15 @@ pub mod text;
 use std::collections::HashSet;
 use std::sync::Arc;
 
-use sandboxd_proto::{DirEntry, FailureKind, MAX_TEXT, NewFile, Op, Precondition, Reply};
+use bytes::Bytes;
+use sandboxd_proto::{
+    DirEntry, FailureKind, MAX_TEXT, NewFile, Op, Precondition, Reply, WRITE_PIECE,
+};
 
 use crate::agent::{AgentError, reply_name};
 use crate::config::Config;
 use crate::field_error::FieldError;
-use crate::sandbox::{SandboxError, Sandboxes};
+use crate::sandbox::{Sandbox, SandboxError, Sandboxes};
 use crate::workspace_path::WorkspacePath;
 
 /// Most entries a listing may have.
@@ -353,12 +356,40 @@ impl Files {
             })
             .await;
         answer.map_err(|e| match e {
-            SandboxError::Agent(a @ AgentError::Refused(_)) => FileError::from(a),
             SandboxError::Agent(AgentError::Protocol(m)) if m == OVER_BUDGET => {
                 FileError::TooLarge(format!("the answer is larger than {budget} bytes"))
             }
-            other => self.sandboxes.gone_or(&sandbox, FileError::from(other)),
+            other => self.failure(&sandbox, other),
         })
+    }
+
+    /// Sends `op` (a write) and then `content`, its files' content in
+    /// pieces, to the sandbox's agent; returns its one answer.
+    async fn call_with_content(
+        &self,
+        sandbox_id: &str,
+        op: Op,
+        content: Vec<Bytes>,
+    ) -> FileResult<Reply> {
+        let sandbox = self.sandboxes.lookup(sandbox_id).await?;
+        let _busy = sandbox.open_request();
+        let limit = self.config.agent_timeout;
+        self.sandboxes
+            .with_agent(&sandbox, |conn| {
+                let (op, content) = (op.clone(), content.clone());
+                async move { conn.call_with_content_within(op, content, limit).await }
+            })
+            .await
+            .map_err(|e| self.failure(&sandbox, e))
+    }
+
+    /// What a failed agent call means for the caller: the agent's refusal,
+    /// or that the sandbox is gone or unreachable.
+    fn failure(&self, sandbox: &Sandbox, e: SandboxError) -> FileError {
+        match e {
+            SandboxError::Agent(a @ AgentError::Refused(_)) => FileError::from(a),
+            other => self.sandboxes.gone_or(sandbox, FileError::from(other)),
+        }
     }
 
     /// The content of a file and its hash, or `None` when there is no such
@@ -501,6 +532,8 @@ impl Files {
         }
         let mut seen = HashSet::new();
         let mut checked = Vec::with_capacity(files.len());
+        // Every file's content, in the pieces the agent gets.
+        let mut content = Vec::new();
         // Each file's path as the request gave it, for the answer.
         let mut shown = Vec::with_capacity(files.len());
         for (i, f) in files.into_iter().enumerate() {
@@ -559,14 +592,17 @@ impl Files {
             checked.push(NewFile {
                 path: path.relative(),
                 mode,
-                content: f.content,
+                size: u64::try_from(f.content.len()).unwrap_or(u64::MAX),
                 precondition,
             });
+            let whole = Bytes::from(f.content);
+            for start in (0..whole.len()).step_by(WRITE_PIECE) {
+                content.push(whole.slice(start..whole.len().min(start + WRITE_PIECE)));
+            }
         }
         let sent: Vec<String> = checked.iter().map(|f| f.path.clone()).collect();
-        let answer = self
-            .call(sandbox_id, Op::WriteFiles { files: checked }, 0, |_| Ok(()))
-            .await?;
+        let op = Op::WriteFiles { files: checked };
+        let answer = self.call_with_content(sandbox_id, op, content).await?;
         match answer {
             Reply::Ok => Ok(()),
             Reply::PreconditionFailed(failed) => {

@@ -17,6 +17,34 @@ fn random_bytes(n: usize) -> Vec<u8> {
     v
 }
 
+/// The agent gets a write's content in pieces of 256 KiB: sizes around
+/// that, in one write, each come back exactly.
+#[tokio::test]
+async fn one_write_of_files_around_the_piece_size_round_trips_each() {
+    let server = TestServer::start().await;
+    let sid = server.offline_sandbox().await;
+    let piece = 256 * 1024;
+    let sizes = [0, 1, piece - 1, piece, piece + 1, 4 * piece + 3];
+    let files: Vec<(String, Vec<u8>)> = sizes
+        .iter()
+        .map(|&n| (format!("pieces/{n}.bin"), random_bytes(n)))
+        .collect();
+    let body: Vec<_> = files
+        .iter()
+        .map(|(path, data)| json!({"path": path, "contentBase64": b64(data)}))
+        .collect();
+    let (s, v) = server.write_files(&sid, json!(body)).await;
+    assert_eq!((s, v), (200, json!({"ok": true})));
+    for (path, data) in &files {
+        let (s, v) = server.read_file(&sid, path).await;
+        assert_eq!((s, &v["found"]), (200, &json!(true)), "{path}");
+        let back = base64::engine::general_purpose::STANDARD
+            .decode(v["contentBase64"].as_str().expect("content"))
+            .expect("base64");
+        assert!(back == *data, "{path}: {} bytes came back", back.len());
+    }
+}
+
 #[tokio::test]
 async fn binary_round_trips_are_exact() {
     let server = TestServer::start().await;
