@@ -12,6 +12,10 @@ use std::process::ExitCode;
 
 use crate::serve::socket_name;
 
+/// What the bridge asks its pipes to hold (the usual limit for a user,
+/// `/proc/sys/fs/pipe-max-size`).
+const PIPE_BYTES: usize = 1024 * 1024;
+
 /// Copies until either side closes.
 pub(crate) fn run() -> ExitCode {
     let stream = SocketAddr::from_abstract_name(socket_name())
@@ -23,6 +27,12 @@ pub(crate) fn run() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    // Larger pipes to and from the engine: a whole piece of a file fits,
+    // so neither side waits on the other every 64 KiB. Best effort (the
+    // pipes may be something else, the size capped).
+    for fd in [rustix::stdio::stdin(), rustix::stdio::stdout()] {
+        let _ = rustix::pipe::fcntl_setpipe_size(fd, PIPE_BYTES);
+    }
     let Ok(mut upstream) = stream.try_clone() else {
         return ExitCode::FAILURE;
     };
