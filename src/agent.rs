@@ -418,6 +418,7 @@ mod tests {
             output_buffer_bytes: 1,
             output_memory_bytes: 1,
             max_finished: 1,
+            pids_limit: 0,
         }
     }
 

@@ -2,7 +2,9 @@
 //! namespace of its own): how close it is to its pids and memory limits,
 //! and how many processes the kernel's OOM killer has ended. Both cgroup
 //! v2 and v1 layouts are read. Under gVisor these files do not show the
-//! real limits, and every reading here is `None`.
+//! real limits, and every reading here is `None`; there the processes
+//! are counted instead, against the limit sandboxd said
+//! ([`counted_pids`]).
 
 use std::path::Path;
 
@@ -49,6 +51,24 @@ pub(crate) fn pids() -> Option<Level> {
             read_u64("/sys/fs/cgroup/pids/pids.max"),
         )
     }
+}
+
+/// The processes in the sandbox (as `/proc` lists them; threads are not
+/// counted) against `limit`, when it is known (not 0).
+pub(crate) fn counted_pids(limit: u64) -> Option<Level> {
+    if limit == 0 {
+        return None;
+    }
+    let used = std::fs::read_dir("/proc")
+        .ok()?
+        .filter_map(Result::ok)
+        .filter(|e| {
+            e.file_name()
+                .to_str()
+                .is_some_and(|n| n.bytes().all(|b| b.is_ascii_digit()))
+        })
+        .count();
+    level(Some(used as u64), Some(limit))
 }
 
 /// Memory that cannot simply be reclaimed (not page cache) against the

@@ -59,6 +59,8 @@ pub(crate) struct Settings {
     pub(crate) ring_bytes: usize,
     pub(crate) memory_bytes: usize,
     pub(crate) max_finished: usize,
+    /// The pids limit sandboxd set (0: not known).
+    pub(crate) pids_limit: u64,
 }
 
 impl Default for Settings {
@@ -69,6 +71,7 @@ impl Default for Settings {
             ring_bytes: 8 << 20,
             memory_bytes: 64 << 20,
             max_finished: 100,
+            pids_limit: 0,
         }
     }
 }
@@ -642,7 +645,9 @@ impl Commands {
     /// tree of leftovers of a finished command (one per call) and says so
     /// in that command's log. Running commands are never chosen.
     pub(crate) fn relieve_if_pressed(&self) {
-        let pids = cgroup::pids().filter(|l| l.used + PIDS_HEADROOM >= l.max);
+        let pids = cgroup::pids()
+            .or_else(|| cgroup::counted_pids(self.settings.borrow().pids_limit))
+            .filter(|l| l.used + PIDS_HEADROOM >= l.max);
         let memory = cgroup::memory().filter(|l| l.used as f64 >= l.max as f64 * MEMORY_HIGH);
         if let Some(l) = pids {
             self.relieve(&format!(

@@ -15,6 +15,14 @@
 //!
 //! It is synchronous and small: it must work when the sandbox is at its
 //! pids limit, so after the command starts it creates no thread or process.
+//!
+//! A keeper starts the command's process as soon as it starts itself
+//! (the stub, `sandboxd-agent stub`), before any command is asked of it:
+//! the stub waits for what to run and then only `exec`s it. Under gVisor
+//! creating a process costs about twice its exec, and the keeper is made
+//! ahead of need (the spare), so the command starts sooner. A command
+//! with stdin, or a keeper whose stub could not be started (the pids
+//! limit) or has died, starts the command the usual way.
 
 use std::io::{Read, Write};
 use std::os::fd::{AsFd, OwnedFd};
@@ -151,14 +159,23 @@ fn keep(mut control: UnixStream) -> std::io::Result<()> {
     // killer picks commands before the agent (0), and leftovers (raised to
     // 1000 once the command ends) before commands.
     set_oom_score_adj("self", 500);
-    let child = loop {
+    let mut stub = Stub::start();
+    let main = loop {
         let ToKeeper::Start(start) = read_message(&mut control)? else {
             return Err(std::io::Error::other(
                 "a keeper's first message must be Start",
             ));
         };
-        match spawn(&start) {
-            Ok(c) => break c,
+        // A command with stdin gets a pipe for it: the usual way.
+        if !start.stdin.is_empty() {
+            stub = None;
+        }
+        let started = match stub.take().map(|stub| stub.run(&start)) {
+            Some(Ok(started)) => started,
+            Some(Err(())) | None => spawn(&start),
+        };
+        match started {
+            Ok(pid) => break pid,
             // Refused for now; the agent may send another start.
             Err(None) => write_message(&mut control, &FromKeeper::NoProcesses)?,
             Err(Some((exit_code, message))) => {
@@ -167,61 +184,91 @@ fn keep(mut control: UnixStream) -> std::io::Result<()> {
             }
         }
     };
-    write_message(&mut control, &FromKeeper::Started { pid: child.id() })?;
-    let main = child.id() as i32;
+    write_message(&mut control, &FromKeeper::Started { pid: main as u32 })?;
     watch(control, main)
 }
 
-/// Starts the command with the keeper's stdout and stderr (the pipes).
-/// The error is the exit code and message of a command that could not
-/// start, or none when the sandbox is at its pids limit.
-fn spawn(start: &Start) -> Result<std::process::Child, Option<(i32, String)>> {
-    let arg0 = start
-        .argv
-        .first()
-        .ok_or_else(|| Some((127, "empty argv".to_string())))?;
-    let program = start.program.as_ref().unwrap_or(arg0);
-    if let Err(e) = std::fs::create_dir_all(&start.cwd) {
-        return Err(Some((
-            126,
-            format!(
-                "sandboxd: cannot create the working directory {}: {e}\n",
-                start.cwd
-            ),
-        )));
+/// Why a command could not start: its exit code and what it says on
+/// stderr; `None` when the sandbox is at its pids limit.
+type StartError = Option<(i32, String)>;
+
+/// The command's process, started ahead (`sandboxd-agent stub`, the
+/// keeper's child): it waits on its stdin, a socket to the keeper, for
+/// what to run.
+struct Stub {
+    pid: i32,
+    control: UnixStream,
+}
+
+impl Stub {
+    /// Starts the stub; `None` when it cannot be started (the pids limit).
+    fn start() -> Option<Stub> {
+        let (ours, theirs) = UnixStream::pair().ok()?;
+        let child = Command::new(std::env::current_exe().ok()?)
+            .arg("stub")
+            .current_dir("/")
+            .stdin(Stdio::from(OwnedFd::from(theirs)))
+            .spawn()
+            .ok()?;
+        Some(Stub {
+            pid: child.id() as i32,
+            control: ours,
+        })
     }
-    let stdout = std::io::stdout().as_fd().try_clone_to_owned();
-    let stderr = std::io::stderr().as_fd().try_clone_to_owned();
-    let (Ok(stdout), Ok(stderr)) = (stdout, stderr) else {
-        return Err(Some((126, "sandboxd: the output pipes are gone\n".into())));
+
+    /// Hands `start` (one without stdin) to the stub: its pid, the
+    /// command's. The keeper does not wait for the exec: a program that
+    /// cannot run makes the stub say why on stderr and exit 126 or 127,
+    /// as a command that ends at once. `Err(())`: the stub is gone, start
+    /// the command the usual way.
+    fn run(mut self, start: &Start) -> Result<Result<i32, StartError>, ()> {
+        if let Err(e) = std::fs::create_dir_all(&start.cwd) {
+            return Ok(Err(Some(cwd_error(&start.cwd, &e))));
+        }
+        write_message(&mut self.control, start).map_err(|_| ())?;
+        if start.terminal {
+            let_go_of_the_terminal();
+        }
+        Ok(Ok(self.pid))
+    }
+}
+
+/// `sandboxd-agent stub`: waits for a command on its stdin (a socket to
+/// its keeper) and execs it; when the exec fails, says why on stderr (the
+/// command's) and exits with the command's code.
+pub(crate) fn run_stub() -> ExitCode {
+    let mut control = std::io::stdin().lock();
+    // The keeper went away, or started the command the usual way.
+    let Ok(start) = read_message::<Start>(&mut control) else {
+        return ExitCode::SUCCESS;
     };
-    let mut cmd = if start.terminal {
-        let terminal = std::io::stdout()
-            .as_fd()
-            .try_clone_to_owned()
-            .map_err(|e| Some((126, format!("sandboxd: the terminal is gone: {e}\n"))))?;
-        let exe = std::env::current_exe()
-            .map_err(|e| Some((126, format!("sandboxd: cannot find the agent: {e}\n"))))?;
-        let mut cmd = Command::new(exe);
-        cmd.arg("session")
-            .arg(program)
-            .arg(arg0)
-            .stdin(Stdio::from(terminal));
-        cmd
+    let (code, message) = match command(&start, Stdio::null()) {
+        Ok(mut cmd) => spawn_error(&start, &cmd.exec()),
+        Err(failed) => failed,
+    };
+    let _ = std::io::stderr().write_all(message.as_bytes());
+    ExitCode::from(u8::try_from(code).unwrap_or(126))
+}
+
+fn cwd_error(cwd: &str, e: &std::io::Error) -> (i32, String) {
+    (
+        126,
+        format!("sandboxd: cannot create the working directory {cwd}: {e}\n"),
+    )
+}
+
+/// Starts the command the usual way (a new process) with the keeper's
+/// stdout and stderr (the pipes); its pid, or why it could not start.
+fn spawn(start: &Start) -> Result<i32, StartError> {
+    if let Err(e) = std::fs::create_dir_all(&start.cwd) {
+        return Err(Some(cwd_error(&start.cwd, &e)));
+    }
+    let stdin = if start.stdin.is_empty() || start.terminal {
+        Stdio::null()
     } else {
-        let mut cmd = Command::new(program);
-        cmd.arg0(arg0).stdin(if start.stdin.is_empty() {
-            Stdio::null()
-        } else {
-            Stdio::piped()
-        });
-        cmd
+        Stdio::piped()
     };
-    cmd.args(&start.argv[1..])
-        .envs(start.env.iter().map(|(k, v)| (k, v)))
-        .current_dir(&start.cwd)
-        .stdout(Stdio::from(stdout))
-        .stderr(Stdio::from(stderr));
+    let mut cmd = command(start, stdin).map_err(Some)?;
     match cmd.spawn() {
         Ok(mut child) => {
             if let Some(stdin) = child.stdin.take() {
@@ -230,24 +277,71 @@ fn spawn(start: &Start) -> Result<std::process::Child, Option<(i32, String)>> {
             if start.terminal {
                 let_go_of_the_terminal();
             }
-            Ok(child)
+            Ok(child.id() as i32)
         }
         // The sandbox is at its pids limit: the agent ends leftovers and
         // sends the start again.
         Err(e) if e.raw_os_error() == Some(rustix::io::Errno::AGAIN.raw_os_error()) => Err(None),
-        Err(e) => {
-            let code = match e.kind() {
-                std::io::ErrorKind::NotFound => 127,
-                _ => 126,
-            };
-            let why = match e.kind() {
-                std::io::ErrorKind::NotFound => "command not found".to_string(),
-                std::io::ErrorKind::PermissionDenied => "permission denied".to_string(),
-                _ => e.to_string(),
-            };
-            Err(Some((code, format!("sandboxd: {program}: {why}\n"))))
-        }
+        Err(e) => Err(Some(spawn_error(start, &e))),
     }
+}
+
+/// The command `start` asks for, with the keeper's stdout and stderr (the
+/// pipes) and `stdin` (a terminal's command gets the terminal instead).
+fn command(start: &Start, stdin: Stdio) -> Result<Command, (i32, String)> {
+    let arg0 = start
+        .argv
+        .first()
+        .ok_or_else(|| (127, "empty argv".to_string()))?;
+    let program = start.program.as_ref().unwrap_or(arg0);
+    let stdout = std::io::stdout().as_fd().try_clone_to_owned();
+    let stderr = std::io::stderr().as_fd().try_clone_to_owned();
+    let (Ok(stdout), Ok(stderr)) = (stdout, stderr) else {
+        return Err((126, "sandboxd: the output pipes are gone\n".into()));
+    };
+    let mut cmd = if start.terminal {
+        let terminal = std::io::stdout()
+            .as_fd()
+            .try_clone_to_owned()
+            .map_err(|e| (126, format!("sandboxd: the terminal is gone: {e}\n")))?;
+        let exe = std::env::current_exe()
+            .map_err(|e| (126, format!("sandboxd: cannot find the agent: {e}\n")))?;
+        let mut cmd = Command::new(exe);
+        cmd.arg("session")
+            .arg(program)
+            .arg(arg0)
+            .stdin(Stdio::from(terminal));
+        cmd
+    } else {
+        let mut cmd = Command::new(program);
+        cmd.arg0(arg0).stdin(stdin);
+        cmd
+    };
+    cmd.args(&start.argv[1..])
+        .envs(start.env.iter().map(|(k, v)| (k, v)))
+        .current_dir(&start.cwd)
+        .stdout(Stdio::from(stdout))
+        .stderr(Stdio::from(stderr));
+    Ok(cmd)
+}
+
+/// The exit code and message of a command whose program could not run.
+fn spawn_error(start: &Start, e: &std::io::Error) -> (i32, String) {
+    let program = start
+        .program
+        .as_deref()
+        .or(start.argv.first().map(String::as_str))
+        .unwrap_or_default();
+    let code = match e.kind() {
+        std::io::ErrorKind::NotFound => 127,
+        _ => 126,
+    };
+    let why = match e.kind() {
+        std::io::ErrorKind::NotFound => "command not found".to_string(),
+        std::io::ErrorKind::PermissionDenied => "permission denied".to_string(),
+        _ => e.to_string(),
+    };
+    (code, format!("sandboxd: {program}: {why}\n"))
 }
 
 /// Points the keeper's stdout and stderr (the terminal) at /dev/null: the
@@ -263,7 +357,7 @@ fn let_go_of_the_terminal() {
 /// Writes the command's stdin and closes it. Small input fits in the pipe
 /// at once; larger input is written by a thread, so a command that reads
 /// slowly (or not at all) holds up nothing.
-fn feed_stdin(mut stdin: std::process::ChildStdin, data: Vec<u8>) {
+fn feed_stdin(mut stdin: impl Write + Send + 'static, data: Vec<u8>) {
     if data.len() <= STDIN_INLINE {
         let _ = stdin.write_all(&data);
         return;

@@ -10,9 +10,11 @@
 //! container, it is the HTTP proxy that enforces the sandbox's egress
 //! policy.
 //!
-//! One static binary, five roles, chosen by the first argument:
+//! One static binary, six roles, chosen by the first argument:
 //! - `serve` (the container's command): the agent ([`serve`]);
 //! - `keep`: one command's keeper ([`keeper`]), started by the agent;
+//! - `stub`: a command's process before it `exec`s the command
+//!   ([`keeper`]), started by its keeper;
 //! - `session`: a terminal session's program on its way in ([`pty`]),
 //!   started by its keeper;
 //! - `bridge`: joins an exec's stdio to the agent ([`bridge`]), started by
@@ -42,12 +44,13 @@ fn main() -> ExitCode {
     match std::env::args().nth(1).as_deref() {
         Some("serve") => serve::run(),
         Some("keep") => keeper::run(),
+        Some("stub") => keeper::run_stub(),
         Some("session") => pty::run_session(),
         Some("bridge") => bridge::run(),
         Some("egress") => egress::run(),
         _ => {
             eprintln!(
-                "usage: sandboxd-agent serve | keep | session | bridge | egress --listen <port> [policy]"
+                "usage: sandboxd-agent serve | keep | stub | session | bridge | egress --listen <port> [policy]"
             );
             ExitCode::from(2)
         }

@@ -369,6 +369,7 @@ async fn handle(
                 ring_bytes: usize::try_from(h.output_buffer_bytes).unwrap_or(usize::MAX),
                 memory_bytes: usize::try_from(h.output_memory_bytes).unwrap_or(usize::MAX),
                 max_finished: h.max_finished as usize,
+                pids_limit: h.pids_limit,
             });
             agent.searches.set_workspace(h.workspace.clone());
             agent.files.set_workspace(h.workspace);

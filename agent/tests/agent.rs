@@ -59,6 +59,7 @@ impl Agent {
                         output_buffer_bytes: 256 * 1024,
                         output_memory_bytes: 64 << 20,
                         max_finished: 100,
+                        pids_limit: 0,
                     }))
                     .await;
                 assert!(matches!(hello, Reply::Hello(_)), "{hello:?}");

@@ -230,6 +230,9 @@ pub struct Hello {
     pub output_memory_bytes: u64,
     /// Most finished commands kept.
     pub max_finished: u32,
+    /// The sandbox's pids limit, for an agent that cannot read it from
+    /// its cgroup (under gVisor).
+    pub pids_limit: u64,
 }
 
 /// What sandboxd keeps about a command, held by the agent for it so that

@@ -189,6 +189,7 @@ impl Sandboxes {
             output_buffer_bytes: self.config.output_buffer_bytes as u64,
             output_memory_bytes: self.agent_output_budget(s) as u64,
             max_finished: u32::try_from(self.config.max_finished_commands).unwrap_or(u32::MAX),
+            pids_limit: u64::try_from(self.config.pids_limit).unwrap_or(0),
         };
         let limit = self.config.agent_timeout;
         match tokio::time::timeout(limit, AgentConn::open(reader, stdin, hello)).await {

@@ -528,48 +528,65 @@ async fn the_agent_cannot_be_replaced_from_inside() {
     assert_eq!(server.sh(&sid, "echo still").await["stdout"], "still\n");
 }
 
-/// The agent keeps one keeper started ahead of the next command (so a
-/// command costs one process creation). The sandbox user can kill it; the
-/// next command then starts with a new keeper, and a spare is there again.
+/// The agent keeps one keeper started ahead of the next command, and the
+/// keeper the command's process (its stub, which only has to exec the
+/// command). The sandbox user can kill either; the next command then
+/// starts all the same, and a spare with its stub is there again.
 #[tokio::test]
-async fn a_killed_spare_keeper_does_not_fail_the_next_command() {
+async fn a_killed_spare_keeper_or_stub_does_not_fail_the_next_command() {
     let server = TestServer::start().await;
     let sid = server.offline_sandbox().await;
-    // Keepers with no child: the spare. One is made when the agent starts
-    // and again when a command's process ends.
-    let idle = r#"for p in $(pgrep -f '^/.sandboxd/sandboxd-agent keep$'); do [ -z "$(pgrep -P "$p")" ] && echo "$p"; done"#;
+    // The spare's stub waits for a command; a stub that has its command
+    // is that command. Its parent is the spare keeper.
+    let stub = "pgrep -f '^/.sandboxd/sandboxd-agent stub$'";
+    let spare = format!("for s in $({stub}); do ps -o ppid= -p \"$s\" | tr -d ' '; done");
     assert_eq!(server.sh(&sid, "true").await["exitCode"], 0);
+    let runs = |tag: &'static str| {
+        let server = &server;
+        let sid = &sid;
+        async move {
+            for i in 0..3 {
+                let r = server.sh(sid, &format!("echo {tag}-{i}")).await;
+                assert_eq!(
+                    (r["exitCode"].clone(), r["stdout"].clone()),
+                    (
+                        serde_json::json!(0),
+                        serde_json::json!(format!("{tag}-{i}\n"))
+                    ),
+                    "{r}"
+                );
+            }
+        }
+    };
     // Killed from outside the agent's commands (a command would take the
-    // spare itself), retried while it is still starting.
-    eventually(
-        Duration::from_secs(10),
-        "the spare keeper is killed",
-        || async {
-            let (_, out) = server
-                .docker_exec(
-                    &sid,
-                    &format!("for p in $({idle}); do kill -KILL \"$p\" && echo killed; done"),
-                )
-                .await;
-            out == "killed\n"
-        },
-    )
-    .await;
-    for i in 0..3 {
-        let r = server.sh(&sid, &format!("echo run-{i}")).await;
-        assert_eq!(
-            (r["exitCode"].clone(), r["stdout"].clone()),
-            (
-                serde_json::json!(0),
-                serde_json::json!(format!("run-{i}\n"))
-            ),
-            "{r}"
-        );
+    // spare itself), retried while they are still starting.
+    for (what, pids) in [("stub", stub.to_string()), ("keeper", spare.clone())] {
+        eventually(
+            Duration::from_secs(10),
+            &format!("the spare's {what} is killed"),
+            || async {
+                let (_, out) = server
+                    .docker_exec(
+                        &sid,
+                        &format!("for p in $({pids}); do kill -KILL \"$p\" && echo killed; done"),
+                    )
+                    .await;
+                out == "killed\n"
+            },
+        )
+        .await;
+        runs(what).await;
     }
     eventually(
         Duration::from_secs(5),
-        "a spare keeper waits again",
-        || async { server.docker_exec(&sid, &format!("{idle} | wc -l")).await.1 == "1\n" },
+        "a spare keeper with its stub waits again",
+        || async {
+            server
+                .docker_exec(&sid, &format!("{spare} | wc -l"))
+                .await
+                .1
+                == "1\n"
+        },
     )
     .await;
 }
