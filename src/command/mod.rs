@@ -917,6 +917,10 @@ impl Drive {
             return "the sandbox was restarted or stopped while the command ran".into();
         }
         match self.sandboxes.container_status(&self.sandbox).await {
+            // Found stopped by its memory limit, and started again since.
+            _ if now.out_of_memory != self.stops.out_of_memory => {
+                "the sandbox ran out of memory and stopped; it was started again".into()
+            }
             Ok(Some(s)) if s.oom_killed => {
                 "the sandbox ran out of memory and stopped; it starts again on the next request".into()
             }

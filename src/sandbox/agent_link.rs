@@ -60,7 +60,7 @@ impl Sandboxes {
                 Err(SandboxError::Agent(AgentError::Unresponsive(ms))) if !restarted => {
                     tracing::warn!(sandbox_id = %s.id, ms, "the sandbox's agent does not answer; restarting the sandbox");
                     restarted = true;
-                    s.note_unexpected_stop();
+                    s.note_unexpected_stop(false);
                     self.engine
                         .restart_container(&s.container, Duration::from_secs(1))
                         .await?;

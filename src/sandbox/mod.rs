@@ -399,7 +399,7 @@ impl Sandboxes {
         let healthy = match self.engine.container_running(&existing.container).await? {
             Some(true) => true,
             Some(false) => {
-                existing.note_unexpected_stop();
+                self.note_found_stopped(existing).await;
                 self.engine
                     .start_container(&existing.container)
                     .await
@@ -718,7 +718,7 @@ impl Sandboxes {
     /// Starts a sandbox's stopped container again (its init was killed, the
     /// engine restarted); a container that is gone makes it unknown.
     pub async fn revive(&self, s: &Arc<Sandbox>) -> SandboxResult<()> {
-        s.note_unexpected_stop();
+        self.note_found_stopped(s).await;
         match self.engine.start_container(&s.container).await {
             Ok(()) => {
                 Event::Restarted.record(&s.id, &s.session_key);
@@ -756,6 +756,17 @@ impl Sandboxes {
             SandboxError::Engine(_) | SandboxError::EngineUnavailable(_) => self.gone_or(s, e),
             other => other,
         })
+    }
+
+    /// Records that `s`'s container was found stopped, and whether its
+    /// memory limit stopped it: starting it again clears what the engine
+    /// says about that, and a command that ran in it must still be told.
+    async fn note_found_stopped(&self, s: &Sandbox) {
+        let out_of_memory = matches!(
+            self.engine.container_status(&s.container).await,
+            Ok(Some(st)) if st.oom_killed
+        );
+        s.note_unexpected_stop(out_of_memory);
     }
 
     /// The state of a sandbox's container, `None` when it is gone.

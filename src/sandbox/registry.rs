@@ -65,6 +65,9 @@ pub struct Sandbox {
 struct AtomicStops {
     /// sandboxd found the container stopped and started it again.
     unexpected: AtomicU64,
+    /// Of those, the times the engine said its memory limit had stopped it
+    /// (a gVisor sandbox's kernel goes with its memory).
+    out_of_memory: AtomicU64,
     /// sandboxd stopped, restarted or removed it.
     planned: AtomicU64,
 }
@@ -73,6 +76,7 @@ struct AtomicStops {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Stops {
     pub unexpected: u64,
+    pub out_of_memory: u64,
     pub planned: u64,
 }
 
@@ -130,12 +134,17 @@ impl Sandbox {
     pub fn stops(&self) -> Stops {
         Stops {
             unexpected: self.stops.unexpected.load(Ordering::Acquire),
+            out_of_memory: self.stops.out_of_memory.load(Ordering::Acquire),
             planned: self.stops.planned.load(Ordering::Acquire),
         }
     }
 
-    /// The container was found stopped and is being started again.
-    pub fn note_unexpected_stop(&self) {
+    /// The container was found stopped (by its memory limit when
+    /// `out_of_memory`) and is being started again.
+    pub fn note_unexpected_stop(&self, out_of_memory: bool) {
+        if out_of_memory {
+            self.stops.out_of_memory.fetch_add(1, Ordering::AcqRel);
+        }
         self.stops.unexpected.fetch_add(1, Ordering::AcqRel);
     }
 
