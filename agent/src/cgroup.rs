@@ -107,4 +107,15 @@ mod tests {
         assert_eq!(level(Some(1), None), None);
         assert_eq!(level(Some(3), Some(10)), Some(Level { used: 3, max: 10 }));
     }
+
+    #[test]
+    fn counted_pids_count_this_process_and_need_a_limit() {
+        assert_eq!(counted_pids(0), None, "no limit known, no level");
+        let l = counted_pids(1_000_000).expect("a level");
+        assert_eq!(l.max, 1_000_000);
+        // This test's own process is one of them; its threads are not.
+        let me = std::process::id().to_string();
+        assert!(std::path::Path::new("/proc").join(me).exists());
+        assert!(l.used >= 1, "{l:?}");
+    }
 }
