@@ -442,6 +442,10 @@ impl Sandboxes {
         // Its way out (removed out of band, the engine would refuse the
         // create).
         self.ensure_network().await?;
+        // Its program, the agent: a create must not make the engine make
+        // an empty volume of that name, which a sandbox's create would then
+        // find wrong and could not replace while the proxy holds it.
+        self.ensure_agent_volume(&spec.image).await?;
         self.engine.create_egress(spec).await?;
         let started = async {
             self.join_links(&spec.name, links).await?;
