@@ -250,7 +250,7 @@ impl Commands {
         // sandbox's pids limit that comes and goes.
         tokio::task::spawn_local(async move {
             tokio::task::yield_now().await;
-            let parts = spawn_keeper(&this.exe);
+            let parts = spawn_keeper(&this.exe, true);
             this.refilling.set(false);
             if let Ok(parts) = parts
                 && let Ok(keeper) = this.adopt_keeper(parts)
@@ -531,7 +531,9 @@ impl Commands {
     /// Starts a keeper with a control socket and the output pipes; while
     /// the sandbox is at its pids limit, ends leftovers and tries again.
     async fn start_keeper(&self) -> Result<StartedKeeper, Failure> {
-        let parts = self.spawn_with_room(|| spawn_keeper(&self.exe)).await?;
+        let parts = self
+            .spawn_with_room(|| spawn_keeper(&self.exe, false))
+            .await?;
         self.adopt_keeper(parts)
             .map_err(|e| Failure::new(FailureKind::Other, format!("the keeper's ends: {e}")))
     }
@@ -547,7 +549,7 @@ impl Commands {
         let (mut child, ours) = self
             .spawn_with_room(|| {
                 let (out, err) = (terminal.try_clone()?, terminal.try_clone()?);
-                spawn_keeper_on(&self.exe, out, err)
+                spawn_keeper_on(&self.exe, out, err, false)
             })
             .await?;
         self.keepers.borrow_mut().insert(child.id() as i32);
@@ -719,10 +721,11 @@ impl Commands {
 
 /// Starts `exe keep` with a control socket on its stdin and new pipes on
 /// its stdout and stderr; returns the process and the agent's ends.
-fn spawn_keeper(exe: &std::path::Path) -> std::io::Result<KeeperParts> {
+/// `ahead`: the spare, which starts its command's process ahead.
+fn spawn_keeper(exe: &std::path::Path, ahead: bool) -> std::io::Result<KeeperParts> {
     let (out_r, out_w) = pipe_pair()?;
     let (err_r, err_w) = pipe_pair()?;
-    let (child, ours) = spawn_keeper_on(exe, out_w, err_w)?;
+    let (child, ours) = spawn_keeper_on(exe, out_w, err_w, ahead)?;
     Ok((child, ours, out_r, err_r))
 }
 
@@ -733,10 +736,12 @@ fn spawn_keeper_on(
     exe: &std::path::Path,
     out: OwnedFd,
     err: OwnedFd,
+    ahead: bool,
 ) -> std::io::Result<(std::process::Child, std::os::unix::net::UnixStream)> {
     let (ours, theirs) = std::os::unix::net::UnixStream::pair()?;
     let child = std::process::Command::new(exe)
         .arg("keep")
+        .args(ahead.then_some("--ahead"))
         .current_dir("/")
         .stdin(Stdio::from(OwnedFd::from(theirs)))
         .stdout(Stdio::from(out))

@@ -69,8 +69,10 @@ impl Content for Receiver<Bytes> {
                 RecvTimeoutError::Timeout => "stopped coming",
                 RecvTimeoutError::Disconnected => "ended before every file was whole",
             };
+            // sandboxd's failing, not the request's: not `Invalid`, which
+            // sandboxd answers as a bad path.
             Failure::new(
-                FailureKind::Invalid,
+                FailureKind::Other,
                 format!("the content of the write {why}"),
             )
         })
@@ -574,7 +576,7 @@ impl Workspace {
                 let n = u64::try_from(piece.len()).unwrap_or(u64::MAX);
                 if n == 0 || n > left {
                     return Err(Failure::new(
-                        FailureKind::Invalid,
+                        FailureKind::Other,
                         format!("{}: a piece of content past its size", f.path),
                     ));
                 }
@@ -1695,7 +1697,7 @@ mod tests {
         tx.send(Bytes::from_static(b"abcd")).expect("send");
         drop(tx);
         let e = f.w.write_files(files(), &mut rx).expect_err("ended early");
-        assert_eq!(e.kind, FailureKind::Invalid);
+        assert_eq!(e.kind, FailureKind::Other);
         assert_eq!(
             e.message,
             "the content of the write ended before every file was whole"
@@ -1704,7 +1706,7 @@ mod tests {
         let mut pieces: std::collections::VecDeque<Bytes> =
             [&b"ab"[..], b"cdnew"].map(Bytes::copy_from_slice).into();
         let e = f.w.write_files(files(), &mut pieces).expect_err("overrun");
-        assert_eq!(e.kind, FailureKind::Invalid);
+        assert_eq!(e.kind, FailureKind::Other);
         assert_eq!(e.message, "n/first: a piece of content past its size");
         assert_eq!(read_text(&f.w, "keep"), "old");
         assert!(!f.ws.join("n").exists(), "created directories are removed");

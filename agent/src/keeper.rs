@@ -16,12 +16,14 @@
 //! It is synchronous and small: it must work when the sandbox is at its
 //! pids limit, so after the command starts it creates no thread or process.
 //!
-//! A keeper starts the command's process as soon as it starts itself
-//! (the stub, `sandboxd-agent stub`), before any command is asked of it:
-//! the stub waits for what to run and then only `exec`s it. Under gVisor
-//! creating a process costs about twice its exec, and the keeper is made
-//! ahead of need (the spare), so the command starts sooner. A command
-//! with stdin, or a keeper whose stub could not be started (the pids
+//! The spare keeper, made ahead of need (`keep --ahead`), also starts
+//! the command's process as soon as it starts itself (the stub,
+//! `sandboxd-agent stub`), before any command is asked of it: the stub
+//! waits for what to run and then only `exec`s it. Under gVisor creating
+//! a process costs about twice its exec, so the command starts sooner. A
+//! keeper made on demand (a terminal's, or a command's when no spare
+//! waits) starts no stub: there it would only add a process. A command
+//! with stdin, or a spare whose stub could not be started (the pids
 //! limit) or has died, starts the command the usual way.
 
 use std::io::{Read, Write};
@@ -138,19 +140,20 @@ pub(crate) fn codec() -> tokio_util::codec::LengthDelimitedCodec {
     sandboxd_proto::codec(MAX_MESSAGE)
 }
 
-/// `sandboxd-agent keep`.
-pub(crate) fn run() -> ExitCode {
+/// `sandboxd-agent keep`; `ahead`: `--ahead`, the spare, which starts
+/// the stub.
+pub(crate) fn run(ahead: bool) -> ExitCode {
     let control = match std::io::stdin().as_fd().try_clone_to_owned() {
         Ok(fd) => UnixStream::from(fd),
         Err(_) => return ExitCode::from(2),
     };
-    match keep(control) {
+    match keep(control, ahead) {
         Ok(()) => ExitCode::SUCCESS,
         Err(_) => ExitCode::FAILURE,
     }
 }
 
-fn keep(mut control: UnixStream) -> std::io::Result<()> {
+fn keep(mut control: UnixStream, ahead: bool) -> std::io::Result<()> {
     // Processes of the sandbox user may not read or trace the keeper (its
     // control socket is the agent's); a command it starts is dumpable again.
     let _ = rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable);
@@ -159,7 +162,7 @@ fn keep(mut control: UnixStream) -> std::io::Result<()> {
     // killer picks commands before the agent (0), and leftovers (raised to
     // 1000 once the command ends) before commands.
     set_oom_score_adj("self", 500);
-    let mut stub = Stub::start();
+    let mut stub = if ahead { Stub::start() } else { None };
     let main = loop {
         let ToKeeper::Start(start) = read_message(&mut control)? else {
             return Err(std::io::Error::other(
@@ -167,8 +170,10 @@ fn keep(mut control: UnixStream) -> std::io::Result<()> {
             ));
         };
         // A command with stdin gets a pipe for it: the usual way.
-        if !start.stdin.is_empty() {
-            stub = None;
+        if !start.stdin.is_empty()
+            && let Some(unused) = stub.take()
+        {
+            unused.end();
         }
         let started = match stub.take().map(|stub| stub.run(&start)) {
             Some(Ok(started)) => started,
@@ -225,11 +230,26 @@ impl Stub {
         if let Err(e) = std::fs::create_dir_all(&start.cwd) {
             return Ok(Err(Some(cwd_error(&start.cwd, &e))));
         }
-        write_message(&mut self.control, start).map_err(|_| ())?;
+        if write_message(&mut self.control, start).is_err() {
+            self.end();
+            return Err(());
+        }
         if start.terminal {
             let_go_of_the_terminal();
         }
         Ok(Ok(self.pid))
+    }
+
+    /// Ends an unused stub and reaps it, before the command is started
+    /// the usual way: unreaped, it would take a process of the pids limit
+    /// the command may need.
+    fn end(self) {
+        let Stub { pid, control } = self;
+        // Its read of a start fails and it exits.
+        drop(control);
+        if let Some(pid) = Pid::from_raw(pid) {
+            let _ = rustix::process::waitpid(Some(pid), WaitOptions::empty());
+        }
     }
 }
 
@@ -238,9 +258,20 @@ impl Stub {
 /// command's) and exits with the command's code.
 pub(crate) fn run_stub() -> ExitCode {
     let mut control = std::io::stdin().lock();
-    // The keeper went away, or started the command the usual way.
-    let Ok(start) = read_message::<Start>(&mut control) else {
-        return ExitCode::SUCCESS;
+    let start = match read_message::<Start>(&mut control) {
+        Ok(start) => start,
+        // The keeper went away, or started the command the usual way: no
+        // command was handed over, so nothing reports this exit.
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return ExitCode::SUCCESS,
+        // A start that did not arrive whole: the command's, if the keeper
+        // reported it started, so it fails as one that could not run.
+        Err(e) => {
+            let _ = writeln!(
+                std::io::stderr(),
+                "sandboxd: the command did not arrive: {e}"
+            );
+            return ExitCode::from(126);
+        }
     };
     let (code, message) = match command(&start, Stdio::null()) {
         Ok(mut cmd) => spawn_error(&start, &cmd.exec()),

@@ -13,8 +13,10 @@
 //! One static binary, six roles, chosen by the first argument:
 //! - `serve` (the container's command): the agent ([`serve`]);
 //! - `keep`: one command's keeper ([`keeper`]), started by the agent;
+//!   `keep --ahead`, the spare keeper, also starts its command's process
+//!   before the command is known;
 //! - `stub`: a command's process before it `exec`s the command
-//!   ([`keeper`]), started by its keeper;
+//!   ([`keeper`]), started by a spare keeper;
 //! - `session`: a terminal session's program on its way in ([`pty`]),
 //!   started by its keeper;
 //! - `bridge`: joins an exec's stdio to the agent ([`bridge`]), started by
@@ -41,16 +43,17 @@ mod tree;
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
-    match std::env::args().nth(1).as_deref() {
+    let args: Vec<String> = std::env::args().collect();
+    match args.get(1).map(String::as_str) {
         Some("serve") => serve::run(),
-        Some("keep") => keeper::run(),
+        Some("keep") => keeper::run(args.get(2).map(String::as_str) == Some("--ahead")),
         Some("stub") => keeper::run_stub(),
         Some("session") => pty::run_session(),
         Some("bridge") => bridge::run(),
         Some("egress") => egress::run(),
         _ => {
             eprintln!(
-                "usage: sandboxd-agent serve | keep | stub | session | bridge | egress --listen <port> [policy]"
+                "usage: sandboxd-agent serve | keep [--ahead] | stub | session | bridge | egress --listen <port> [policy]"
             );
             ExitCode::from(2)
         }

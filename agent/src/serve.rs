@@ -564,7 +564,10 @@ async fn handle(
             answer.result(r).await
         }
         // Routed to its write by the connection; never comes here.
-        Op::WriteData { .. } => {}
+        Op::WriteData { .. } => {
+            let stray = Failure::new(FailureKind::Other, "content with no write");
+            answer.result(Err(stray)).await;
+        }
         Op::Stat { paths, sha256 } => {
             let r = agent.files.call(move |ws| ws.stat(&paths, sha256)).await;
             answer.result(r.map(Reply::Stats)).await

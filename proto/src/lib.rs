@@ -16,8 +16,9 @@
 //! hostile input. Frames from the agent are at most [`MAX_AGENT_FRAME`]
 //! bytes; data travels in pieces of at most [`CHUNK`]; sandboxd validates
 //! every field it uses and lets no answer decide anything outside the
-//! sandbox it came from. Frames from sandboxd may be larger (a file write
-//! is one frame), up to [`MAX_HOST_FRAME`].
+//! sandbox it came from. Frames from sandboxd may be larger, up to
+//! [`MAX_HOST_FRAME`]; a file write's content follows its request in
+//! [`Op::WriteData`] pieces.
 //!
 //! Both sides are built together (sandboxd embeds the agent it was built
 //! with), and [`VERSION`] is checked at [`Op::Hello`].
