@@ -76,7 +76,8 @@
 //!   the memory cgroup usage of an idle member and the RSS of the engine's
 //!   shim process for it on the host; and the first command in a member
 //!   idle for `--idle-secs` (default 300) against one in a member made
-//!   just before (2 and 4 samples), and, for comparison, the first command
+//!   just before (2 and 4 samples, each claimed from a full pool, so that
+//!   no refill runs under it), and, for comparison, the first command
 //!   in a session sandbox that idled as long, measured first after the
 //!   idle time (after three `GET /v1/sandboxes`).
 //!
@@ -1990,8 +1991,13 @@ async fn pool_lines(
         warm.get("/v1/sandboxes").await?;
     }
     let session = run_cmd(warm, &control, plain.clone()).await?.0;
+    // Each claim once the pool is full again, as each fresh one was: the
+    // second idle member's first command would otherwise run while the
+    // first one's refill makes a container. A claim takes the oldest
+    // member, so the second claim still takes the one that sat idle.
     let mut idle = vec![];
     for i in 0..2 {
+        pool_full(warm, 2).await?;
         let (_, id) = timed_create(warm, json!({"sessionKey": format!("idle-{i}")})).await?;
         idle.push(run_cmd(warm, &id, plain.clone()).await?.0);
     }
