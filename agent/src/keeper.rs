@@ -230,7 +230,11 @@ impl Stub {
         if let Err(e) = std::fs::create_dir_all(&start.cwd) {
             return Ok(Err(Some(cwd_error(&start.cwd, &e))));
         }
-        if write_message(&mut self.control, start).is_err() {
+        // A stub killed just before the start may not have run since to
+        // act on it (a loaded machine, its CPU quota spent): its socket is
+        // still open and would take the start, and the command would end
+        // with it. Written to a stub that is gone, the start fails.
+        if doomed(self.pid) || write_message(&mut self.control, start).is_err() {
             self.end();
             return Err(());
         }
@@ -242,15 +246,32 @@ impl Stub {
 
     /// Ends an unused stub and reaps it, before the command is started
     /// the usual way: unreaped, it would take a process of the pids limit
-    /// the command may need.
+    /// the command may need. Killed, not asked: a stub the sandbox user
+    /// stopped would never read that its socket closed.
     fn end(self) {
-        let Stub { pid, control } = self;
-        // Its read of a start fails and it exits.
-        drop(control);
-        if let Some(pid) = Pid::from_raw(pid) {
+        if let Some(pid) = Pid::from_raw(self.pid) {
+            let _ = rustix::process::kill_process(pid, Signal::KILL);
             let _ = rustix::process::waitpid(Some(pid), WaitOptions::empty());
         }
     }
+}
+
+/// Whether the process `pid` is gone or going: no longer there, a zombie,
+/// or with a SIGKILL pending that it has not yet run to act on.
+fn doomed(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/status")).map_or(true, |s| doomed_by(&s))
+}
+
+/// [`doomed`], from the text of `/proc/PID/status`.
+fn doomed_by(status: &str) -> bool {
+    const SIGKILL_BIT: u64 = 1 << (9 - 1);
+    status.lines().any(|line| match line.split_once(':') {
+        Some(("State", state)) => state.trim_start().starts_with(['Z', 'X']),
+        Some(("SigPnd" | "ShdPnd", mask)) => {
+            u64::from_str_radix(mask.trim(), 16).is_ok_and(|m| m & SIGKILL_BIT != 0)
+        }
+        _ => false,
+    })
 }
 
 /// `sandboxd-agent stub`: waits for a command on its stdin (a socket to
@@ -585,5 +606,44 @@ mod tests {
         assert!(read_message::<ToKeeper>(&mut r).is_err(), "nothing left");
         let huge = (MAX_MESSAGE as u32 + 1).to_be_bytes();
         assert!(read_message::<ToKeeper>(&mut &huge[..]).is_err());
+    }
+
+    /// A process is doomed when it is a zombie or has a SIGKILL pending
+    /// (bit 9 of either mask), not for another pending signal.
+    #[test]
+    fn a_pending_sigkill_or_a_zombie_dooms_a_process() {
+        let status = |state: &str, sig: &str, shd: &str| {
+            format!("Name:\tstub\nState:\t{state}\nSigPnd:\t{sig}\nShdPnd:\t{shd}\n")
+        };
+        let zero = "0000000000000000";
+        assert!(!doomed_by(&status("S (sleeping)", zero, zero)));
+        // SIGTERM (bit 15) and SIGSTOP (bit 19) pending.
+        assert!(!doomed_by(&status(
+            "S (sleeping)",
+            "0000000000044000",
+            zero
+        )));
+        assert!(doomed_by(&status("S (sleeping)", "0000000000000100", zero)));
+        assert!(doomed_by(&status("R (running)", zero, "0000000000000100")));
+        assert!(doomed_by(&status("Z (zombie)", zero, zero)));
+
+        // A real child: alive, then a zombie, then gone.
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .expect("sleep");
+        let pid = child.id() as i32;
+        assert!(!doomed(pid), "a sleeping child");
+        child.kill().expect("kill");
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !doomed(pid) {
+            assert!(
+                Instant::now() < deadline,
+                "the killed child never looked doomed"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        child.wait().expect("wait");
+        assert!(doomed(pid), "a reaped child");
     }
 }
