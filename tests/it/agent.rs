@@ -528,6 +528,60 @@ async fn the_agent_cannot_be_replaced_from_inside() {
     assert_eq!(server.sh(&sid, "echo still").await["stdout"], "still\n");
 }
 
+/// Only the spare keeper, made ahead, starts its command's process ahead
+/// (`keep --ahead`, with a stub); a keeper made when a command comes and
+/// no spare waits (a second command while the first runs) starts the
+/// command itself.
+#[tokio::test]
+async fn only_the_spare_keeper_starts_a_stub() {
+    let server = TestServer::start().await;
+    let sid = server.offline_sandbox().await;
+    assert_eq!(server.sh(&sid, "true").await["exitCode"], 0);
+    // Positive control: the spare waits with its stub.
+    eventually(Duration::from_secs(5), "a spare with its stub", || async {
+        let (_, out) = server
+            .docker_exec(&sid, "pgrep -fx '/.sandboxd/sandboxd-agent stub' | wc -l")
+            .await;
+        out == "1\n"
+    })
+    .await;
+    // The first takes the spare; no new spare is made while it runs, so
+    // the second gets a keeper made for it.
+    let sleep = |secs: &str| json!({"cmd": "sleep", "args": [secs], "login": false});
+    let first = server.start_command(&sid, sleep("31")).await;
+    let second = server.start_command(&sid, sleep("32")).await;
+    // Each sleep's parent, its keeper: its command line.
+    let keepers = "for n in 31 32; do p=$(pgrep -x -f \"sleep $n\"); \
+                   k=$(ps -o ppid= -p \"$p\" | tr -d ' '); \
+                   tr '\\0' ' ' < /proc/$k/cmdline; echo; done";
+    let seen = std::cell::RefCell::new(String::new());
+    eventually(Duration::from_secs(10), "both commands run", || async {
+        let out = server.docker_exec(&sid, keepers).await.1;
+        let both = out
+            .lines()
+            .filter(|l| l.contains("sandboxd-agent keep"))
+            .count()
+            == 2;
+        *seen.borrow_mut() = out;
+        both
+    })
+    .await;
+    let seen = seen.into_inner();
+    assert_eq!(
+        seen, "/.sandboxd/sandboxd-agent keep --ahead \n/.sandboxd/sandboxd-agent keep \n",
+        "the spare's keeper, then one made on demand"
+    );
+    for cid in [first, second] {
+        let (status, v) = server
+            .post(
+                &format!("/v1/sandboxes/{sid}/commands/{cid}:kill"),
+                json!({}),
+            )
+            .await;
+        assert_eq!(status, 200, "{v}");
+    }
+}
+
 /// The agent keeps one keeper started ahead of the next command, and the
 /// keeper the command's process (its stub, which only has to exec the
 /// command). The sandbox user can kill either; the next command then
