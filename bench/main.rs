@@ -51,8 +51,9 @@
 //! - port publish: the first `GET …/ports/3000` right after a create with
 //!   `"ports": [3000]` (the publish work happens there); and the lookup on a
 //!   sandbox created 1 s earlier. 5 samples each.
-//! - agent: VmRSS of `/.sandboxd/sandboxd-agent serve` (and of its
-//!   `bridge`) in a sandbox left idle after one command, and the size of
+//! - agent: VmRSS of `/.sandboxd/sandboxd-agent serve` in a sandbox left
+//!   idle after one command (its connection is the agent's stdio: no
+//!   bridge process), and the size of
 //!   the agent binary in it, read by `docker exec`. MB here is 2^20 bytes.
 //! - memory: sandboxd's RSS at start, after the run, and its growth while a
 //!   command prints 1 GB that nobody reads.
@@ -383,7 +384,6 @@ const STOP: &str = "stop p50 (ms)";
 const PUBLISH: &str = "port publish: first GET right after create p50 (ms)";
 const PUBLISH_LATER: &str = "port lookup 1 s after create p50 (ms)";
 const AGENT_RSS: &str = "agent idle RSS (MB)";
-const BRIDGE_RSS: &str = "agent bridge RSS (MB)";
 const AGENT_SIZE: &str = "agent binary size (MB)";
 const IDLE_RSS: &str = "sandboxd idle RSS (MB)";
 const AFTER_RSS: &str = "sandboxd RSS after the run (MB)";
@@ -480,7 +480,6 @@ fn lines() -> Vec<Line> {
         line(PUBLISH, "≤ 250 ms", Some(|v, _| v <= 250.0)),
         line(PUBLISH_LATER, "", None),
         line(AGENT_RSS, "≤ 4 MB", Some(|v, _| v <= 4.0)),
-        line(BRIDGE_RSS, "", None),
         line(AGENT_SIZE, "≤ 5 MB", Some(|v, _| v <= 5.0)),
         line(IDLE_RSS, "≤ 20 MB", Some(|v, _| v <= 20.0)),
         line(AFTER_RSS, "", None),
@@ -820,7 +819,7 @@ async fn measure(
         .remove(&format!("{}-floorwarm", floor.instance))
         .await?;
     // A sandbox left idle for the agent's idle RSS (after one command, so
-    // its bridge is up).
+    // its connection is up).
     let idle = id_of(
         &server
             .post("/v1/sandboxes", json!({"sessionKey": "idle"}))
@@ -1113,15 +1112,13 @@ async fn measure(
         fig.note("gVisor lines not measured: the engine has no runsc runtime".into());
     }
 
-    // The agent: its idle RSS (`serve`, and the `bridge` sandboxd talks to
-    // it through) and its binary, read with `docker exec` in the sandbox
-    // that stayed idle.
+    // The agent: its idle RSS and its binary, read with `docker exec` in
+    // the sandbox that stayed idle.
     let idle_container = format!("{}-{idle}", floor.instance);
     let script = "for d in /proc/[0-9]*; do \
         a=$(tr '\\0' ' ' < $d/cmdline 2>/dev/null); \
         case \"$a\" in \
-          '/.sandboxd/sandboxd-agent serve ') echo serve $(grep VmRSS $d/status) ;; \
-          '/.sandboxd/sandboxd-agent bridge'*) echo bridge $(grep VmRSS $d/status) ;; \
+          '/.sandboxd/sandboxd-agent serve '*) echo serve $(grep VmRSS $d/status) ;; \
         esac; done; echo size $(stat -c %s /.sandboxd/sandboxd-agent)";
     let e = floor
         .exec(&idle_container, &["sh", "-c", script], true)
@@ -1139,9 +1136,6 @@ async fn measure(
     match field("serve ") {
         Some(kb) => fig.value(AGENT_RSS, kb / 1024.0, None),
         None => fig.note(format!("agent RSS not found in: {text:?}")),
-    }
-    if let Some(kb) = field("bridge ") {
-        fig.value(BRIDGE_RSS, kb / 1024.0, None);
     }
     match field("size ") {
         Some(bytes) => fig.value(AGENT_SIZE, bytes / MIB, None),

@@ -14,7 +14,7 @@ use crate::serve::socket_name;
 
 /// What the bridge asks its pipes to hold (the usual limit for a user,
 /// `/proc/sys/fs/pipe-max-size`).
-const PIPE_BYTES: usize = 1024 * 1024;
+pub(crate) const PIPE_BYTES: usize = 1024 * 1024;
 
 /// Copies until either side closes.
 pub(crate) fn run() -> ExitCode {

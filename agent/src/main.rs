@@ -11,7 +11,9 @@
 //! policy.
 //!
 //! One static binary, six roles, chosen by the first argument:
-//! - `serve` (the container's command): the agent ([`serve`]);
+//! - `serve` (the container's command): the agent ([`serve`]); `serve
+//!   --stdio` also takes its standard input and output as sandboxd's first
+//!   connection;
 //! - `keep`: one command's keeper ([`keeper`]), started by the agent;
 //!   `keep --ahead`, the spare keeper, also starts its command's process
 //!   before the command is known;
@@ -45,7 +47,7 @@ use std::process::ExitCode;
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().collect();
     match args.get(1).map(String::as_str) {
-        Some("serve") => serve::run(),
+        Some("serve") => serve::run(args.get(2).map(String::as_str) == Some("--stdio")),
         Some("keep") => keeper::run(args.get(2).map(String::as_str) == Some("--ahead")),
         Some("stub") => keeper::run_stub(),
         Some("session") => pty::run_session(),
@@ -53,7 +55,7 @@ fn main() -> ExitCode {
         Some("egress") => egress::run(),
         _ => {
             eprintln!(
-                "usage: sandboxd-agent serve | keep [--ahead] | stub | session | bridge | egress --listen <port> [policy]"
+                "usage: sandboxd-agent serve [--stdio] | keep [--ahead] | stub | session | bridge | egress --listen <port> [policy]"
             );
             ExitCode::from(2)
         }

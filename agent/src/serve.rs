@@ -2,7 +2,11 @@
 //! unix socket in the sandbox's own network namespace (nothing outside
 //! the sandbox can reach it; sandboxd reaches it through `bridge`), reads
 //! requests from each connection, runs each as a task and writes the
-//! answers back in any order.
+//! answers back in any order. With `--stdio` its standard input and
+//! output are one more connection: the container's own stdio, which
+//! sandboxd attaches to when it creates the sandbox, so the first
+//! connection costs no exec. It ends when sandboxd detaches (the engine
+//! closes a container's input after its one attached client).
 //!
 //! Everything runs on one thread (a current-thread runtime and a local
 //! task set), plus two threads started at launch, one for file I/O and one
@@ -26,7 +30,7 @@ use sandboxd_proto::{
     CHUNK, Change, ChangesSummary, ENTRIES_PER_CHUNK, Failure, FailureKind, HelloReply, LogChunk,
     MAX_AGENT_FRAME, MAX_HOST_FRAME, NewFile, Op, Reply, Request, Response, Stream,
 };
-use tokio::net::UnixStream;
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::codec::{FramedRead, FramedWrite};
 
@@ -49,8 +53,9 @@ const MONITOR_EVERY: Duration = Duration::from_millis(250);
 /// Bytes of recent output a failed probe reports.
 const RECENT_OUTPUT: usize = 4096;
 
-/// `sandboxd-agent serve`.
-pub(crate) fn run() -> ExitCode {
+/// `sandboxd-agent serve`, and with `stdio` its stdin and stdout as a
+/// connection.
+pub(crate) fn run(stdio: bool) -> ExitCode {
     let _ = rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable);
     if let Err(e) = rustix::process::set_child_subreaper(Some(rustix::process::getpid())) {
         eprintln!("sandboxd-agent: cannot become a subreaper: {e}");
@@ -76,6 +81,18 @@ pub(crate) fn run() -> ExitCode {
             eprintln!("sandboxd-agent: cannot listen: {e}");
             return ExitCode::FAILURE;
         }
+    };
+    // Taken before anything is spawned: no child may inherit them.
+    let stdio = if stdio {
+        match take_stdio() {
+            Ok(fds) => Some(fds),
+            Err(e) => {
+                eprintln!("sandboxd-agent: cannot take stdio as a connection: {e}");
+                None
+            }
+        }
+    } else {
+        None
     };
     let (files, searches) = match (FileWorker::start("files"), FileWorker::start("search")) {
         (Ok(f), Ok(s)) => (f, s),
@@ -105,8 +122,29 @@ pub(crate) fn run() -> ExitCode {
             searches,
             boot: random_u64(),
         });
-        serve(listener, agent).await
+        serve(listener, stdio, agent).await
     })
+}
+
+/// The agent's stdin and stdout, moved to descriptors closed at exec;
+/// 0 and 1 become `/dev/null`. What it starts (keepers, and through them
+/// commands) must never read sandboxd's bytes or write into its stream.
+fn take_stdio() -> std::io::Result<(std::os::fd::OwnedFd, std::os::fd::OwnedFd)> {
+    use rustix::io::fcntl_dupfd_cloexec;
+    let input = fcntl_dupfd_cloexec(rustix::stdio::stdin(), 3)?;
+    let output = fcntl_dupfd_cloexec(rustix::stdio::stdout(), 3)?;
+    let null = rustix::fs::open(
+        "/dev/null",
+        rustix::fs::OFlags::RDWR | rustix::fs::OFlags::CLOEXEC,
+        rustix::fs::Mode::empty(),
+    )?;
+    rustix::stdio::dup2_stdin(&null)?;
+    rustix::stdio::dup2_stdout(&null)?;
+    // As the bridge does: best effort.
+    for fd in [&input, &output] {
+        let _ = rustix::pipe::fcntl_setpipe_size(fd, crate::bridge::PIPE_BYTES);
+    }
+    Ok((input, output))
 }
 
 /// What every connection shares.
@@ -122,7 +160,11 @@ struct Agent {
     boot: u64,
 }
 
-async fn serve(listener: std::os::unix::net::UnixListener, agent: Rc<Agent>) -> ExitCode {
+async fn serve(
+    listener: std::os::unix::net::UnixListener,
+    stdio: Option<(std::os::fd::OwnedFd, std::os::fd::OwnedFd)>,
+    agent: Rc<Agent>,
+) -> ExitCode {
     if let Err(e) = listener.set_nonblocking(true) {
         eprintln!("sandboxd-agent: {e}");
         return ExitCode::FAILURE;
@@ -150,10 +192,25 @@ async fn serve(listener: std::os::unix::net::UnixListener, agent: Rc<Agent>) -> 
     tokio::task::spawn_local(monitor(Rc::clone(&agent.commands)));
     // The first command finds a keeper waiting too.
     agent.commands.refill_spare();
+    if let Some((input, output)) = stdio {
+        use tokio::net::unix::pipe;
+        match (
+            pipe::Receiver::from_owned_fd(input),
+            pipe::Sender::from_owned_fd(output),
+        ) {
+            (Ok(r), Ok(w)) => {
+                tokio::task::spawn_local(connection(r, w, Rc::clone(&agent)));
+            }
+            (Err(e), _) | (_, Err(e)) => {
+                eprintln!("sandboxd-agent: stdio is not a connection: {e}");
+            }
+        }
+    }
     loop {
         match listener.accept().await {
             Ok((stream, _)) => {
-                tokio::task::spawn_local(connection(stream, Rc::clone(&agent)));
+                let (r, w) = stream.into_split();
+                tokio::task::spawn_local(connection(r, w, Rc::clone(&agent)));
             }
             Err(e) => {
                 eprintln!("sandboxd-agent: accept: {e}");
@@ -247,8 +304,13 @@ impl Conn {
     }
 }
 
-async fn connection(stream: UnixStream, agent: Rc<Agent>) {
-    let (r, w) = stream.into_split();
+/// Serves one connection (`r` and `w` are its two directions) until it
+/// ends.
+async fn connection(
+    r: impl AsyncRead + Unpin + 'static,
+    w: impl AsyncWrite + Unpin + 'static,
+    agent: Rc<Agent>,
+) {
     let mut reader = FramedRead::new(r, sandboxd_proto::codec(MAX_HOST_FRAME));
     let mut writer = FramedWrite::new(w, sandboxd_proto::codec(MAX_AGENT_FRAME));
     let (tx, mut rx) = mpsc::channel::<Response>(256);

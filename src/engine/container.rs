@@ -205,10 +205,12 @@ pub fn sandbox_container_body(spec: &SandboxContainer, under_gvisor: bool) -> Co
                 .collect(),
         ),
         runtime: spec.oci_runtime.clone(),
-        // Anything in the sandbox can write to what the engine logs (its
-        // init's output, open as /proc/1/fd/1 by the same user): bounded,
-        // or it fills the engine host's disk.
-        log_config: Some(bounded_log()),
+        // Its init's output is the agent's connection to sandboxd (see
+        // `open_stdin`): never written to the engine host's disk.
+        log_config: Some(HostConfigLogConfig {
+            typ: Some("none".into()),
+            config: None,
+        }),
         // Soft equals hard: the sandbox user cannot raise it again.
         ulimits: Some(ulimits(spec, under_gvisor)).filter(|u| !u.is_empty()),
         ..hardened(
@@ -249,7 +251,11 @@ pub fn sandbox_container_body(spec: &SandboxContainer, under_gvisor: bool) -> Co
         entrypoint: Some(vec![]),
         labels: Some(spec.labels.clone()),
         tty: Some(false),
-        open_stdin: Some(false),
+        // The agent's stdio is sandboxd's first connection to it (attached
+        // at create, no exec needed); the engine closes the input when
+        // sandboxd detaches, so the agent sees that connection end.
+        open_stdin: Some(true),
+        stdin_once: Some(true),
         host_config: Some(host_config),
         ..Default::default()
     }
@@ -452,7 +458,11 @@ mod tests {
             workspace_aliases: vec!["/vercel/sandbox/workspace".into()],
             agent_volume: "inst-agent-0123".into(),
             agent_dir: "/.sandboxd".into(),
-            command: vec!["/.sandboxd/sandboxd-agent".into(), "serve".into()],
+            command: vec![
+                "/.sandboxd/sandboxd-agent".into(),
+                "serve".into(),
+                "--stdio".into(),
+            ],
             volume: "inst-abc-workspace".into(),
             workspace_nocopy: false,
             network: Some("inst-net".into()),
@@ -472,8 +482,13 @@ mod tests {
         let body = sandbox_container_body(&spec(), false);
         let hc = body.host_config.clone().expect("host config");
         let log = hc.log_config.clone().expect("log config");
-        assert_eq!(log.typ.as_deref(), Some("json-file"));
-        assert!(log.config.expect("log options").contains_key("max-size"));
+        assert_eq!(
+            log.typ.as_deref(),
+            Some("none"),
+            "the agent's stream is never logged"
+        );
+        assert_eq!((body.open_stdin, body.stdin_once), (Some(true), Some(true)));
+        assert_eq!(body.tty, Some(false), "no terminal: no detach keys");
         assert_eq!(hc.readonly_rootfs, Some(true));
         assert_eq!(hc.cap_drop, Some(vec!["ALL".to_string()]));
         assert_eq!(hc.cap_add, Some(vec![]));

@@ -1,13 +1,15 @@
-//! Processes in a running container: start one with its output attached
-//! (stdout and stderr demultiplexed) and its stdin held open. sandboxd
-//! starts one per connection to a sandbox's agent (its bridge); everything
-//! else runs under the agent.
+//! Processes in a running container, attached: their output (stdout and
+//! stderr demultiplexed) and their stdin held open. Either one started for
+//! the purpose (sandboxd starts one per connection to a sandbox's agent,
+//! its bridge), or the container's own process (the agent, whose stdio is
+//! the first connection); everything else runs under the agent.
 
 use std::pin::Pin;
 
 use bollard::Docker;
 use bollard::container::LogOutput;
 use bollard::exec::{CreateExecOptions, StartExecOptions, StartExecResults};
+use bollard::query_parameters::AttachContainerOptionsBuilder;
 use bytes::Bytes;
 use futures_util::{Stream, StreamExt};
 use tokio::io::AsyncWrite;
@@ -81,19 +83,42 @@ pub(super) async fn start(
         )
         .await?;
     match started {
-        StartExecResults::Attached { output, input } => Ok(ExecSession {
-            output: Box::pin(output.filter_map(|item| async move {
-                match item {
-                    Ok(LogOutput::StdOut { message }) => Some(Ok((OutputStream::Stdout, message))),
-                    Ok(LogOutput::StdErr { message }) => Some(Ok((OutputStream::Stderr, message))),
-                    Ok(_) => None,
-                    Err(e) => Some(Err(EngineError::from(e))),
-                }
-            })),
-            stdin: input,
-        }),
+        StartExecResults::Attached { output, input } => Ok(session(output, input)),
         StartExecResults::Detached => Err(EngineError::Failed(
             "the engine started the process detached".into(),
         )),
+    }
+}
+
+/// Attaches to the stdio of `container`'s own process (created or
+/// running): its output from now on, and its stdin. Without a terminal the
+/// engine copies the input as it is (no detach keys are looked for), and
+/// a container made with `StdinOnce` has its input closed when this
+/// session ends.
+pub(super) async fn attach(docker: &Docker, container: &str) -> EngineResult<ExecSession> {
+    let options = AttachContainerOptionsBuilder::new()
+        .stream(true)
+        .stdin(true)
+        .stdout(true)
+        .stderr(true)
+        .build();
+    let attached = docker.attach_container(container, Some(options)).await?;
+    Ok(session(attached.output, attached.input))
+}
+
+fn session(
+    output: Pin<Box<dyn Stream<Item = Result<LogOutput, bollard::errors::Error>> + Send>>,
+    stdin: Pin<Box<dyn AsyncWrite + Send>>,
+) -> ExecSession {
+    ExecSession {
+        output: Box::pin(output.filter_map(|item| async move {
+            match item {
+                Ok(LogOutput::StdOut { message }) => Some(Ok((OutputStream::Stdout, message))),
+                Ok(LogOutput::StdErr { message }) => Some(Ok((OutputStream::Stderr, message))),
+                Ok(_) => None,
+                Err(e) => Some(Err(EngineError::from(e))),
+            }
+        })),
+        stdin,
     }
 }

@@ -776,6 +776,13 @@ impl Engine {
         let docker = self.docker()?;
         exec::start(&docker, container, req).await
     }
+
+    /// Attaches to the stdio of a container's own process (see
+    /// [`exec::attach`]).
+    pub async fn attach(&self, container: &str) -> EngineResult<ExecSession> {
+        let docker = self.docker()?;
+        exec::attach(&docker, container).await
+    }
 }
 
 impl Engine {

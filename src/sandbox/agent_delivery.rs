@@ -29,9 +29,13 @@ pub fn agent_volume(instance: &str) -> String {
     format!("{instance}-agent-{}", &AGENT_VERSION[..12])
 }
 
-/// The container's command.
+/// The container's command: the agent, its stdio a connection.
 pub fn agent_command() -> Vec<String> {
-    vec![AGENT_PATH.to_string(), "serve".to_string()]
+    vec![
+        AGENT_PATH.to_string(),
+        "serve".to_string(),
+        "--stdio".to_string(),
+    ]
 }
 
 impl Sandboxes {

@@ -1,8 +1,11 @@
-//! The way into a sandbox: the connection to its agent. It is made with
-//! one exec of `sandboxd-agent bridge` (the engine carries the bytes; the
-//! agent listens on nothing any network reaches), kept open, and made
-//! again when it closes. A stopped container is started again first; a
-//! vanished one makes the sandbox unknown. What the bridge prints on its
+//! The way into a sandbox: the connection to its agent. The engine carries
+//! the bytes (the agent listens on nothing any network reaches): the first
+//! connection to a sandbox this sandboxd started is the agent's own stdio,
+//! attached while the container started; every other one (after a
+//! restart of sandboxd or of the container, or when that one closed) is
+//! one exec of `sandboxd-agent bridge`. It is kept open, and made again
+//! when it closes. A stopped container is started again first; a vanished
+//! one makes the sandbox unknown. What the agent or its bridge prints on
 //! stderr is logged, bounded.
 
 use std::sync::Arc;
@@ -146,12 +149,19 @@ impl Sandboxes {
     }
 
     async fn connect_agent(&self, s: &Arc<Sandbox>) -> SandboxResult<Arc<AgentConn>> {
-        let req = ExecRequest {
-            argv: vec![AGENT_PATH.to_string(), "bridge".to_string()],
-            env: vec![],
-            working_dir: "/".into(),
+        let stdio = s.take_stdio();
+        let attached = stdio.is_some();
+        let ExecSession { output, stdin, .. } = match stdio {
+            Some(session) => session,
+            None => {
+                let req = ExecRequest {
+                    argv: vec![AGENT_PATH.to_string(), "bridge".to_string()],
+                    env: vec![],
+                    working_dir: "/".into(),
+                };
+                self.exec(s, &req).await?
+            }
         };
-        let ExecSession { output, stdin, .. } = self.exec(s, &req).await?;
         // stdout carries the frames; stderr is the bridge's complaints.
         let (tx, rx) = mpsc::channel::<std::io::Result<Bytes>>(16);
         let sandbox_id = s.id.clone();
@@ -194,6 +204,11 @@ impl Sandboxes {
         let limit = self.config.agent_timeout;
         match tokio::time::timeout(limit, AgentConn::open(reader, stdin, hello)).await {
             Ok(opened) => Ok(opened?.0),
+            // The agent may not have taken its stdio (it says why on
+            // stderr): a bridge is tried next.
+            Err(_) if attached => {
+                Err(AgentError::Closed("the agent did not answer on its stdio".into()).into())
+            }
             Err(_) => Err(AgentError::Unresponsive(
                 u64::try_from(limit.as_millis()).unwrap_or(u64::MAX),
             )

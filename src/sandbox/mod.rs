@@ -396,10 +396,10 @@ impl Sandboxes {
         existing: &Arc<Sandbox>,
         spec: &SandboxSpec,
     ) -> SandboxResult<Option<Created>> {
-        let healthy = match self.engine.container_running(&existing.container).await? {
-            Some(true) => true,
-            Some(false) => {
-                self.note_found_stopped(existing).await;
+        let healthy = match self.engine.container_status(&existing.container).await? {
+            Some(st) if st.running => true,
+            Some(st) => {
+                existing.note_unexpected_stop(st.oom_killed);
                 self.engine
                     .start_container(&existing.container)
                     .await
@@ -498,14 +498,14 @@ impl Sandboxes {
         self.engine.create_container(&container).await?;
         let Some(subnet) = link else {
             return self
-                .start_container(&container, spec.network == NetworkMode::Open)
+                .start_attached(sandbox, &container, spec.network == NetworkMode::Open)
                 .await;
         };
         // The way out is ready by the time the create answers: the first
         // `pip install` must not race it. (On a link network made ahead the
         // shared proxy has joined already, and this only checks.)
         let (started, attached) = tokio::join!(
-            self.start_container(&container, false),
+            self.start_attached(sandbox, &container, false),
             self.attach_egress(&sandbox.id, spec.network, &spec.allow, &subnet)
         );
         started?;
@@ -648,6 +648,29 @@ impl Sandboxes {
         Ok(())
     }
 
+    /// Starts a new sandbox's container and, meanwhile, attaches to its
+    /// agent's stdio: the first connection to the agent is made of that,
+    /// with no exec. Without it (the attach failed) the connection is made
+    /// the usual way, through a bridge.
+    async fn start_attached(
+        &self,
+        sandbox: &Sandbox,
+        container: &SandboxContainer,
+        networked: bool,
+    ) -> SandboxResult<()> {
+        let (started, attached) = tokio::join!(
+            self.start_container(container, networked),
+            self.engine.attach(&container.name)
+        );
+        match attached {
+            Ok(session) => sandbox.set_stdio(session),
+            Err(e) => {
+                tracing::debug!(sandbox_id = %sandbox.id, error = %e, "could not attach to the agent's stdio");
+            }
+        }
+        started
+    }
+
     /// The sandbox user's uid and gid (the gid is the uid when not given).
     fn sandbox_uid_gid(&self) -> (u32, u32) {
         let user = &self.config.sandbox_user;
@@ -702,10 +725,10 @@ impl Sandboxes {
     /// out of band makes the sandbox unknown; a stopped one is started again.
     pub async fn get(&self, id: &str) -> SandboxResult<SandboxInfo> {
         let s = self.lookup(id).await?;
-        match self.engine.container_running(&s.container).await? {
-            Some(true) => Ok(SandboxInfo::from(&*s)),
-            Some(false) => {
-                self.revive(&s).await?;
+        match self.engine.container_status(&s.container).await? {
+            Some(st) if st.running => Ok(SandboxInfo::from(&*s)),
+            Some(st) => {
+                self.revive(&s, Some(st.oom_killed)).await?;
                 Ok(SandboxInfo::from(&*s))
             }
             None => {
@@ -717,8 +740,16 @@ impl Sandboxes {
 
     /// Starts a sandbox's stopped container again (its init was killed, the
     /// engine restarted); a container that is gone makes it unknown.
-    pub async fn revive(&self, s: &Arc<Sandbox>) -> SandboxResult<()> {
-        self.note_found_stopped(s).await;
+    /// `out_of_memory`: whether the memory limit stopped it, when the
+    /// caller has asked the engine already. It is recorded: starting the
+    /// container clears what the engine says about that, and a command
+    /// that ran in it must still be told.
+    pub async fn revive(&self, s: &Arc<Sandbox>, out_of_memory: Option<bool>) -> SandboxResult<()> {
+        let out_of_memory = match out_of_memory {
+            Some(known) => known,
+            None => self.stopped_by_memory(s).await,
+        };
+        s.note_unexpected_stop(out_of_memory);
         match self.engine.start_container(&s.container).await {
             Ok(()) => {
                 Event::Restarted.record(&s.id, &s.session_key);
@@ -742,7 +773,7 @@ impl Sandboxes {
                 self.forget_gone(s).await;
                 Err(SandboxError::NotFound(s.id.clone()))
             }
-            Err(EngineError::Conflict(_)) => match self.revive(s).await {
+            Err(EngineError::Conflict(_)) => match self.revive(s, None).await {
                 Ok(()) => self
                     .engine
                     .exec(&s.container, req)
@@ -758,15 +789,12 @@ impl Sandboxes {
         })
     }
 
-    /// Records that `s`'s container was found stopped, and whether its
-    /// memory limit stopped it: starting it again clears what the engine
-    /// says about that, and a command that ran in it must still be told.
-    async fn note_found_stopped(&self, s: &Sandbox) {
-        let out_of_memory = matches!(
+    /// Whether the engine says the memory limit stopped `s`'s container.
+    async fn stopped_by_memory(&self, s: &Sandbox) -> bool {
+        matches!(
             self.engine.container_status(&s.container).await,
             Ok(Some(st)) if st.oom_killed
-        );
-        s.note_unexpected_stop(out_of_memory);
+        )
     }
 
     /// The state of a sandbox's container, `None` when it is gone.

@@ -18,6 +18,7 @@ use super::labels::SandboxRecord;
 use super::spec::{NetworkMode, Resources};
 use crate::agent::AgentConn;
 use crate::clock::now_ms;
+use crate::engine::ExecSession;
 
 /// Locks one of the registry's std mutexes, each held only for a short
 /// synchronous section that cannot leave its data half-changed (one
@@ -56,6 +57,9 @@ pub struct Sandbox {
     agent: Mutex<Option<Arc<AgentConn>>>,
     /// Held while a connection to the agent is being made.
     pub(super) agent_connect: tokio::sync::Mutex<()>,
+    /// The agent's own stdio, attached when this sandboxd started the
+    /// container and not yet made a connection (see `agent_link`).
+    stdio: Mutex<Option<ExecSession>>,
 }
 
 /// How often the container stopped under its commands, by whose hand.
@@ -116,7 +120,18 @@ impl Sandbox {
             stops: AtomicStops::default(),
             agent: Mutex::new(None),
             agent_connect: tokio::sync::Mutex::new(()),
+            stdio: Mutex::new(None),
         }
+    }
+
+    pub(super) fn set_stdio(&self, session: ExecSession) {
+        *lock(&self.stdio) = Some(session);
+    }
+
+    /// The attached stdio of the agent, once: a connection made of it that
+    /// fails is not made again (the agent has let it go).
+    pub(super) fn take_stdio(&self) -> Option<ExecSession> {
+        lock(&self.stdio).take()
     }
 
     /// The connection to the agent, if one is open.

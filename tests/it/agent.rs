@@ -500,6 +500,54 @@ async fn commands_survive_a_sandboxd_kill_and_report_their_own_exit_code() {
     assert_eq!(out, "one\ntwo\n");
 }
 
+/// The first connection to a new sandbox's agent is the agent's own
+/// stdio, attached while the container started: commands and files work
+/// with no exec in the container. The engine keeps no log of that stream.
+/// After a sandboxd crash the engine closed the agent's input and the new
+/// sandboxd connects through an exec of the bridge.
+#[tokio::test]
+async fn the_first_connection_is_the_agents_stdio_and_a_restarted_sandboxd_uses_a_bridge() {
+    let mut server = TestServer::start().await;
+    let sid = server.offline_sandbox().await;
+    assert_eq!(server.sh(&sid, "echo one").await["stdout"], "one\n");
+    let (s, body) = server
+        .post(
+            &format!("/v1/sandboxes/{sid}/files:write"),
+            json!({"files": [{"path": "a.txt", "contentBase64": "aGk="}]}),
+        )
+        .await;
+    assert_eq!(s, 200, "{body}");
+    let before = server.inspect(&sid).await;
+    let cmd = before
+        .config
+        .as_ref()
+        .and_then(|c| c.cmd.clone())
+        .unwrap_or_default();
+    assert_eq!(cmd.last().map(String::as_str), Some("--stdio"), "{cmd:?}");
+    let log = before
+        .host_config
+        .as_ref()
+        .and_then(|h| h.log_config.as_ref())
+        .and_then(|l| l.typ.clone());
+    assert_eq!(
+        log.as_deref(),
+        Some("none"),
+        "the agent's stream is not logged"
+    );
+    assert_eq!(
+        before.exec_ids.clone().unwrap_or_default(),
+        Vec::<String>::new(),
+        "no exec: the connection is the agent's stdio"
+    );
+    server.crash_and_restart().await;
+    assert_eq!(server.sh(&sid, "cat a.txt").await["stdout"], "hi");
+    let after = server.inspect(&sid).await;
+    assert!(
+        !after.exec_ids.unwrap_or_default().is_empty(),
+        "a restarted sandboxd connects through a bridge"
+    );
+}
+
 #[tokio::test]
 async fn the_agent_cannot_be_replaced_from_inside() {
     let server = TestServer::start().await;
