@@ -23,7 +23,7 @@ use futures_util::{SinkExt, StreamExt};
 use sandboxd_proto::{
     Failure, Hello, HelloReply, MAX_AGENT_FRAME, MAX_HOST_FRAME, Op, Reply, Request, Response,
 };
-use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{mpsc, watch};
 use tokio_util::codec::{FramedRead, FramedWrite};
 
@@ -102,12 +102,24 @@ impl AgentConn {
         let (closed_tx, closed) = watch::channel(None);
         let closed_tx = Arc::new(closed_tx);
         let (writes, mut rx) = mpsc::channel::<Outgoing>(WRITES_IN_FLIGHT);
+        // Both tasks end when the connection closes, whoever closed it,
+        // and drop their half of the stream: an engine session (a bridge's
+        // exec, an attach to the agent's stdio) ends only when both halves
+        // are gone, and only then does the engine close the agent's input.
         {
             let closed_tx = Arc::clone(&closed_tx);
             let pending = Arc::clone(&pending);
+            let shut = closed_tx.subscribe();
             tokio::spawn(async move {
                 let mut sink = FramedWrite::new(write, sandboxd_proto::codec(MAX_HOST_FRAME));
-                while let Some(out) = rx.recv().await {
+                let until_shut = until_closed(shut);
+                tokio::pin!(until_shut);
+                loop {
+                    let out = tokio::select! {
+                        out = rx.recv() => out,
+                        () = &mut until_shut => None,
+                    };
+                    let Some(out) = out else { break };
                     let id = out.request.id;
                     let mut sent = send_frame(&mut sink, &out.request).await;
                     for data in out.content {
@@ -123,18 +135,28 @@ impl AgentConn {
                             &pending,
                             format!("writing to the agent failed: {e}"),
                         );
-                        return;
+                        break;
                     }
                 }
+                // Says "no more" to the agent even while the read half
+                // lives on for a moment.
+                let _ = sink.get_mut().shutdown().await;
             });
         }
         {
             let pending = Arc::clone(&pending);
             let closed_tx = Arc::clone(&closed_tx);
+            let shut = closed_tx.subscribe();
             tokio::spawn(async move {
                 let mut frames = FramedRead::new(read, sandboxd_proto::codec(MAX_AGENT_FRAME));
+                let until_shut = until_closed(shut);
+                tokio::pin!(until_shut);
                 let why = loop {
-                    let frame = match frames.next().await {
+                    let next = tokio::select! {
+                        next = frames.next() => next,
+                        () = &mut until_shut => break "the connection was closed".to_string(),
+                    };
+                    let frame = match next {
                         Some(Ok(f)) => f,
                         Some(Err(e)) => break format!("the agent's stream broke: {e}"),
                         None => break "the agent closed the connection".to_string(),
@@ -199,8 +221,7 @@ impl AgentConn {
 
     /// Resolves when the connection closes.
     pub async fn closed(&self) {
-        let mut rx = self.closed.clone();
-        let _ = rx.wait_for(Option::is_some).await;
+        until_closed(self.closed.clone()).await;
     }
 
     async fn send(
@@ -354,6 +375,11 @@ fn refused(reply: Reply) -> AgentResult<Reply> {
         Reply::Error(f) => Err(AgentError::Refused(f)),
         other => Ok(other),
     }
+}
+
+/// Resolves when the connection `rx` watches is closed.
+async fn until_closed(mut rx: watch::Receiver<Option<String>>) {
+    let _ = rx.wait_for(Option::is_some).await;
 }
 
 fn close(closed: &watch::Sender<Option<String>>, pending: &Mutex<Pending>, why: String) {

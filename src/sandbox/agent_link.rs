@@ -27,7 +27,10 @@ use crate::engine::{ExecRequest, ExecSession, OutputStream};
 const LIVENESS_EVERY: Duration = Duration::from_secs(2);
 /// How long connecting may keep trying while the agent starts up.
 const CONNECT_WITHIN: Duration = Duration::from_secs(10);
-/// Lines of the bridge's stderr logged per connection, at most.
+/// How long the hello on the agent's stdio may take before a bridge is
+/// tried instead (a new agent answers within milliseconds).
+const STDIO_HELLO_WITHIN: Duration = Duration::from_secs(5);
+/// Lines of the agent's or bridge's stderr logged per connection, at most.
 const STDERR_LINES: usize = 20;
 /// Bytes of one such line, at most.
 const STDERR_LINE_BYTES: usize = 512;
@@ -148,27 +151,55 @@ impl Sandboxes {
         }
     }
 
+    /// A new connection: the agent's stdio if this sandboxd attached to it
+    /// and has not used it yet, else (or when that gets no answer) a bridge.
     async fn connect_agent(&self, s: &Arc<Sandbox>) -> SandboxResult<Arc<AgentConn>> {
-        let stdio = s.take_stdio();
-        let attached = stdio.is_some();
-        let ExecSession { output, stdin, .. } = match stdio {
-            Some(session) => session,
-            None => {
-                let req = ExecRequest {
-                    argv: vec![AGENT_PATH.to_string(), "bridge".to_string()],
-                    env: vec![],
-                    working_dir: "/".into(),
-                };
-                self.exec(s, &req).await?
+        let limit = self.config.agent_timeout;
+        if let Some(session) = s.take_stdio() {
+            match self
+                .say_hello(s, session, limit.min(STDIO_HELLO_WITHIN))
+                .await
+            {
+                Ok(conn) => return Ok(conn),
+                // The container restarted since the attach, or the agent
+                // could not take its stdio (it says why on stderr).
+                Err(e) => {
+                    tracing::info!(sandbox_id = %s.id, error = %e, "no connection on the agent's stdio; trying a bridge");
+                }
             }
+        }
+        let req = ExecRequest {
+            argv: vec![AGENT_PATH.to_string(), "bridge".to_string()],
+            env: vec![],
+            working_dir: "/".into(),
         };
-        // stdout carries the frames; stderr is the bridge's complaints.
+        let session = self.exec(s, &req).await?;
+        self.say_hello(s, session, limit).await
+    }
+
+    /// Makes a connection of an engine session (its stdout the agent's
+    /// frames, its stderr the agent's or the bridge's complaints) and says
+    /// hello; no answer within `limit` is an unresponsive agent.
+    async fn say_hello(
+        &self,
+        s: &Arc<Sandbox>,
+        session: ExecSession,
+        limit: Duration,
+    ) -> SandboxResult<Arc<AgentConn>> {
+        let ExecSession { output, stdin, .. } = session;
         let (tx, rx) = mpsc::channel::<std::io::Result<Bytes>>(16);
         let sandbox_id = s.id.clone();
         tokio::spawn(async move {
             let mut output = output;
             let mut lines = 0;
-            while let Some(item) = output.next().await {
+            loop {
+                // Gone with the connection's reader, not at the next output
+                // (which may never come): see `AgentConn::open`.
+                let item = tokio::select! {
+                    item = output.next() => item,
+                    () = tx.closed() => return,
+                };
+                let Some(item) = item else { return };
                 match item {
                     Ok((OutputStream::Stdout, bytes)) => {
                         if tx.send(Ok(bytes)).await.is_err() {
@@ -201,14 +232,8 @@ impl Sandboxes {
             max_finished: u32::try_from(self.config.max_finished_commands).unwrap_or(u32::MAX),
             pids_limit: u64::try_from(self.config.pids_limit).unwrap_or(0),
         };
-        let limit = self.config.agent_timeout;
         match tokio::time::timeout(limit, AgentConn::open(reader, stdin, hello)).await {
             Ok(opened) => Ok(opened?.0),
-            // The agent may not have taken its stdio (it says why on
-            // stderr): a bridge is tried next.
-            Err(_) if attached => {
-                Err(AgentError::Closed("the agent did not answer on its stdio".into()).into())
-            }
             Err(_) => Err(AgentError::Unresponsive(
                 u64::try_from(limit.as_millis()).unwrap_or(u64::MAX),
             )

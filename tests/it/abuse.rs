@@ -112,6 +112,42 @@ async fn garbage_written_to_the_containers_own_output_reaches_no_disk_and_breaks
     assert_eq!(server.get("/v1/health").await.0, 200);
 }
 
+/// The same flood from a process left running by a finished command: with
+/// no command running, sandboxd lets go of the broken connection at once
+/// (both halves), so the engine drains the container's output and the
+/// writer finishes instead of blocking for good.
+#[tokio::test]
+async fn garbage_written_to_the_containers_own_output_while_nothing_runs_does_not_block_the_writer()
+{
+    let server = TestServer::start().await;
+    let sid = server.offline_sandbox().await;
+    let r = server
+        .sh_with_timeout(
+            &sid,
+            "(head -c 30000000 /dev/zero | tr '\\0' x > /proc/1/fd/1; touch flood.done) \
+             >/dev/null 2>&1 &",
+            10000,
+        )
+        .await;
+    assert_eq!(r["exitCode"], 0, "{r}");
+    // Looked at from outside, by the engine: a request to sandboxd would
+    // make a new connection and drop the broken one anyway.
+    harness::eventually(
+        Duration::from_secs(60),
+        "the flood written whole",
+        || async {
+            server
+                .docker_exec(&sid, "test -e /workspace/flood.done")
+                .await
+                .0
+                == 0
+        },
+    )
+    .await;
+    assert_eq!(server.sh(&sid, "echo fine").await["stdout"], "fine\n");
+    assert_eq!(server.get("/v1/health").await.0, 200);
+}
+
 #[tokio::test]
 async fn a_full_tmp_says_enospc_at_its_size() {
     let server =
