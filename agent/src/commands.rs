@@ -647,6 +647,12 @@ impl Commands {
     /// tree of leftovers of a finished command (one per call) and says so
     /// in that command's log. Running commands are never chosen.
     pub(crate) fn relieve_if_pressed(&self) {
+        // Only leftovers are ever ended. Without any, nothing is read: at
+        // the pids limit (a running fork bomb) even listing `/proc` is
+        // slow under gVisor, and would stall the agent every round.
+        if !self.has_leftovers() {
+            return;
+        }
         let pids = cgroup::pids()
             .or_else(|| cgroup::counted_pids(self.settings.borrow().pids_limit))
             .filter(|l| l.used + PIDS_HEADROOM >= l.max);
@@ -665,9 +671,20 @@ impl Commands {
         }
     }
 
+    /// Whether a finished command's keeper still watches processes.
+    fn has_leftovers(&self) -> bool {
+        self.table
+            .borrow()
+            .values()
+            .any(|c| c.ended().is_some() && c.keeper.get().is_some())
+    }
+
     /// Ends the largest leftover tree, if there is one; see
     /// [`Commands::relieve_if_pressed`].
     pub(crate) fn relieve(&self, why: &str) {
+        if !self.has_leftovers() {
+            return;
+        }
         let procs = tree::snapshot();
         let by_memory = why.contains("memory");
         let victim = self

@@ -366,7 +366,12 @@ fn command(start: &Start, stdin: Stdio) -> Result<Command, (i32, String)> {
         cmd
     } else {
         let mut cmd = Command::new(program);
-        cmd.arg0(arg0).stdin(stdin);
+        // Its own process group, whose id is the command's pid: ending
+        // the tree starts with one signal to the group, which reaches a
+        // fork bomb's processes at once (a terminal's command gets the
+        // same from `session`'s setsid). `kill 0` in the command reaches
+        // its own group, not the agent's.
+        cmd.arg0(arg0).stdin(stdin).process_group(0);
         cmd
     };
     cmd.args(&start.argv[1..])
@@ -429,6 +434,70 @@ fn set_oom_score_adj(pid: &str, value: i32) {
 struct Stopping {
     /// SIGKILL rounds start then.
     kill_at: Instant,
+    /// The command's process group (its id is the command's pid) may
+    /// still have members, and is still the command's: the stop began
+    /// while the command was an unreaped child (so its pid could not be
+    /// reused), and it has been looked at every round since. False once
+    /// it is empty: from then on its id could be another group's.
+    group: bool,
+    /// The processes outside the command's process group have not had
+    /// their SIGTERM yet: they get it once the group is empty.
+    term_rest: bool,
+    /// When the tree is next walked in `/proc` to kill what is left of it
+    /// while the group has members (set when the SIGKILL rounds begin).
+    walk_at: Option<Instant>,
+}
+
+impl Stopping {
+    fn new(kill_at: Instant, group: bool, term_rest: bool) -> Stopping {
+        Stopping {
+            kill_at,
+            group,
+            term_rest,
+            walk_at: None,
+        }
+    }
+}
+
+/// While the command's process group has members, the tree is killed
+/// through it (one call, however many processes), and `/proc` is walked
+/// for what left the group only this often: under gVisor a walk while a
+/// fork bomb's 512 processes die takes seconds, and holds up their exits.
+const WALK_EVERY: Duration = Duration::from_secs(1);
+
+/// How long the keeper reaps at a time while a stop is going.
+const REAP_SLICE: Duration = Duration::from_millis(20);
+
+/// One step of a stop, between two reaps.
+fn step(st: &mut Stopping, me: i32, main: i32) {
+    if st.group {
+        st.group = tree::group_has_members(main);
+    }
+    let now = Instant::now();
+    if now >= st.kill_at {
+        if st.group {
+            // Stopped first: a stopped process cannot fork.
+            tree::signal_group(main, Signal::STOP);
+            tree::signal_group(main, Signal::KILL);
+        }
+        let walk_at = *st.walk_at.get_or_insert(now + WALK_EVERY);
+        if !st.group || now >= walk_at {
+            tree::stop_and_kill_round(me);
+            st.walk_at = Some(now + WALK_EVERY);
+        }
+    } else if st.term_rest && !st.group {
+        st.term_rest = false;
+        terminate_tree(me);
+    }
+}
+
+fn terminate_tree(me: i32) {
+    tree::signal_all(
+        tree::descendants(me, &tree::snapshot())
+            .into_iter()
+            .map(|p| p.pid),
+        Signal::TERM,
+    );
 }
 
 /// Reaps the tree, reports the command's end, ends the tree when asked,
@@ -451,8 +520,23 @@ fn watch(mut control: UnixStream, main: i32) -> std::io::Result<()> {
     let mut control_open = true;
     let me = rustix::process::getpid().as_raw_nonzero().get();
     loop {
-        // Reap everything that ended; an empty tree ends the keeper.
+        // A due kill round comes before the reaping: under load each call
+        // can take milliseconds, and the round stops the tree from growing.
+        if let Some(st) = &mut stopping {
+            step(st, me, main);
+        }
+        // Reap everything that ended; an empty tree ends the keeper. While
+        // a stop is going, reaping yields to it now and then: a fork bomb
+        // leaves hundreds of zombies, and a loaded sandbox (gVisor above
+        // all) can take milliseconds per reap, while the kill round that
+        // stops the rest of the bomb takes two calls.
+        let reap_until = Instant::now() + REAP_SLICE;
+        let mut more_to_reap = false;
         loop {
+            if stopping.is_some() && Instant::now() >= reap_until {
+                more_to_reap = true;
+                break;
+            }
             match rustix::process::wait(WaitOptions::NOHANG) {
                 Ok(Some((pid, status))) => {
                     if pid.as_raw_nonzero().get() == main && !main_done {
@@ -467,9 +551,13 @@ fn watch(mut control: UnixStream, main: i32) -> std::io::Result<()> {
                             },
                         )?;
                         // What the command left behind goes first when
-                        // memory runs out.
-                        for p in tree::descendants(me, &tree::snapshot()) {
-                            set_oom_score_adj(&p.pid.to_string(), 1000);
+                        // memory runs out; unless it is being ended anyway
+                        // (a walk of a fork bomb's tree takes seconds
+                        // under gVisor, and would hold up its end).
+                        if stopping.is_none() {
+                            for p in tree::descendants(me, &tree::snapshot()) {
+                                set_oom_score_adj(&p.pid.to_string(), 1000);
+                            }
                         }
                     }
                 }
@@ -486,12 +574,9 @@ fn watch(mut control: UnixStream, main: i32) -> std::io::Result<()> {
                 }
             }
         }
-        if let Some(st) = &stopping {
-            if Instant::now() >= st.kill_at {
-                tree::stop_and_kill_round(me);
-            }
-        }
-        let timeout = if stopping.is_some() {
+        let timeout = if more_to_reap {
+            Duration::ZERO
+        } else if stopping.is_some() {
             Duration::from_millis(10)
         } else if childfd.is_some() {
             Duration::from_secs(1)
@@ -531,21 +616,24 @@ fn watch(mut control: UnixStream, main: i32) -> std::io::Result<()> {
         if control_ready && control_open {
             match read_message::<ToKeeper>(&mut control) {
                 Ok(ToKeeper::Stop { grace_ms }) if stopping.is_none() => {
-                    tree::signal_all(
-                        tree::descendants(me, &tree::snapshot())
-                            .into_iter()
-                            .map(|p| p.pid),
-                        Signal::TERM,
-                    );
-                    stopping = Some(Stopping {
-                        kill_at: Instant::now() + Duration::from_millis(grace_ms),
-                    });
+                    // The command's group at once; the rest of the tree
+                    // once the group is empty (see `step`).
+                    if main_done {
+                        terminate_tree(me);
+                    } else {
+                        tree::signal_group(main, Signal::TERM);
+                    }
+                    stopping = Some(Stopping::new(
+                        Instant::now() + Duration::from_millis(grace_ms),
+                        !main_done,
+                        !main_done,
+                    ));
                 }
                 Ok(ToKeeper::Kill) => {
                     let now = Instant::now();
                     match &mut stopping {
                         Some(st) => st.kill_at = st.kill_at.min(now),
-                        None => stopping = Some(Stopping { kill_at: now }),
+                        None => stopping = Some(Stopping::new(now, !main_done, false)),
                     }
                 }
                 Ok(_) => {}
@@ -553,9 +641,7 @@ fn watch(mut control: UnixStream, main: i32) -> std::io::Result<()> {
                     // The agent is gone (the sandbox is going down): end
                     // the tree rather than leave it unwatched.
                     control_open = false;
-                    stopping.get_or_insert(Stopping {
-                        kill_at: Instant::now(),
-                    });
+                    stopping.get_or_insert(Stopping::new(Instant::now(), !main_done, false));
                 }
             }
         }

@@ -78,6 +78,22 @@ pub(crate) fn signal_all(pids: impl IntoIterator<Item = i32>, sig: Signal) {
     }
 }
 
+/// Sends `sig` to every process in the process group `pgid` at once: one
+/// call, however many processes (under gVisor, reading `/proc` for each
+/// of a fork bomb's hundreds of processes takes seconds).
+pub(crate) fn signal_group(pgid: i32, sig: Signal) {
+    if let Some(pgid) = Pid::from_raw(pgid) {
+        let _ = rustix::process::kill_process_group(pgid, sig);
+    }
+}
+
+/// Whether the process group `pgid` has any member (zombies included).
+pub(crate) fn group_has_members(pgid: i32) -> bool {
+    Pid::from_raw(pgid).is_some_and(|pgid| {
+        rustix::process::test_kill_process_group(pgid) != Err(rustix::io::Errno::SRCH)
+    })
+}
+
 /// One round against a tree that must end: stop every process (a stopped
 /// process cannot fork, so a fork bomb cannot outrun the round), then
 /// kill them all. Returns how many there were.

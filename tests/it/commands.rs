@@ -255,6 +255,41 @@ async fn a_fork_bomb_dies_at_its_timeout_and_the_sandbox_works_again() {
     assert!(n < 10, "no bomb process left ({n} processes)");
 }
 
+/// Each command is its own process group: `kill 0` ends the command and
+/// what it started in its group, and neither the agent (whose connection,
+/// the first one, survives: no bridge exec is made) nor the sandbox.
+#[tokio::test]
+async fn kill_zero_in_a_command_ends_its_own_group_only() {
+    let server = TestServer::start().await;
+    let sid = server.offline_sandbox().await;
+    let started = server.inspect(&sid).await.state.and_then(|s| s.started_at);
+    let r = server
+        .run(
+            &sid,
+            json!({"command": "sleep 300 & kill 0; sleep 300", "timeoutMs": 20000}),
+        )
+        .await;
+    assert_eq!(r["exitCode"], 143, "{r}");
+    assert_eq!(r["timedOut"], false, "{r}");
+    let r = server
+        .sh(&sid, "pgrep -x sleep >/dev/null && echo left || echo none")
+        .await;
+    assert_eq!(
+        r["stdout"], "none\n",
+        "the group's background sleep got it too"
+    );
+    let after = server.inspect(&sid).await;
+    assert_eq!(
+        after.state.and_then(|s| s.started_at),
+        started,
+        "the sandbox was not restarted"
+    );
+    assert!(
+        after.exec_ids.unwrap_or_default().is_empty(),
+        "the agent's first connection survived: no bridge was needed"
+    );
+}
+
 #[tokio::test]
 async fn stdin_cwd_env_argv_and_login_path() {
     let server = TestServer::start().await;
