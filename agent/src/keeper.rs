@@ -441,15 +441,16 @@ struct Stopping {
     /// it is empty: from then on its id could be another group's.
     group: bool,
     /// The processes outside the command's process group have not had
-    /// their SIGTERM yet: they get it once the group is empty.
-    term_rest: bool,
+    /// their SIGTERM yet: they get it once the group is empty, or halfway
+    /// through the grace period, whichever comes first.
+    term_rest: Option<Instant>,
     /// When the tree is next walked in `/proc` to kill what is left of it
     /// while the group has members (set when the SIGKILL rounds begin).
     walk_at: Option<Instant>,
 }
 
 impl Stopping {
-    fn new(kill_at: Instant, group: bool, term_rest: bool) -> Stopping {
+    fn new(kill_at: Instant, group: bool, term_rest: Option<Instant>) -> Stopping {
         Stopping {
             kill_at,
             group,
@@ -463,6 +464,7 @@ impl Stopping {
 /// through it (one call, however many processes), and `/proc` is walked
 /// for what left the group only this often: under gVisor a walk while a
 /// fork bomb's 512 processes die takes seconds, and holds up their exits.
+/// (What left the group had its SIGTERM and grace period already.)
 const WALK_EVERY: Duration = Duration::from_secs(1);
 
 /// How long the keeper reaps at a time while a stop is going.
@@ -485,8 +487,8 @@ fn step(st: &mut Stopping, me: i32, main: i32) {
             tree::stop_and_kill_round(me);
             st.walk_at = Some(now + WALK_EVERY);
         }
-    } else if st.term_rest && !st.group {
-        st.term_rest = false;
+    } else if st.term_rest.is_some_and(|at| !st.group || now >= at) {
+        st.term_rest = None;
         terminate_tree(me);
     }
 }
@@ -526,14 +528,16 @@ fn watch(mut control: UnixStream, main: i32) -> std::io::Result<()> {
             step(st, me, main);
         }
         // Reap everything that ended; an empty tree ends the keeper. While
-        // a stop is going, reaping yields to it now and then: a fork bomb
-        // leaves hundreds of zombies, and a loaded sandbox (gVisor above
-        // all) can take milliseconds per reap, while the kill round that
-        // stops the rest of the bomb takes two calls.
+        // a stop goes through the command's group, reaping yields to it now
+        // and then: a fork bomb leaves hundreds of zombies, and a loaded
+        // sandbox (gVisor above all) can take milliseconds per reap, while
+        // the kill round that stops the rest of the bomb takes two calls.
+        // (A stop that walks `/proc` reaps all first: zombies slow a walk.)
+        let sliced = stopping.as_ref().is_some_and(|st| st.group);
         let reap_until = Instant::now() + REAP_SLICE;
         let mut more_to_reap = false;
         loop {
-            if stopping.is_some() && Instant::now() >= reap_until {
+            if sliced && Instant::now() >= reap_until {
                 more_to_reap = true;
                 break;
             }
@@ -618,22 +622,27 @@ fn watch(mut control: UnixStream, main: i32) -> std::io::Result<()> {
                 Ok(ToKeeper::Stop { grace_ms }) if stopping.is_none() => {
                     // The command's group at once; the rest of the tree
                     // once the group is empty (see `step`).
+                    let now = Instant::now();
+                    let grace = Duration::from_millis(grace_ms);
                     if main_done {
                         terminate_tree(me);
                     } else {
                         tree::signal_group(main, Signal::TERM);
+                        // Also the command itself: a stub that has not yet
+                        // made its group would be missed by the group's.
+                        tree::signal_all([main], Signal::TERM);
                     }
                     stopping = Some(Stopping::new(
-                        Instant::now() + Duration::from_millis(grace_ms),
+                        now + grace,
                         !main_done,
-                        !main_done,
+                        (!main_done).then(|| now + grace / 2),
                     ));
                 }
                 Ok(ToKeeper::Kill) => {
                     let now = Instant::now();
                     match &mut stopping {
                         Some(st) => st.kill_at = st.kill_at.min(now),
-                        None => stopping = Some(Stopping::new(now, !main_done, false)),
+                        None => stopping = Some(Stopping::new(now, !main_done, None)),
                     }
                 }
                 Ok(_) => {}
@@ -641,7 +650,7 @@ fn watch(mut control: UnixStream, main: i32) -> std::io::Result<()> {
                     // The agent is gone (the sandbox is going down): end
                     // the tree rather than leave it unwatched.
                     control_open = false;
-                    stopping.get_or_insert(Stopping::new(Instant::now(), !main_done, false));
+                    stopping.get_or_insert(Stopping::new(Instant::now(), !main_done, None));
                 }
             }
         }
