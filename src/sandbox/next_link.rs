@@ -127,15 +127,17 @@ impl Sandboxes {
     /// joins it itself); false when it could not be made.
     async fn prepare_link(&self) -> bool {
         let id = registry::new_sandbox_id();
-        let subnet = {
-            let _making = self.next_link.making.lock().await;
-            match self.make_link_network(&id).await {
-                Ok(subnet) => subnet,
-                Err(e) => {
-                    tracing::debug!(error = %e, "could not prepare the next link network");
-                    self.release_link(&id).await;
-                    return false;
-                }
+        // Held until the proxy has joined: a link taken back for its block
+        // is then removed whole. Before, the proxy could join it between
+        // the detach and the removal, and the engine refused the removal
+        // (active endpoint), so the block stayed taken.
+        let _making = self.next_link.making.lock().await;
+        let subnet = match self.make_link_network(&id).await {
+            Ok(subnet) => subnet,
+            Err(e) => {
+                tracing::debug!(error = %e, "could not prepare the next link network");
+                self.release_link(&id).await;
+                return false;
             }
         };
         let link = PreparedLink {
