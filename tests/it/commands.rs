@@ -290,6 +290,25 @@ async fn kill_zero_in_a_command_ends_its_own_group_only() {
     );
 }
 
+/// A process that left the command's process group (`setsid`) gets its
+/// SIGTERM within the grace period even while the group, ignoring
+/// SIGTERM, still has members: it does not go to SIGKILL unwarned.
+#[tokio::test]
+async fn a_process_outside_the_group_gets_sigterm_while_the_group_ignores_it() {
+    let server = TestServer::start().await;
+    let sid = server.offline_sandbox().await;
+    // The escapee starts before the group ignores SIGTERM: a shell that
+    // starts with it ignored cannot trap it.
+    let script = "setsid bash -c 'trap \"echo term > /workspace/escapee; exit 0\" TERM; echo up > /workspace/escapee; while :; do sleep 0.1; done' & trap '' TERM; sleep 300";
+    let r = server
+        .run(&sid, json!({"command": script, "timeoutMs": 1500}))
+        .await;
+    assert_eq!(r["exitCode"], 124, "{r}");
+    let f = server.sh(&sid, "cat /workspace/escapee").await;
+    // "up" alone: the escapee ran but was killed without a SIGTERM.
+    assert_eq!(f["stdout"], "term\n", "{f}");
+}
+
 #[tokio::test]
 async fn stdin_cwd_env_argv_and_login_path() {
     let server = TestServer::start().await;
