@@ -621,7 +621,8 @@ fn watch(mut control: UnixStream, main: i32) -> std::io::Result<()> {
             match read_message::<ToKeeper>(&mut control) {
                 Ok(ToKeeper::Stop { grace_ms }) if stopping.is_none() => {
                     // The command's group at once; the rest of the tree
-                    // once the group is empty (see `step`).
+                    // once the group is empty or halfway through the
+                    // grace period (see `step`).
                     let now = Instant::now();
                     let grace = Duration::from_millis(grace_ms);
                     if main_done {
