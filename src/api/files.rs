@@ -6,7 +6,6 @@ use std::sync::Arc;
 
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
-use base64::Engine as _;
 use serde::Deserialize;
 use utoipa::{IntoParams, ToSchema};
 
@@ -105,13 +104,9 @@ pub(super) async fn write_files(
         .into_iter()
         .enumerate()
         .map(|(i, f)| {
-            let content = base64::engine::general_purpose::STANDARD
-                .decode(f.content_base64.as_bytes())
-                .map_err(|e| {
-                    ApiError::bad_request(format!(
-                        "files[{i}].contentBase64: not valid base64 ({e})"
-                    ))
-                })?;
+            let content = crate::files::text::decode_base64(&f.content_base64).map_err(|e| {
+                ApiError::bad_request(format!("files[{i}].contentBase64: not valid base64 ({e})"))
+            })?;
             Ok(FileToWrite {
                 path: f.path,
                 content,
