@@ -52,6 +52,10 @@ pub(crate) fn socket_name() -> Vec<u8> {
 const MONITOR_EVERY: Duration = Duration::from_millis(250);
 /// Bytes of recent output a failed probe reports.
 const RECENT_OUTPUT: usize = 4096;
+/// A file's content goes in pieces of this size: sandboxd hashes and
+/// encodes each while the next one is on its way, so what it does after
+/// the last byte arrives is one piece's worth.
+const READ_PIECE: usize = 256 * 1024;
 
 /// `sandboxd-agent serve`, and with `stdio` its stdin and stdout as a
 /// connection.
@@ -600,7 +604,7 @@ async fn handle(
                 .await;
             match r {
                 Ok(content) => {
-                    for piece in content.chunks(CHUNK) {
+                    for piece in content.chunks(READ_PIECE) {
                         if !answer.part(Reply::Data(piece.to_vec())).await {
                             return;
                         }
