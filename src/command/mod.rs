@@ -916,12 +916,21 @@ impl Drive {
         if now.planned != self.stops.planned {
             return "the sandbox was restarted or stopped while the command ran".into();
         }
-        match self.sandboxes.container_status(&self.sandbox).await {
+        let status = self.sandboxes.container_status(&self.sandbox).await;
+        let stopped_by_memory = match &status {
+            Ok(Some(st)) => {
+                self.sandboxes
+                    .stopped_by_memory(&self.sandbox, Some(st))
+                    .await
+            }
+            _ => false,
+        };
+        match status {
             // Found stopped by its memory limit, and started again since.
             _ if now.out_of_memory != self.stops.out_of_memory => {
                 "the sandbox ran out of memory and stopped; it was started again".into()
             }
-            Ok(Some(s)) if s.oom_killed => {
+            Ok(Some(_)) if stopped_by_memory => {
                 "the sandbox ran out of memory and stopped; it starts again on the next request".into()
             }
             Ok(None) => "the sandbox's container is gone".into(),

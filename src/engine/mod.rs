@@ -21,16 +21,19 @@ use bollard::models::{
     Ipam, IpamConfig, NetworkConnectRequest, NetworkCreateRequest, VolumeCreateRequest,
 };
 use bollard::query_parameters::{
-    InspectContainerOptions, ListContainersOptions, ListNetworksOptions, ListVolumesOptions,
-    LogsOptionsBuilder, RemoveContainerOptions, RemoveVolumeOptions, RestartContainerOptions,
-    StartContainerOptions,
+    EventsOptions, InspectContainerOptions, ListContainersOptions, ListNetworksOptions,
+    ListVolumesOptions, LogsOptionsBuilder, RemoveContainerOptions, RemoveVolumeOptions,
+    RestartContainerOptions, StartContainerOptions,
 };
+use futures_util::StreamExt;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 pub use archive::Entry;
 pub use container::{EgressContainer, ProxyContainer, SandboxContainer, sandbox_container_body};
 use discovery::DiscoveryInputs;
+
+use crate::clock::unix_seconds;
 pub use exec::{ExecOutput, ExecRequest, ExecSession, OutputStream};
 
 /// Where a volume is mounted in a container made only to read or fill it.
@@ -39,6 +42,10 @@ const VOLUME_USER_DIR: &str = "/volume";
 /// How long an engine call that should be instant may take before we call
 /// the engine unavailable. Health must never hang.
 const HEALTH_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// How long an `oom` event may come after its container's exit (it
+/// came 36 ms after the exit when it was late on this machine).
+const LATE_OOM_EVENT: Duration = Duration::from_secs(1);
 
 /// How long a started proxy may take to listen (it takes milliseconds).
 const PROXY_START: Duration = Duration::from_secs(10);
@@ -116,8 +123,13 @@ pub struct ContainerRecord {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ContainerStatus {
     pub running: bool,
-    /// The kernel's OOM killer ended it (its last stop, when stopped).
+    /// The engine's flag that the kernel's OOM killer acted in its last
+    /// life. It can miss (see [`Engine::stopped_by_memory`]).
     pub oom_killed: bool,
+    /// The exit code of its last life (0 while it runs).
+    pub exit_code: i64,
+    /// When its last life started, as the engine wrote it (RFC 3339).
+    pub started_at: String,
     pub labels: HashMap<String, String>,
     /// The id of the image it was made from.
     pub image_id: String,
@@ -647,6 +659,8 @@ impl Engine {
                 Ok(Some(ContainerStatus {
                     running: state.running.unwrap_or(false),
                     oom_killed: state.oom_killed.unwrap_or(false),
+                    exit_code: state.exit_code.unwrap_or(0),
+                    started_at: state.started_at.unwrap_or_default(),
                     labels: info.config.and_then(|c| c.labels).unwrap_or_default(),
                     image_id: info.image.unwrap_or_default(),
                 }))
@@ -656,6 +670,49 @@ impl Engine {
                 other => Err(other),
             },
         }
+    }
+
+    /// Whether the memory limit ended a stopped container's last life.
+    /// The engine's flag is set only when its `oom` event came before the
+    /// container's exit; on a loaded host it sometimes comes after (seen
+    /// with gVisor, whose whole kernel goes), and the flag stays false.
+    /// So a container killed by SIGKILL (137) without the flag is looked
+    /// up in the engine's events of that life: an `oom` there, or arriving
+    /// within [`LATE_OOM_EVENT`], means memory.
+    pub async fn stopped_by_memory(&self, name: &str, status: &ContainerStatus) -> bool {
+        if status.running {
+            return false;
+        }
+        if status.oom_killed {
+            return true;
+        }
+        if status.exit_code != 137 {
+            return false;
+        }
+        let (Ok(docker), Some(started)) = (self.docker(), unix_seconds(&status.started_at)) else {
+            return false;
+        };
+        let options = EventsOptions {
+            since: Some(started.to_string()),
+            until: None,
+            filters: Some(HashMap::from([
+                ("type".to_string(), vec!["container".to_string()]),
+                ("container".to_string(), vec![name.to_string()]),
+                ("event".to_string(), vec!["oom".to_string()]),
+            ])),
+        };
+        let mut events = docker.events(Some(options));
+        let found = matches!(
+            tokio::time::timeout(LATE_OOM_EVENT, events.next()).await,
+            Ok(Some(Ok(_)))
+        );
+        if found {
+            tracing::info!(
+                container = name,
+                "stopped by its memory limit (the engine's flag missed it; its oom event says so)"
+            );
+        }
+        found
     }
 
     /// Every container, running or not, carrying all of `labels`.
@@ -960,7 +1017,6 @@ impl Engine {
         since: i32,
         max: usize,
     ) -> impl futures_util::Stream<Item = LogLine> + use<> {
-        use futures_util::StreamExt;
         let options = LogsOptionsBuilder::new()
             .follow(true)
             .stdout(true)

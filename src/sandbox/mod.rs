@@ -399,7 +399,7 @@ impl Sandboxes {
         let healthy = match self.engine.container_status(&existing.container).await? {
             Some(st) if st.running => true,
             Some(st) => {
-                existing.note_unexpected_stop(st.oom_killed);
+                existing.note_unexpected_stop(self.stopped_by_memory(existing, Some(&st)).await);
                 self.engine
                     .start_container(&existing.container)
                     .await
@@ -728,7 +728,7 @@ impl Sandboxes {
         match self.engine.container_status(&s.container).await? {
             Some(st) if st.running => Ok(SandboxInfo::from(&*s)),
             Some(st) => {
-                self.revive(&s, Some(st.oom_killed)).await?;
+                self.revive(&s, Some(&st)).await?;
                 Ok(SandboxInfo::from(&*s))
             }
             None => {
@@ -740,16 +740,16 @@ impl Sandboxes {
 
     /// Starts a sandbox's stopped container again (its init was killed, the
     /// engine restarted); a container that is gone makes it unknown.
-    /// `out_of_memory`: whether the memory limit stopped it, when the
-    /// caller has asked the engine already. It is recorded: starting the
-    /// container clears what the engine says about that, and a command
-    /// that ran in it must still be told.
-    pub async fn revive(&self, s: &Arc<Sandbox>, out_of_memory: Option<bool>) -> SandboxResult<()> {
-        let out_of_memory = match out_of_memory {
-            Some(known) => known,
-            None => self.stopped_by_memory(s).await,
-        };
-        s.note_unexpected_stop(out_of_memory);
+    /// `status`: the stopped container's state, when the caller has asked
+    /// the engine already. Whether the memory limit stopped it is
+    /// recorded: starting the container clears what the engine says about
+    /// that, and a command that ran in it must still be told.
+    pub async fn revive(
+        &self,
+        s: &Arc<Sandbox>,
+        status: Option<&ContainerStatus>,
+    ) -> SandboxResult<()> {
+        s.note_unexpected_stop(self.stopped_by_memory(s, status).await);
         match self.engine.start_container(&s.container).await {
             Ok(()) => {
                 Event::Restarted.record(&s.id, &s.session_key);
@@ -789,12 +789,16 @@ impl Sandboxes {
         })
     }
 
-    /// Whether the engine says the memory limit stopped `s`'s container.
-    async fn stopped_by_memory(&self, s: &Sandbox) -> bool {
-        matches!(
-            self.engine.container_status(&s.container).await,
-            Ok(Some(st)) if st.oom_killed
-        )
+    /// Whether the memory limit stopped `s`'s container; `status` is its
+    /// state when the caller has it already.
+    pub async fn stopped_by_memory(&self, s: &Sandbox, status: Option<&ContainerStatus>) -> bool {
+        match status {
+            Some(st) => self.engine.stopped_by_memory(&s.container, st).await,
+            None => match self.engine.container_status(&s.container).await {
+                Ok(Some(st)) => self.engine.stopped_by_memory(&s.container, &st).await,
+                _ => false,
+            },
+        }
     }
 
     /// The state of a sandbox's container, `None` when it is gone.
