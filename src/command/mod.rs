@@ -916,23 +916,20 @@ impl Drive {
         if now.planned != self.stops.planned {
             return "the sandbox was restarted or stopped while the command ran".into();
         }
+        // Found stopped by its memory limit, and started again since.
+        if now.out_of_memory != self.stops.out_of_memory {
+            return "the sandbox ran out of memory and stopped; it was started again".into();
+        }
         let status = self.sandboxes.container_status(&self.sandbox).await;
-        let stopped_by_memory = match &status {
-            Ok(Some(st)) => {
-                self.sandboxes
-                    .stopped_by_memory(&self.sandbox, Some(st))
-                    .await
-            }
-            _ => false,
-        };
+        if let Ok(Some(st)) = &status
+            && self
+                .sandboxes
+                .stopped_by_memory(&self.sandbox, Some(st))
+                .await
+        {
+            return "the sandbox ran out of memory and stopped; it starts again on the next request".into();
+        }
         match status {
-            // Found stopped by its memory limit, and started again since.
-            _ if now.out_of_memory != self.stops.out_of_memory => {
-                "the sandbox ran out of memory and stopped; it was started again".into()
-            }
-            Ok(Some(_)) if stopped_by_memory => {
-                "the sandbox ran out of memory and stopped; it starts again on the next request".into()
-            }
             Ok(None) => "the sandbox's container is gone".into(),
             _ if now.unexpected != self.stops.unexpected => {
                 "the sandbox's agent (the process everything in it runs under) ended while the command ran, and the sandbox was started again: something in the sandbox killed it, or the sandbox ran out of memory or was stopped by its engine".into()

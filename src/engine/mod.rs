@@ -29,11 +29,11 @@ use futures_util::StreamExt;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
+use crate::clock::unix_seconds;
+
 pub use archive::Entry;
 pub use container::{EgressContainer, ProxyContainer, SandboxContainer, sandbox_container_body};
 use discovery::DiscoveryInputs;
-
-use crate::clock::unix_seconds;
 pub use exec::{ExecOutput, ExecRequest, ExecSession, OutputStream};
 
 /// Where a volume is mounted in a container made only to read or fill it.
