@@ -25,7 +25,9 @@
 //! - log stream: 64 MB of base64 text, timed from sending `POST …/commands`
 //!   to the `exit` record of `GET …/logs` (NDJSON parsed, every byte
 //!   counted); floor: `docker exec` of the same script, from exec create to
-//!   the end of its attached stream. 3 samples each; also under gVisor.
+//!   the end of its attached stream. 3 samples each; also under gVisor,
+//!   and there also the same script with its output to /dev/null by
+//!   `docker exec`, from exec create to its end (what it makes alone).
 //! - background-server command: `cd /tmp && python3 -m http.server PORT
 //!   --bind 127.0.0.1 >/dev/null 2>&1 &` (start + wait), and a plain
 //!   `{"command":"true"}` right after it; floor column: the plain command
@@ -367,6 +369,8 @@ const EXEC_LOGIN: &str = "`bash -lc true` round trip p50 (ms)";
 const EXEC_GVISOR: &str = "`exec true` round trip under gVisor p50 (ms)";
 const LOGS: &str = "log stream, 64 MB (MB/s)";
 const LOGS_GVISOR: &str = "log stream under gVisor, 64 MB (MB/s)";
+const LOGS_GVISOR_ALONE: &str =
+    "under gVisor, the same script with its output to /dev/null, by `docker exec` (MB/s)";
 const BG: &str = "background-server command round trip p50 (ms)";
 const BG_AFTER: &str = "plain command right after it p50 (ms)";
 const BG_FLOOR: &str = "background-server command by `docker exec` p50 (ms)";
@@ -444,6 +448,11 @@ fn lines() -> Vec<Line> {
             Some(|v, f| f.is_some_and(|f| v >= f)),
         ),
         line(LOGS_GVISOR, "", None),
+        line(
+            LOGS_GVISOR_ALONE,
+            "report (what the script makes alone: the stream's ceiling)",
+            None,
+        ),
         line(
             BG,
             "≤ 1.2× plain command (floor column)",
@@ -1411,10 +1420,33 @@ async fn gvisor(server: &Server, floor: &Floor, fig: &mut RunFigures) -> Res<()>
     fig.p50(EXEC_GVISOR, &exec, &fexec);
     let (thr, fthr) = log_streams(server, floor, &gid, &container, fig, 3).await?;
     fig.p50(LOGS_GVISOR, &thr, &fthr);
+    // The ceiling: the same script in the same sandbox, its output
+    // thrown away, timed from exec create to its end.
+    let alone = format!("{} > /dev/null", log_generator());
+    let mut athr = vec![];
+    for _ in 0..3 {
+        let e = floor
+            .exec(&container, &["bash", "-c", &alone], false)
+            .await?;
+        if e.exit != Some(0) {
+            return Err(format!("the script alone under gVisor: exit {:?}", e.exit).into());
+        }
+        athr.push(LOG_BYTES as f64 / e.total.as_secs_f64() / 1e6);
+    }
+    fig.p50(LOGS_GVISOR_ALONE, &athr, &[]);
     server
         .post(&format!("/v1/sandboxes/{gid}:stop"), json!(null))
         .await?;
     Ok(())
+}
+
+/// The script whose output the log stream lines measure: LOG_BYTES of
+/// base64 text.
+fn log_generator() -> String {
+    format!(
+        "head -c {} /dev/urandom | base64 -w 76 | head -c {LOG_BYTES}",
+        LOG_BYTES * 3 / 4 + 4096
+    )
 }
 
 /// `n` log streams of LOG_BYTES through sandboxd and through `docker exec`,
@@ -1427,10 +1459,7 @@ async fn log_streams(
     fig: &mut RunFigures,
     n: usize,
 ) -> Res<(Vec<f64>, Vec<f64>)> {
-    let generator = format!(
-        "head -c {} /dev/urandom | base64 -w 76 | head -c {LOG_BYTES}",
-        LOG_BYTES * 3 / 4 + 4096
-    );
+    let generator = log_generator();
     let (mut thr, mut fthr) = (vec![], vec![]);
     for _ in 0..n {
         let t = Instant::now();
