@@ -40,6 +40,7 @@ mod search;
 mod serve;
 mod shape;
 mod splice;
+mod syscall_cost;
 mod tree;
 
 use std::process::ExitCode;
