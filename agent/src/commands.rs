@@ -7,10 +7,6 @@
 //! while a command starts (under gVisor a process creation then slowed
 //! the command's round trip by a third).
 //!
-//! Where system calls are costly (gVisor), a runner reads a busy
-//! command's output at most every [`COSTLY_GATHER`], so it comes in
-//! fewer, larger pieces; output after a quiet spell is read at once.
-//!
 //! A command ends when its own process exits, whatever it left running;
 //! what the leftovers print later is still recorded after the `exit`
 //! record, and they stay killable until they are gone. When the sandbox
@@ -37,27 +33,12 @@ use tokio_util::codec::Framed;
 use crate::changes::{Report, Watch, Watching};
 use crate::keeper::{self, FromKeeper, ToKeeper};
 use crate::log::{Log, Tail};
-use crate::{cgroup, syscall_cost, tree};
+use crate::{cgroup, tree};
 
 /// How often a runner that waits for a reader looks whether it still must.
 const ROOM_RECHECK: Duration = Duration::from_millis(250);
 /// How much a runner reads from a pipe at once.
 const READ_CHUNK: usize = 64 * 1024;
-/// Where system calls are costly (`syscall_cost`, gVisor): how much a
-/// runner reads at once, how large a command's pipes are made, and how
-/// long a runner waits after a read that did not fill its buffer before it
-/// reads that command's output again. Output then comes in fewer, larger
-/// reads, records and replies to sandboxd, each of which costs trips into
-/// gVisor's kernel: a 64 MB stream went from 17 to 21 MB/s (4 ms gave 19;
-/// bench/RESULTS.md). The pipe holds what a 12 ms pause gathers at far
-/// more than that rate; a read's record, at worst three times its bytes
-/// (invalid UTF-8), stays within one frame to sandboxd. Under gVisor those
-/// pipes are its kernel's own and count against the sandbox; on a native
-/// kernel they keep the default size, as every sandbox's user shares one
-/// host-wide budget of pipe memory there.
-const COSTLY_READ_CHUNK: usize = 256 * 1024;
-const COSTLY_PIPE_BYTES: usize = 1024 * 1024;
-const COSTLY_GATHER: Duration = Duration::from_millis(12);
 /// How long a spawn may take before it counts as failed.
 const SPAWN_WITHIN: Duration = Duration::from_secs(10);
 /// How long a spawn may retry while the sandbox is at its pids limit.
@@ -515,14 +496,6 @@ impl Commands {
             .borrow_mut()
             .insert(cmd.id.clone(), Rc::clone(&cmd));
         self.prune();
-        let costly = syscall_cost::costly();
-        // Never more at once than the ring holds: a read is one record, and
-        // the newest record stays even when it alone is over the cap.
-        let read_chunk = if costly {
-            COSTLY_READ_CHUNK.min(settings.ring_bytes)
-        } else {
-            READ_CHUNK
-        };
         let runner = Runner {
             commands: Rc::clone(self),
             cmd,
@@ -536,9 +509,6 @@ impl Commands {
             stopping: None,
             main_usage: None,
             watching: workspace_watch.map(Watch::spawn),
-            buf: vec![0; read_chunk],
-            gather: costly.then_some(COSTLY_GATHER),
-            resume_reading: None,
         };
         tokio::task::spawn_local(runner.run(rx));
         Ok(pid)
@@ -798,12 +768,7 @@ fn spawn_keeper_on(
 }
 
 fn pipe_pair() -> std::io::Result<(OwnedFd, OwnedFd)> {
-    let (r, w) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)?;
-    if syscall_cost::costly() {
-        // Best effort: a pipe of the default size still works.
-        let _ = rustix::pipe::fcntl_setpipe_size(&r, COSTLY_PIPE_BYTES);
-    }
-    Ok((r, w))
+    rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).map_err(std::io::Error::from)
 }
 
 impl Cmd {
@@ -860,22 +825,15 @@ struct Runner {
     main_usage: Option<Usage>,
     /// The workspace's watch while the command runs.
     watching: Option<Watching>,
-    /// Where output is read into (its length is how much at once).
-    buf: Vec<u8>,
-    /// Where system calls are costly: how long to wait after a read that
-    /// did not fill `buf`, and until when output is not read.
-    gather: Option<Duration>,
-    resume_reading: Option<Instant>,
 }
 
 /// What woke the runner.
 enum Woke {
     Keeper(Option<std::io::Result<FromKeeper>>),
-    Readable(Stream, std::io::Result<()>),
+    Output(Stream, std::io::Result<usize>, Vec<u8>),
     Timeout,
     Control(Option<Control>),
     Room,
-    Resume,
 }
 
 impl Runner {
@@ -887,21 +845,18 @@ impl Runner {
                 break;
             }
             let now = Instant::now();
-            let wait_for_room = self.cmd.log.borrow().must_wait(self.buf.len(), now);
+            let wait_for_room = self.cmd.log.borrow().must_wait(READ_CHUNK, now);
             let running = self.cmd.ended().is_none() && self.stopping.is_none();
-            let reading = !wait_for_room && self.resume_reading.is_none();
             let woke = tokio::select! {
                 m = self.keeper.next(), if keeper_open => Woke::Keeper(m.map(|r| r.and_then(|f| {
                     sandboxd_proto::decode::<FromKeeper>(&f).map_err(std::io::Error::other)
                 }))),
-                r = readable(self.out.as_ref()), if self.out.is_some() && reading => {
-                    Woke::Readable(Stream::Stdout, r)
+                r = read_some(self.out.as_ref()), if self.out.is_some() && !wait_for_room => {
+                    Woke::Output(Stream::Stdout, r.0, r.1)
                 }
-                r = readable(self.err.as_ref()), if self.err.is_some() && reading => {
-                    Woke::Readable(Stream::Stderr, r)
+                r = read_some(self.err.as_ref()), if self.err.is_some() && !wait_for_room => {
+                    Woke::Output(Stream::Stderr, r.0, r.1)
                 }
-                _ = tokio::time::sleep_until(self.resume_reading.unwrap_or(now).into()),
-                    if self.resume_reading.is_some() => Woke::Resume,
                 _ = tokio::time::sleep_until(self.deadline.into()), if running => Woke::Timeout,
                 c = control.recv(), if control_open => Woke::Control(c),
                 _ = self.cmd.room.notified(), if wait_for_room => Woke::Room,
@@ -910,9 +865,13 @@ impl Runner {
             };
             match woke {
                 Woke::Room => {}
-                Woke::Resume => self.resume_reading = None,
-                Woke::Readable(stream, Ok(())) => self.read_output(stream),
-                Woke::Readable(stream, Err(_)) => self.close(stream),
+                Woke::Output(stream, Ok(0), _) => self.close(stream),
+                Woke::Output(stream, Ok(n), buf) => self.cmd.append(stream, &buf[..n]),
+                Woke::Output(stream, Err(e), _) => {
+                    if e.kind() != std::io::ErrorKind::WouldBlock {
+                        self.close(stream);
+                    }
+                }
                 Woke::Timeout => self.stop(StopCause::Timeout).await,
                 Woke::Control(None) => control_open = false,
                 Woke::Control(Some(Control::Kill(ack))) => {
@@ -959,30 +918,6 @@ impl Runner {
     async fn send(&mut self, msg: &ToKeeper) -> std::io::Result<()> {
         let body = sandboxd_proto::encode(msg).map_err(std::io::Error::other)?;
         self.keeper.send(body).await
-    }
-
-    /// Reads what `stream`'s pipe holds (up to `buf`'s length) into the
-    /// log. Where system calls are costly, a read that did not fill `buf`
-    /// starts a pause in reading (`gather`), so more is read at once.
-    fn read_output(&mut self, stream: Stream) {
-        let rx = match stream {
-            Stream::Stdout => self.out.as_ref(),
-            Stream::Stderr => self.err.as_ref(),
-        };
-        let Some(rx) = rx else { return };
-        match rx.try_read(&mut self.buf) {
-            Ok(0) => self.close(stream),
-            Ok(n) => {
-                self.cmd.append(stream, &self.buf[..n]);
-                if let Some(gather) = self.gather
-                    && n < self.buf.len()
-                {
-                    self.resume_reading = Some(Instant::now() + gather);
-                }
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-            Err(_) => self.close(stream),
-        }
     }
 
     fn close(&mut self, stream: Stream) {
@@ -1095,12 +1030,12 @@ impl Runner {
     /// who keeps reading is waited for here too (at most FOLLOWER_IDLE for
     /// one that stops asking), so the end loses nothing it has not read.
     async fn drain(&mut self) {
-        let mut buf = std::mem::take(&mut self.buf);
+        let mut buf = vec![0u8; READ_CHUNK];
         for stream in [Stream::Stdout, Stream::Stderr] {
             loop {
                 // As in the main loop: a reader that keeps reading is
                 // waited for, so what is drained pushes out nothing unread.
-                while self.cmd.log.borrow().must_wait(buf.len(), Instant::now()) {
+                while self.cmd.log.borrow().must_wait(READ_CHUNK, Instant::now()) {
                     tokio::select! {
                         _ = self.cmd.room.notified() => {}
                         _ = tokio::time::sleep(ROOM_RECHECK) => {}
@@ -1121,14 +1056,22 @@ impl Runner {
                 }
             }
         }
-        self.buf = buf;
     }
 }
 
-/// Waits until `rx` is readable (never, without one).
-async fn readable(rx: Option<&pipe::Receiver>) -> std::io::Result<()> {
-    match rx {
-        Some(rx) => rx.readable().await,
-        None => std::future::pending().await,
+/// Waits until `rx` is readable and reads a chunk.
+async fn read_some(rx: Option<&pipe::Receiver>) -> (std::io::Result<usize>, Vec<u8>) {
+    let Some(rx) = rx else {
+        return (Ok(0), Vec::new());
+    };
+    let mut buf = vec![0u8; READ_CHUNK];
+    loop {
+        if let Err(e) = rx.readable().await {
+            return (Err(e), buf);
+        }
+        match rx.try_read(&mut buf) {
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+            r => return (r, buf),
+        }
     }
 }

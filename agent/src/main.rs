@@ -40,7 +40,6 @@ mod search;
 mod serve;
 mod shape;
 mod splice;
-mod syscall_cost;
 mod tree;
 
 use std::process::ExitCode;

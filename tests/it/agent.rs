@@ -630,30 +630,6 @@ async fn only_the_spare_keeper_starts_a_stub() {
     }
 }
 
-/// Where system calls are costly (gVisor), the agent makes a command's
-/// output pipes 1 MiB, so that it reads the output in fewer, larger
-/// pieces; natively they keep the kernel's default 64 KiB, since every
-/// sandbox's user shares one host-wide budget of pipe memory. What the
-/// command itself sees on its stdout and stderr.
-#[tokio::test]
-async fn output_pipes_are_enlarged_under_gvisor_only() {
-    let server = TestServer::start().await;
-    let sid = server.offline_sandbox().await;
-    // 1032: F_GETPIPE_SZ.
-    let v = server
-        .sh(
-            &sid,
-            "python3 -c 'import fcntl; print(fcntl.fcntl(1, 1032), fcntl.fcntl(2, 1032))'",
-        )
-        .await;
-    let want = if harness::under_gvisor() {
-        "1048576 1048576\n"
-    } else {
-        "65536 65536\n"
-    };
-    assert_eq!(v["stdout"], want, "{v}");
-}
-
 /// The agent keeps one keeper started ahead of the next command, and the
 /// keeper the command's process (its stub, which only has to exec the
 /// command). The sandbox user can kill either; the next command then
