@@ -21,7 +21,9 @@
 //!   floor: `docker exec bash -lc true`.
 //! - under gVisor: the same `exec true` in a sandbox of a runtime with
 //!   `oci_runtime = "runsc"` (`"runtime": "gvisor"`), 20 samples; floor:
-//!   `docker exec true` in that runsc container.
+//!   `docker exec true` in that runsc container. Next to it, what `true`
+//!   costs inside that sandbox alone: bash there starts `/bin/true` 20
+//!   times (fork, exec, exit, wait), timed there by `date +%s%N`, 3 runs.
 //! - log stream: 64 MB of base64 text, timed from sending `POST …/commands`
 //!   to the `exit` record of `GET …/logs` (NDJSON parsed, every byte
 //!   counted); floor: `docker exec` of the same script, from exec create to
@@ -367,6 +369,8 @@ const EXEC: &str = "`exec true` round trip (start + wait) p50 (ms)";
 const EXEC_P95: &str = "`exec true` round trip p95 (ms)";
 const EXEC_LOGIN: &str = "`bash -lc true` round trip p50 (ms)";
 const EXEC_GVISOR: &str = "`exec true` round trip under gVisor p50 (ms)";
+const EXEC_GVISOR_ALONE: &str =
+    "under gVisor, `true` run by bash in the same sandbox, by `docker exec` (ms each)";
 const LOGS: &str = "log stream, 64 MB (MB/s)";
 const LOGS_GVISOR: &str = "log stream under gVisor, 64 MB (MB/s)";
 const LOGS_GVISOR_ALONE: &str =
@@ -442,6 +446,11 @@ fn lines() -> Vec<Line> {
             Some(|v, f| ratio_at_most(v, f, 0.5)),
         ),
         line(EXEC_GVISOR, "≤ 10 ms", Some(|v, _| v <= 10.0)),
+        line(
+            EXEC_GVISOR_ALONE,
+            "report (what starting `true` costs there without sandboxd)",
+            None,
+        ),
         line(
             LOGS,
             "≥ 1.0× raw exec stream",
@@ -1418,6 +1427,22 @@ async fn gvisor(server: &Server, floor: &Floor, fig: &mut RunFigures) -> Res<()>
         fexec.push(floor.round_trip(&container, &["true"]).await?);
     }
     fig.p50(EXEC_GVISOR, &exec, &fexec);
+    // What `true` costs inside the sandbox without sandboxd, dockerd or
+    // the agent: bash there starts it 20 times and times them itself.
+    let twenty = "s=$(date +%s%N); for i in $(seq 20); do /bin/true; done; \
+                  e=$(date +%s%N); echo $(( (e - s) / 20000 ))";
+    let mut alone_true = vec![];
+    for _ in 0..3 {
+        let e = floor
+            .exec(&container, &["bash", "-c", twenty], true)
+            .await?;
+        let us: Option<f64> = String::from_utf8_lossy(&e.output).trim().parse().ok();
+        match (e.exit, us) {
+            (Some(0), Some(us)) => alone_true.push(us / 1000.0),
+            _ => return Err(format!("`true` 20 times under gVisor: exit {:?}", e.exit).into()),
+        }
+    }
+    fig.p50(EXEC_GVISOR_ALONE, &alone_true, &[]);
     let (thr, fthr) = log_streams(server, floor, &gid, &container, fig, 3).await?;
     fig.p50(LOGS_GVISOR, &thr, &fthr);
     // The ceiling: the same script in the same sandbox, its output
