@@ -28,7 +28,8 @@ fi
 
 # gVisor (runsc) as an extra OCI runtime, registered before we start the
 # daemon; we never restart an engine someone else runs. On these machines
-# runsc needs the container's own network namespace and ptrace. bookworm's
+# runsc needs the container's own network namespace, and ptrace starts
+# programs faster than systrap, its default (bench/RESULTS.md). bookworm's
 # own runsc (2022-12) rejects statx(AT_NO_AUTOMOUNT), so coreutils' ls and
 # stat fail inside; bookworm-backports carries a 2024 build that works.
 runsc_release() { runsc --version 2>/dev/null | head -n 1 | grep -oE '[0-9]{8}' | head -n 1; }
