@@ -842,20 +842,12 @@ impl Engine {
     }
 }
 
-/// The MTU of an isolated network. Nothing on it leaves this host (a
-/// sandbox, the egress proxy, port proxies, each ending its TCP
-/// connections), so it can be loopback-sized: a download through the
-/// egress proxy then crosses the bridge in a fraction of the packets, and
-/// the costs per packet (the bridge's netfilter hooks, TCP's ACKs) shrink
-/// with them (bench/RESULTS.md).
-const LINK_MTU: u32 = 65520;
-
 impl Engine {
     /// Creates an isolated network: internal (the engine routes nothing in
     /// or out) and with no address of the host on its bridge (the gateway
     /// address is never assigned), so its containers reach each other and
     /// nothing else, the host included; `subnet` pins the address range
-    /// (an overlap is reported as a conflict). Its MTU is [`LINK_MTU`].
+    /// (an overlap is reported as a conflict).
     pub async fn create_isolated_network(
         &self,
         name: &str,
@@ -868,16 +860,10 @@ impl Engine {
             name: name.to_string(),
             driver: Some("bridge".into()),
             internal: Some(true),
-            options: Some(HashMap::from([
-                (
-                    "com.docker.network.bridge.inhibit_ipv4".to_string(),
-                    "true".to_string(),
-                ),
-                (
-                    "com.docker.network.driver.mtu".to_string(),
-                    LINK_MTU.to_string(),
-                ),
-            ])),
+            options: Some(HashMap::from([(
+                "com.docker.network.bridge.inhibit_ipv4".to_string(),
+                "true".to_string(),
+            )])),
             labels: Some(labels),
             ipam: Some(Ipam {
                 config: Some(vec![IpamConfig {
