@@ -23,7 +23,7 @@
 //!   `oci_runtime = "runsc"` (`"runtime": "gvisor"`), 20 samples; floor:
 //!   `docker exec true` in that runsc container. Next to it, what `true`
 //!   costs inside that sandbox alone: bash there starts `/bin/true` 20
-//!   times (fork, exec, exit, wait), timed there by `date +%s%N`, 3 runs.
+//!   times (fork, exec, exit, wait), timed there by `date +%s%N`, 3 samples.
 //! - log stream: 64 MB of base64 text, timed from sending `POST …/commands`
 //!   to the `exit` record of `GET …/logs` (NDJSON parsed, every byte
 //!   counted); floor: `docker exec` of the same script, from exec create to
