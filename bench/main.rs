@@ -1431,38 +1431,45 @@ async fn gvisor(server: &Server, floor: &Floor, fig: &mut RunFigures) -> Res<()>
     // the agent: bash there starts it 20 times and times them itself.
     let twenty = "s=$(date +%s%N); for i in $(seq 20); do /bin/true; done; \
                   e=$(date +%s%N); echo $(( (e - s) / 20000 ))";
-    let mut alone_true = vec![];
-    for _ in 0..3 {
-        let e = floor
-            .exec(&container, &["bash", "-c", twenty], true)
-            .await?;
-        let us: Option<f64> = String::from_utf8_lossy(&e.output).trim().parse().ok();
-        match (e.exit, us) {
-            (Some(0), Some(us)) => alone_true.push(us / 1000.0),
-            _ => return Err(format!("`true` 20 times under gVisor: exit {:?}", e.exit).into()),
-        }
-    }
+    let alone_true = three_alone(floor, &container, twenty)
+        .await?
+        .iter()
+        .map(|e| {
+            let us: Option<f64> = String::from_utf8_lossy(&e.output).trim().parse().ok();
+            us.map(|us| us / 1000.0)
+        })
+        .collect::<Option<Vec<_>>>()
+        .ok_or("`true` 20 times under gVisor printed no time")?;
     fig.p50(EXEC_GVISOR_ALONE, &alone_true, &[]);
     let (thr, fthr) = log_streams(server, floor, &gid, &container, fig, 3).await?;
     fig.p50(LOGS_GVISOR, &thr, &fthr);
     // The ceiling: the same script in the same sandbox, its output
     // thrown away, timed from exec create to its end.
     let alone = format!("{} > /dev/null", log_generator());
-    let mut athr = vec![];
-    for _ in 0..3 {
-        let e = floor
-            .exec(&container, &["bash", "-c", &alone], false)
-            .await?;
-        if e.exit != Some(0) {
-            return Err(format!("the script alone under gVisor: exit {:?}", e.exit).into());
-        }
-        athr.push(LOG_BYTES as f64 / e.total.as_secs_f64() / 1e6);
-    }
+    let athr: Vec<f64> = three_alone(floor, &container, &alone)
+        .await?
+        .iter()
+        .map(|e| LOG_BYTES as f64 / e.total.as_secs_f64() / 1e6)
+        .collect();
     fig.p50(LOGS_GVISOR_ALONE, &athr, &[]);
     server
         .post(&format!("/v1/sandboxes/{gid}:stop"), json!(null))
         .await?;
     Ok(())
+}
+
+/// `script` run 3 times by `bash -c` in `container`, by `docker exec`
+/// (output kept), each required to exit 0: what the sandbox does alone.
+async fn three_alone(floor: &Floor, container: &str, script: &str) -> Res<Vec<FloorExec>> {
+    let mut runs = Vec::with_capacity(3);
+    for _ in 0..3 {
+        let e = floor.exec(container, &["bash", "-c", script], true).await?;
+        if e.exit != Some(0) {
+            return Err(format!("`{script}` alone: exit {:?}", e.exit).into());
+        }
+        runs.push(e);
+    }
+    Ok(runs)
 }
 
 /// The script whose output the log stream lines measure: LOG_BYTES of
