@@ -16,7 +16,10 @@
 //! What the lines measure (ratio = sandboxd / floor column):
 //! - `exec true` round trip: `POST …/commands` `{"cmd":"true","login":false}`
 //!   plus `GET …/wait`, 40 samples after 5 warm-ups; floor: `docker exec
-//!   true` (exec create, attached start read to the end, inspect).
+//!   true` (exec create, attached start read to the end, inspect). Each
+//!   round trip of these and of the next two lines, sandboxd's and the
+//!   floor's alike, is sent after a quiet [`SETTLE`], not into the tail of
+//!   the one before it.
 //! - `bash -lc true`: RemcoChat's `{"cmd":"bash","args":["-lc","true"]}`;
 //!   floor: `docker exec bash -lc true`.
 //! - under gVisor: the same `exec true` in a sandbox of a runtime with
@@ -134,6 +137,14 @@ const FILE_SAMPLES: usize = 20;
 const FILE_WARMUPS: usize = 2;
 const FLOOD_BYTES: u64 = 1024 * 1024 * 1024;
 const MIB: f64 = 1024.0 * 1024.0;
+
+/// Quiet time before each timed round trip of the `exec true`, `bash -lc
+/// true` and gVisor lines, sandboxd's and the floor's alike. After a
+/// `docker exec` has answered, containerd goes on cleaning up for 10–20
+/// ms, and after a sandboxd command the agent makes the next command's
+/// spare (30–40 ms under gVisor); on two cores a round trip sent at once
+/// measures the other's tail as well as its own path (bench/RESULTS.md).
+const SETTLE: Duration = Duration::from_millis(50);
 
 /// The command `kill answered` kills: it ignores SIGTERM (so does `sleep`,
 /// which inherits the ignored signal), so the tree ends only by SIGKILL
@@ -898,16 +909,12 @@ async fn measure(
             .await?;
     }
     for _ in 0..40 {
-        let (total, start) = run_cmd(server, sid, plain.clone()).await?;
+        let (total, start) = settled(run_cmd(server, sid, plain.clone())).await?;
         exec.push(total);
         start_part.push(start);
-        fexec.push(floor.round_trip(&container, &["true"]).await?);
-        login.push(run_cmd(server, sid, remcochat.clone()).await?.0);
-        flogin.push(
-            floor
-                .round_trip(&container, &["bash", "-lc", "true"])
-                .await?,
-        );
+        fexec.push(settled(floor.round_trip(&container, &["true"])).await?);
+        login.push(settled(run_cmd(server, sid, remcochat.clone())).await?.0);
+        flogin.push(settled(floor.round_trip(&container, &["bash", "-lc", "true"])).await?);
     }
     fig.p50(EXEC, &exec, &fexec);
     fig.p95(EXEC_P95, &exec, &fexec);
@@ -1423,8 +1430,8 @@ async fn gvisor(server: &Server, floor: &Floor, fig: &mut RunFigures) -> Res<()>
     }
     let (mut exec, mut fexec) = (vec![], vec![]);
     for _ in 0..20 {
-        exec.push(run_cmd(server, &gid, plain.clone()).await?.0);
-        fexec.push(floor.round_trip(&container, &["true"]).await?);
+        exec.push(settled(run_cmd(server, &gid, plain.clone())).await?.0);
+        fexec.push(settled(floor.round_trip(&container, &["true"])).await?);
     }
     fig.p50(EXEC_GVISOR, &exec, &fexec);
     // What `true` costs inside the sandbox without sandboxd, dockerd or
@@ -1591,6 +1598,12 @@ async fn wait_ok(server: &Server, sid: &str, cid: &str) -> Res<()> {
         return Err(format!("command {cid}: {w}").into());
     }
     Ok(())
+}
+
+/// `timed` once the machine has been left alone for [`SETTLE`].
+async fn settled<T>(timed: impl std::future::Future<Output = T>) -> T {
+    tokio::time::sleep(SETTLE).await;
+    timed.await
 }
 
 /// start + wait of one command that must exit 0; returns (total ms, start
