@@ -140,7 +140,7 @@ const MIB: f64 = 1024.0 * 1024.0;
 
 /// Quiet time before each timed round trip of the `exec true`, `bash -lc
 /// true` and gVisor lines, sandboxd's and the floor's alike. After a
-/// `docker exec` has answered, containerd goes on cleaning up for 10–20
+/// `docker exec` has answered, containerd goes on working for 10–20
 /// ms, and after a sandboxd command the agent makes the next command's
 /// spare (30–40 ms under gVisor); on two cores a round trip sent at once
 /// measures the other's tail as well as its own path (bench/RESULTS.md).
