@@ -16,9 +16,10 @@ for v in $(docker volume ls -q | grep '^sbt-' || true); do docker volume rm -f "
 for n in $(docker network ls --format '{{.Name}}' | grep '^sbt-' || true); do docker network rm "$n" >/dev/null || true; done
 
 # The integration tests are one binary, tests/it, one module per capability.
-# Its engine_restart module restarts the engine: it runs alone, after the
-# rest. Then every module that makes sandboxes runs again with all of them
-# under gVisor (SANDBOXD_TEST_OCI_RUNTIME=runsc; see tests/it/harness/mod.rs);
+# Its engine_restart module restarts and pauses the engine: it runs alone,
+# after the rest, one test at a time. Then every module that makes
+# sandboxes runs again with all of them under gVisor
+# (SANDBOXD_TEST_OCI_RUNTIME=runsc; see tests/it/harness/mod.rs);
 # openapi is about the document and its client, not the runtime.
 under_gvisor=(env SANDBOXD_TEST_OCI_RUNTIME=runsc)
 if ! docker info --format '{{range $k, $v := .Runtimes}}{{$k}} {{end}}' | grep -qw runsc; then
@@ -36,13 +37,13 @@ fi
 "$validator/bin/openapi-spec-validator" docs/openapi.json
 if cargo nextest --version >/dev/null 2>&1; then
   cargo nextest run --no-fail-fast -E 'not (binary(it) and test(/^engine_restart::/))' "$@"
-  cargo nextest run --no-fail-fast -E 'binary(it) and test(/^engine_restart::/)' "$@"
+  cargo nextest run --no-fail-fast --test-threads 1 -E 'binary(it) and test(/^engine_restart::/)' "$@"
   "${under_gvisor[@]}" cargo nextest run --no-fail-fast \
     -E 'binary(it) and not test(/^(engine_restart|gvisor|http_contract|openapi)::/)' "$@"
 else
   # libtest filters match substrings of the test path (module::test).
   cargo test --no-fail-fast --workspace "$@" -- --skip engine_restart::
-  cargo test --no-fail-fast --test it "$@" -- engine_restart::
+  cargo test --no-fail-fast --test it "$@" -- engine_restart:: --test-threads 1
   "${under_gvisor[@]}" cargo test --no-fail-fast --test it "$@" -- \
     --skip engine_restart:: --skip gvisor:: --skip http_contract:: --skip openapi::
 fi

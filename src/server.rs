@@ -1,7 +1,8 @@
 //! Running the service: bind, start the background tasks (engine connector,
 //! rehydration, idle reaper), serve, and on SIGTERM/SIGINT stop accepting,
-//! cancel the tasks and wait for them. Containers are left running: labels
-//! and rehydration bring them back on the next start.
+//! cancel the tasks and wait for them, and for the engine calls under way
+//! that make something. Containers are left running: labels and
+//! rehydration bring them back on the next start.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -11,6 +12,11 @@ use tokio_util::task::TaskTracker;
 use crate::app::App;
 use crate::config::Config;
 use crate::{command, sandbox};
+
+/// The longest a stop waits for engine calls under way that make
+/// something: they take well under a second, and whoever stops sandboxd
+/// (compose, a test) gives it 10 s before SIGKILL.
+const MAKING_AT_SHUTDOWN: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Serves until a shutdown signal. Errors only when the address cannot be
 /// bound or the server fails.
@@ -83,6 +89,10 @@ pub async fn run(config: Config) -> std::io::Result<()> {
     app.tasks.close();
     tasks.wait().await;
     app.tasks.wait().await;
+    // Once nothing starts new ones: what the engine has been asked to
+    // make exists before we exit, for the next start or a cleanup by
+    // label to find.
+    app.engine.finish_making(MAKING_AT_SHUTDOWN).await;
     tracing::info!("sandboxd stopped");
     served
 }

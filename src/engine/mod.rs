@@ -28,6 +28,7 @@ use bollard::query_parameters::{
 use futures_util::StreamExt;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use crate::clock::unix_seconds;
 
@@ -193,6 +194,9 @@ struct Inner {
     /// registered it (asked once per name).
     gvisor_runtimes: RwLock<HashMap<String, bool>>,
     connected: watch::Sender<bool>,
+    /// Engine calls that make something, run to their end (see
+    /// [`Engine::making`]).
+    making: TaskTracker,
 }
 
 impl Default for Engine {
@@ -210,6 +214,7 @@ impl Engine {
                 last_error: RwLock::new("not connected yet".into()),
                 gvisor_runtimes: RwLock::new(HashMap::new()),
                 connected: watch::channel(false).0,
+                making: TaskTracker::new(),
             }),
         }
     }
@@ -256,6 +261,42 @@ impl Engine {
         let mut rx = self.inner.connected.subscribe();
         // An Err means the sender is gone, which cannot happen while we hold it.
         let _ = rx.wait_for(|c| *c).await;
+    }
+
+    /// Runs an engine call that makes something (a network, a volume, a
+    /// container) to its end, even when its caller stops waiting (a
+    /// background task cancelled at shutdown): the engine carries out a
+    /// request it has received whether or not its client is still there,
+    /// so an abandoned one would make its object after sandboxd exited,
+    /// where neither the next start nor a cleanup by label that already
+    /// ran sees it. [`Engine::finish_making`] waits for these.
+    async fn making<T: Send + 'static>(
+        &self,
+        call: impl Future<Output = Result<T, BollardError>> + Send + 'static,
+    ) -> EngineResult<T> {
+        match self.inner.making.spawn(call).await {
+            Ok(done) => done.map_err(EngineError::from),
+            Err(e) => Err(EngineError::Failed(format!(
+                "an engine call ended early: {e}"
+            ))),
+        }
+    }
+
+    /// Waits until the engine calls under way that make something (see
+    /// [`Engine::making`]) have ended, for at most `within`; at shutdown,
+    /// after the tasks that start them have stopped.
+    pub async fn finish_making(&self, within: Duration) {
+        self.inner.making.close();
+        let pending = self.inner.making.len();
+        if tokio::time::timeout(within, self.inner.making.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                pending,
+                "engine calls that make something were still under way at shutdown"
+            );
+        }
     }
 
     fn docker(&self) -> EngineResult<Docker> {
@@ -323,16 +364,17 @@ impl Engine {
             options: Some(options),
             ..Default::default()
         };
-        match docker.create_network(req).await {
+        match self
+            .making(async move { docker.create_network(req).await })
+            .await
+        {
             Ok(_) => {
                 tracing::info!(network = name, "created the sandbox network");
                 Ok(())
             }
             // Lost a race with another create: the network is there.
-            Err(e) => match EngineError::from(e) {
-                EngineError::Conflict(_) => Ok(()),
-                other => Err(other),
-            },
+            Err(EngineError::Conflict(_)) => Ok(()),
+            Err(other) => Err(other),
         }
     }
 
@@ -349,26 +391,25 @@ impl Engine {
             let bytes = size_mb.saturating_mul(1024 * 1024);
             HashMap::from([("size".to_string(), bytes.to_string())])
         });
-        let created = docker
-            .create_volume(VolumeCreateRequest {
-                name: Some(name.to_string()),
-                labels: Some(labels),
-                driver_opts,
-                ..Default::default()
-            })
-            .await;
-        match created {
+        let req = VolumeCreateRequest {
+            name: Some(name.to_string()),
+            labels: Some(labels),
+            driver_opts,
+            ..Default::default()
+        };
+        match self
+            .making(async move { docker.create_volume(req).await })
+            .await
+        {
             Ok(_) => Ok(()),
-            Err(e) => match EngineError::from(e) {
-                // Docker's local driver: "quota size requested but no quota
-                // support".
-                EngineError::Failed(m) if size_mb > 0 && m.contains("no quota support") => {
-                    Err(EngineError::VolumeSizeUnsupported(format!(
-                        "the engine cannot limit the workspace to {size_mb} MiB: {m}"
-                    )))
-                }
-                other => Err(other),
-            },
+            // Docker's local driver: "quota size requested but no quota
+            // support".
+            Err(EngineError::Failed(m)) if size_mb > 0 && m.contains("no quota support") => {
+                Err(EngineError::VolumeSizeUnsupported(format!(
+                    "the engine cannot limit the workspace to {size_mb} MiB: {m}"
+                )))
+            }
+            Err(other) => Err(other),
         }
     }
 
@@ -423,7 +464,9 @@ impl Engine {
             name: Some(name.to_string()),
             platform: String::new(),
         };
-        self.docker()?.create_container(Some(options), body).await?;
+        let docker = self.docker()?;
+        self.making(async move { docker.create_container(Some(options), body).await })
+            .await?;
         Ok(())
     }
 
@@ -875,12 +918,13 @@ impl Engine {
             }),
             ..Default::default()
         };
-        match docker.create_network(req).await {
+        match self
+            .making(async move { docker.create_network(req).await })
+            .await
+        {
             Ok(_) => Ok(()),
-            Err(e) => match EngineError::from(e) {
-                EngineError::Failed(m) if m.contains("overlap") => Err(EngineError::Conflict(m)),
-                other => Err(other),
-            },
+            Err(EngineError::Failed(m)) if m.contains("overlap") => Err(EngineError::Conflict(m)),
+            Err(other) => Err(other),
         }
     }
 

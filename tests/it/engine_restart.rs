@@ -1,8 +1,10 @@
-//! The engine restarted mid-command: the log stream ends with an `error`
-//! record, then `exit`, and the sandbox works again. This test restarts the
-//! Docker daemon, so scripts/test.sh runs it alone, after every other test
-//! (a second nextest pass); a guard brings the engine back even when the
-//! test fails.
+//! Tests that stop or pause the Docker daemon, so scripts/test.sh runs
+//! them alone, after every other test (a second nextest pass); guards
+//! bring the engine back even when a test fails:
+//! - the engine restarted mid-command: the log stream ends with an
+//!   `error` record, then `exit`, and the sandbox works again;
+//! - sandboxd stopped while the engine is making something for it waits
+//!   for that, so nothing it asked for appears after it exited.
 
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -148,4 +150,115 @@ async fn streams_end_with_an_error_and_sandboxes_work_again_after_an_engine_rest
         )
         .await;
     assert_eq!(s, 200);
+}
+
+/// Pauses the engine (SIGSTOP to `dockerd`) until dropped, even when the
+/// test fails.
+struct EnginePaused(String);
+
+impl EnginePaused {
+    fn pause() -> EnginePaused {
+        let out = Command::new("pgrep")
+            .args(["-x", "dockerd"])
+            .output()
+            .expect("pgrep");
+        let pid = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        assert!(
+            !pid.is_empty() && !pid.contains('\n'),
+            "one dockerd to pause, found {pid:?}"
+        );
+        let ok = Command::new("kill")
+            .args(["-STOP", &pid])
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(ok, "could not pause dockerd {pid}");
+        EnginePaused(pid)
+    }
+}
+
+impl Drop for EnginePaused {
+    fn drop(&mut self) {
+        let _ = Command::new("kill").args(["-CONT", &self.0]).status();
+    }
+}
+
+/// Whether process `pid` (a child of this test, so a zombie once it has
+/// exited and until it is reaped) still runs.
+fn runs(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            s.rsplit_once(')')
+                .map(|(_, rest)| rest.trim_start().to_string())
+        })
+        .is_some_and(|rest| !rest.starts_with('Z'))
+}
+
+/// The engine carries out a request whose client has gone away, so an
+/// engine call that sandboxd abandoned when it stopped would make its
+/// object after sandboxd exited, where neither its next start nor a
+/// cleanup by label that already ran sees it (a test's cleanup left link
+/// networks behind that way). Here the call is the link network made
+/// ahead for the next `internet` sandbox, which a create sets off; the
+/// engine is paused so that the call is certainly under way when the
+/// stop comes, and sandboxd must wait for it.
+#[tokio::test]
+async fn a_stop_waits_for_what_the_engine_is_making_so_nothing_appears_after_exit() {
+    let _engine_back = EngineBack;
+    let mut server = TestServer::start().await;
+    let ahead = || async {
+        server
+            .metrics_text()
+            .await
+            .lines()
+            .any(|l| l == "sandboxd_link_networks_ready 1")
+    };
+    harness::eventually(
+        Duration::from_secs(30),
+        "the link network made ahead",
+        ahead,
+    )
+    .await;
+    let before = server.networks_with("sandboxd.role", "link").await;
+    // Takes the network made ahead; making the next one starts at once.
+    server.create(json!({"sessionKey": "first"})).await;
+    let pid = server.pid().expect("sandboxd runs");
+    let paused = EnginePaused::pause();
+    // Nothing can be asked while the engine is paused: sandboxd's request
+    // for the next link network reaches the engine's socket within
+    // milliseconds of the create's answer.
+    std::thread::sleep(Duration::from_millis(500));
+    let ok = Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(ok, "SIGTERM to sandboxd {pid}");
+    std::thread::sleep(Duration::from_secs(1));
+    let waited = runs(pid);
+    drop(paused);
+    assert!(
+        waited,
+        "sandboxd exited within 1 s of SIGTERM while the engine, paused, still had its request"
+    );
+    let code = tokio::task::spawn_blocking(move || server.stop_process().map(|c| (c, server)))
+        .await
+        .expect("stop");
+    let (code, server) = code.expect("sandboxd exits once the engine answers again");
+    assert_eq!(code, 0, "sandboxd's exit code");
+
+    let at_exit = server.networks_with("sandboxd.role", "link").await;
+    let made: Vec<&String> = at_exit.iter().filter(|n| !before.contains(n)).collect();
+    assert!(
+        !made.is_empty(),
+        "no link network was being made when the stop came, so this proves nothing \
+         (before the create: {before:?}; at exit: {at_exit:?})"
+    );
+    // Nothing more appears: what was asked for was all made before exit.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(3);
+    while tokio::time::Instant::now() < deadline {
+        let now = server.networks_with("sandboxd.role", "link").await;
+        let late: Vec<&String> = now.iter().filter(|n| !at_exit.contains(n)).collect();
+        assert!(late.is_empty(), "appeared after sandboxd exited: {late:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }
