@@ -474,17 +474,10 @@ async fn port_publish_failed() {
     .await;
     // The link network made ahead for the next `internet` sandbox holds
     // the only block first; the first sandbox that needs one takes it.
-    let ahead = || async {
-        server
-            .metrics_text()
-            .await
-            .lines()
-            .any(|l| l == "sandboxd_link_networks_ready 1")
-    };
     eventually(
         Duration::from_secs(30),
         "the link network made ahead",
-        ahead,
+        || server.link_ready(),
     )
     .await;
     let open = json!({"mode": "open"});
@@ -499,7 +492,10 @@ async fn port_publish_failed() {
         "the first sandbox takes the only block of {pool}: {v}"
     );
     assert_eq!(v["found"], true, "{v}");
-    assert!(!ahead().await, "the block made ahead was given back");
+    assert!(
+        !server.link_ready().await,
+        "the block made ahead was given back"
+    );
     let second = server
         .create(json!({"sessionKey": harness::unique_instance(), "ports": [3000], "network": open}))
         .await;

@@ -764,15 +764,6 @@ async fn the_way_out_survives_a_sandboxd_restart_and_stop_leaves_nothing() {
     );
 }
 
-/// Whether `server` reports the next `internet` sandbox's link network made.
-async fn link_ready(server: &TestServer) -> bool {
-    server
-        .metrics_text()
-        .await
-        .lines()
-        .any(|l| l == "sandboxd_link_networks_ready 1")
-}
-
 /// The sandbox ids of this instance's link networks.
 async fn link_ids(server: &TestServer) -> Vec<String> {
     let prefix = format!("{}-", server.instance);
@@ -794,7 +785,7 @@ async fn a_cold_internet_create_takes_the_link_network_made_ahead() {
     let _net = FakeNet::start().await;
     let server = server(&[]).await;
     eventually(Duration::from_secs(30), "a link network made ahead", || {
-        link_ready(&server)
+        server.link_ready()
     })
     .await;
     let ahead = link_ids(&server).await;
@@ -807,7 +798,7 @@ async fn a_cold_internet_create_takes_the_link_network_made_ahead() {
         ahead,
         "mode none takes no link network"
     );
-    assert!(link_ready(&server).await);
+    assert!(server.link_ready().await);
     let sid = server.create(json!({"sessionKey": "ahead"})).await;
     assert_eq!(
         vec![sid.clone()],
@@ -830,7 +821,7 @@ async fn a_cold_internet_create_takes_the_link_network_made_ahead() {
     eventually(
         Duration::from_secs(30),
         "the next link network made",
-        || link_ready(&server),
+        || server.link_ready(),
     )
     .await;
     let now = link_ids(&server).await;

@@ -206,17 +206,10 @@ fn runs(pid: u32) -> bool {
 async fn a_stop_waits_for_what_the_engine_is_making_so_nothing_appears_after_exit() {
     let _engine_back = EngineBack;
     let mut server = TestServer::start().await;
-    let ahead = || async {
-        server
-            .metrics_text()
-            .await
-            .lines()
-            .any(|l| l == "sandboxd_link_networks_ready 1")
-    };
     harness::eventually(
         Duration::from_secs(30),
         "the link network made ahead",
-        ahead,
+        || server.link_ready(),
     )
     .await;
     let before = server.networks_with("sandboxd.role", "link").await;

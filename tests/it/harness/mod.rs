@@ -325,6 +325,15 @@ impl TestServer {
             .expect("metrics text")
     }
 
+    /// Whether sandboxd reports the next `internet` sandbox's link network
+    /// made (its `sandboxd_link_networks_ready` gauge).
+    pub(crate) async fn link_ready(&self) -> bool {
+        self.metrics_text()
+            .await
+            .lines()
+            .any(|l| l == "sandboxd_link_networks_ready 1")
+    }
+
     /// Opens a command's NDJSON log stream (the answer, not yet read).
     pub(crate) async fn open_logs(&self, sid: &str, cid: &str) -> reqwest::Response {
         self.auth(self.client.get(format!(
