@@ -185,13 +185,10 @@ impl Drop for EnginePaused {
 /// Whether process `pid` (a child of this test, so a zombie once it has
 /// exited and until it is reaped) still runs.
 fn runs(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|s| {
-            s.rsplit_once(')')
-                .map(|(_, rest)| rest.trim_start().to_string())
-        })
-        .is_some_and(|rest| !rest.starts_with('Z'))
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        stat.rsplit_once(')')
+            .is_some_and(|(_, rest)| !rest.trim_start().starts_with('Z'))
+    })
 }
 
 /// The engine carries out a request whose client has gone away, so an
@@ -233,10 +230,9 @@ async fn a_stop_waits_for_what_the_engine_is_making_so_nothing_appears_after_exi
         waited,
         "sandboxd exited within 1 s of SIGTERM while the engine, paused, still had its request"
     );
-    let code = tokio::task::spawn_blocking(move || server.stop_process().map(|c| (c, server)))
-        .await
-        .expect("stop");
-    let (code, server) = code.expect("sandboxd exits once the engine answers again");
+    let code = server
+        .stop_process()
+        .expect("sandboxd exits once the engine answers again");
     assert_eq!(code, 0, "sandboxd's exit code");
 
     let at_exit = server.networks_with("sandboxd.role", "link").await;
