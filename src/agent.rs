@@ -186,7 +186,7 @@ impl AgentConn {
             writes,
             pending,
             // Random start: ids of a connection never match another's.
-            next_id: AtomicU64::new(start_id()),
+            next_id: AtomicU64::new(start_id()?),
             closed,
             close_tx: closed_tx,
             boot: AtomicU64::new(0),
@@ -395,13 +395,11 @@ fn close(closed: &watch::Sender<Option<String>>, pending: &Mutex<Pending>, why: 
     lock(pending).clear();
 }
 
-fn start_id() -> u64 {
-    let mut b = [0u8; 8];
-    if getrandom::fill(&mut b).is_err() {
-        return crate::clock::now_ms() << 20;
-    }
+fn start_id() -> AgentResult<u64> {
     // Leave room to count up without wrapping.
-    u64::from_le_bytes(b) >> 1
+    crate::id::random_u64()
+        .map(|r| r >> 1)
+        .map_err(|e| AgentError::Closed(e.to_string()))
 }
 
 /// A reply's kind, for messages.

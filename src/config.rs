@@ -277,6 +277,8 @@ macro_rules! settings {
             $( $(#[doc = $doc])* pub $field: $ty, )*
             /// `[runtimes.NAME]` tables, on top of the built-in runtimes.
             pub runtimes: BTreeMap<String, RuntimeConfig>,
+            /// `bind_host`, `allowed_hosts` and `cors_origins`, parsed.
+            pub origin_policy: crate::origin_policy::OriginPolicy,
         }
 
         /// Every key of the file (besides `[runtimes.*]`), with its default.
@@ -293,6 +295,7 @@ macro_rules! settings {
                     value
                 }, )*
                 runtimes: BTreeMap::new(),
+                origin_policy: Default::default(),
             })
         }
     };
@@ -349,6 +352,13 @@ settings! {
         check |t| if t.as_ref().is_some_and(|t| t.0.trim().is_empty()) { Err("must not be empty".into()) } else { Ok(()) };
     /// Accept a non-loopback `bind_host` without a token.
     allow_insecure_no_token: bool = false, key "allow_insecure_no_token";
+    /// Names a request's `Host` may carry besides loopback and a specific
+    /// `bind_host`: `sandboxd`, `*.example.com`, or `*` (with a token only).
+    allowed_hosts: Vec<String> = Vec::new(), key "allowed_hosts",
+        check |v| v.iter().try_for_each(|h| crate::origin_policy::HostPattern::parse(h).map(|_| ()));
+    /// Origins whose pages may call the API from a browser (CORS).
+    cors_origins: Vec<String> = Vec::new(), key "cors_origins",
+        check |v| v.iter().try_for_each(|o| crate::origin_policy::WebOrigin::parse(o).map(|_| ()));
     /// Largest request body, checked before it is buffered.
     max_body_bytes: usize = 64 * MIB, key "max_body_bytes", check |v| at_least(1024)(v);
 
@@ -588,6 +598,12 @@ impl Config {
             })
             .collect();
         cfg.runtimes.extend(runtimes);
+        cfg.origin_policy = crate::origin_policy::OriginPolicy::new(
+            cfg.bind_host,
+            &cfg.allowed_hosts,
+            &cfg.cors_origins,
+        )
+        .map_err(|reason| ConfigError::invalid("allowed_hosts", reason))?;
         cfg.validate()?;
         Ok(cfg)
     }
@@ -606,6 +622,13 @@ impl Config {
                      set SANDBOXD_ADMIN_TOKEN, or allow_insecure_no_token = true to accept the risk",
                     self.bind_host
                 ),
+            ));
+        }
+        if self.origin_policy.any_host() && self.admin_token.is_none() {
+            return Err(ConfigError::invalid(
+                "allowed_hosts",
+                "\"*\" turns the Host check off, which lets any web page drive a token-less \
+                 sandboxd through DNS rebinding; set SANDBOXD_ADMIN_TOKEN too, or list the names",
             ));
         }
         if self.default_timeout < Duration::from_secs(1) || self.default_timeout > self.max_timeout

@@ -24,6 +24,7 @@
 //! - [`process_fields`]: the fields of a request to start a process.
 //! - [`workspace_path`]: the lexical rules of paths in the workspace.
 //! - [`subnet`]: link-network block arithmetic.
+//! - [`origin_policy`]: which `Host` and `Origin` values name this server.
 //! - [`engine`]: the container engine, behind a small interface.
 //! - [`agent`]: the connection to the agent inside each sandbox.
 
@@ -38,6 +39,7 @@ pub mod field_error;
 pub mod files;
 pub mod healthcheck;
 pub mod id;
+pub mod origin_policy;
 pub mod ports;
 pub mod process_fields;
 pub mod pty;
@@ -75,6 +77,7 @@ mod layering {
                 "field_error",
                 "process_fields",
                 "workspace_path",
+                "origin_policy",
             ],
         ),
     ];

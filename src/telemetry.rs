@@ -120,9 +120,9 @@ pub async fn track_http(req: Request, next: Next) -> Response {
 pub struct RandomRequestId;
 
 impl MakeRequestId for RandomRequestId {
+    /// None (the answer carries no id) when the OS random source fails.
     fn make_request_id<B>(&mut self, _: &axum::http::Request<B>) -> Option<RequestId> {
-        HeaderValue::from_str(&crate::id::random_hex(8))
-            .ok()
-            .map(RequestId::new)
+        let id = crate::id::random_hex(8).ok()?;
+        HeaderValue::from_str(&id).ok().map(RequestId::new)
     }
 }

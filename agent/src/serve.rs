@@ -105,6 +105,14 @@ pub(crate) fn run(stdio: bool) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    // Tells sandboxd whether it reconnects to the same agent process.
+    let boot = match random_u64() {
+        Ok(b) => b,
+        Err(e) => {
+            eprintln!("sandboxd-agent: no boot id, the OS random source failed: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -124,7 +132,7 @@ pub(crate) fn run(stdio: bool) -> ExitCode {
             relays: Rc::new(Relays::default()),
             files,
             searches,
-            boot: random_u64(),
+            boot,
         });
         serve(listener, stdio, agent).await
     })
@@ -833,10 +841,15 @@ fn match_pieces(matches: Vec<sandboxd_proto::Match>) -> Vec<Vec<sandboxd_proto::
     pieces
 }
 
-fn random_u64() -> u64 {
+/// 64 bits from the OS random source; an error rather than a guessable
+/// value when it fails.
+fn random_u64() -> std::io::Result<u64> {
     let mut b = [0u8; 8];
-    let _ = rustix::rand::getrandom(&mut b, rustix::rand::GetRandomFlags::empty());
-    u64::from_le_bytes(b)
+    let n = rustix::rand::getrandom(&mut b, rustix::rand::GetRandomFlags::empty())?;
+    if n != b.len() {
+        return Err(std::io::Error::other("short read from getrandom"));
+    }
+    Ok(u64::from_le_bytes(b))
 }
 
 type FileJob = Box<dyn FnOnce(&Workspace) + Send>;

@@ -9,6 +9,7 @@ use axum::response::{IntoResponse, Response};
 use super::dto::ErrorBody;
 use crate::command::CommandError;
 use crate::files::FileError;
+use crate::origin_policy::Refusal;
 use crate::ports::PortError;
 use crate::pty::PtyError;
 use crate::sandbox::SandboxError;
@@ -45,12 +46,14 @@ error_codes! {
     NotARegularFile = "not_a_regular_file", BAD_REQUEST;
     Unauthorized = "unauthorized", UNAUTHORIZED;
     PermissionDenied = "permission_denied", FORBIDDEN;
+    OriginNotAllowed = "origin_not_allowed", FORBIDDEN;
     NotFound = "not_found", NOT_FOUND;
     SandboxNotFound = "sandbox_not_found", NOT_FOUND;
     CommandNotFound = "command_not_found", NOT_FOUND;
     PtyNotFound = "pty_not_found", NOT_FOUND;
     FileNotFound = "file_not_found", NOT_FOUND;
     MethodNotAllowed = "method_not_allowed", METHOD_NOT_ALLOWED;
+    HostNotAllowed = "host_not_allowed", MISDIRECTED_REQUEST;
     NeedsRecursive = "needs_recursive", CONFLICT;
     PathChanged = "path_changed", CONFLICT;
     PreconditionFailed = "precondition_failed", CONFLICT;
@@ -66,6 +69,7 @@ error_codes! {
     AgentFailed = "agent_failed", BAD_GATEWAY;
     PortPublishFailed = "port_publish_failed", BAD_GATEWAY;
     EngineUnavailable = "engine_unavailable", SERVICE_UNAVAILABLE;
+    RandomUnavailable = "random_unavailable", SERVICE_UNAVAILABLE;
     ImageMissing = "image_missing", SERVICE_UNAVAILABLE;
     WorkspaceQuotaUnsupported = "workspace_quota_unsupported", SERVICE_UNAVAILABLE;
     ShuttingDown = "shutting_down", SERVICE_UNAVAILABLE;
@@ -118,6 +122,16 @@ impl IntoResponse for ApiError {
     }
 }
 
+impl From<Refusal> for ApiError {
+    fn from(r: Refusal) -> Self {
+        let code = match r {
+            Refusal::NoHost | Refusal::Host(_) => ErrorCode::HostNotAllowed,
+            Refusal::Origin(_) => ErrorCode::OriginNotAllowed,
+        };
+        ApiError::new(code, r.to_string())
+    }
+}
+
 impl From<SandboxError> for ApiError {
     fn from(e: SandboxError) -> Self {
         let message = e.to_string();
@@ -130,6 +144,7 @@ impl From<SandboxError> for ApiError {
             SandboxError::ImageMissing { .. } => ErrorCode::ImageMissing,
             SandboxError::WorkspaceQuotaUnsupported(_) => ErrorCode::WorkspaceQuotaUnsupported,
             SandboxError::EngineUnavailable(_) => ErrorCode::EngineUnavailable,
+            SandboxError::Random(_) => ErrorCode::RandomUnavailable,
             SandboxError::Agent(inner) => {
                 tracing::warn!(error = %inner, "the sandbox's agent failed");
                 ErrorCode::AgentFailed

@@ -82,8 +82,8 @@ pub fn router(app: Arc<App>) -> Router {
     // Attaching takes the token or a ticket, so the token layer sits on
     // the actions beside it, not on the route.
     let token_layer = axum::middleware::from_fn_with_state(Arc::clone(&app), auth::require_token);
-    Router::new()
-        .route("/v1/health", get(health::health))
+    let routes = Router::new()
+        .route(HEALTH, get(health::health))
         .route(
             "/v1/sandboxes/{id}/ptys/{pty}",
             get(ptys::attach_pty).post(ptys::pty_action.layer(token_layer)),
@@ -97,6 +97,19 @@ pub fn router(app: Arc<App>) -> Router {
         .layer(axum::middleware::from_fn_with_state(
             Arc::clone(&app),
             refuse_declared_oversize,
+        ));
+    // CORS headers only for the origins an operator listed; without any a
+    // browser's cross-origin call fails its preflight.
+    let cors_origins = app.config.origin_policy.cors_origins();
+    let routes = if cors_origins.is_empty() {
+        routes
+    } else {
+        routes.layer(cors(&cors_origins))
+    };
+    routes
+        .layer(axum::middleware::from_fn_with_state(
+            Arc::clone(&app),
+            check_host_and_origin,
         ))
         .layer(axum::middleware::from_fn(telemetry::track_http))
         // Every request gets an id (or keeps the caller's), which its log
@@ -131,6 +144,56 @@ async fn metrics(State(app): State<Arc<App>>) -> Response {
     );
     let body = app.metrics.as_ref().map(|h| h.render()).unwrap_or_default();
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], body).into_response()
+}
+
+/// The route every Host may ask: load balancers check it by their own name.
+const HEALTH: &str = "/v1/health";
+
+/// Refuses a request whose `Host` names another server (a page that
+/// rebound its own name to our address) or whose `Origin` is another site,
+/// token or not, before anything else reads it. `GET /v1/health` answers
+/// any Host.
+async fn check_host_and_origin(State(app): State<Arc<App>>, req: Request, next: Next) -> Response {
+    let text = |v: &header::HeaderValue| v.to_str().unwrap_or("\u{fffd}").to_string();
+    // An absolute-form target's authority overrides Host (RFC 9112 3.2.2).
+    let host = req
+        .uri()
+        .authority()
+        .map(|a| a.as_str().to_string())
+        .or_else(|| req.headers().get(header::HOST).map(text));
+    let origin = req.headers().get(header::ORIGIN).map(text);
+    let policy = &app.config.origin_policy;
+    let checked = if req.uri().path() == HEALTH {
+        Ok(())
+    } else {
+        policy.check_host(host.as_deref())
+    }
+    .and_then(|()| policy.check_origin(host.as_deref(), origin.as_deref()));
+    match checked {
+        Ok(()) => next.run(req).await,
+        Err(refusal) => ApiError::from(refusal).into_response(),
+    }
+}
+
+/// Answers preflights and labels answers for the listed origins.
+fn cors(origins: &[String]) -> tower_http::cors::CorsLayer {
+    use axum::http::{HeaderName, HeaderValue, Method};
+    let origins: Vec<HeaderValue> = origins
+        .iter()
+        .filter_map(|o| HeaderValue::from_str(o).ok())
+        .collect();
+    tower_http::cors::CorsLayer::new()
+        .allow_origin(origins)
+        .allow_methods([Method::GET, Method::POST, Method::DELETE])
+        .allow_headers([
+            header::CONTENT_TYPE,
+            header::AUTHORIZATION,
+            HeaderName::from_static("x-sandboxd-admin-token"),
+            HeaderName::from_static("x-remcochat-admin-token"),
+            HeaderName::from_static("x-request-id"),
+        ])
+        .expose_headers([HeaderName::from_static("x-request-id")])
+        .max_age(std::time::Duration::from_secs(600))
 }
 
 async fn refuse_declared_oversize(

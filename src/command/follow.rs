@@ -54,10 +54,8 @@ impl Follow {
         past_exit: bool,
         config: &Config,
         shutdown: CancellationToken,
-    ) -> Follow {
-        let mut id = [0u8; 8];
-        let _ = getrandom::fill(&mut id);
-        Follow {
+    ) -> Result<Follow, crate::id::RandomUnavailable> {
+        Ok(Follow {
             sandboxes,
             sandbox,
             cmd,
@@ -66,9 +64,9 @@ impl Follow {
             heartbeat: config.log_heartbeat,
             agent_timeout: config.agent_timeout,
             shutdown,
-            follower: u64::from_le_bytes(id),
+            follower: crate::id::random_u64()?,
             done: false,
-        }
+        })
     }
 
     /// The next chunk of NDJSON lines; `None` at the end.

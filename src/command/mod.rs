@@ -331,12 +331,12 @@ pub struct Commands {
 
 /// A fresh command id: the start time in ms (12 hex digits) and 48 random
 /// bits.
-fn new_command_id() -> String {
-    format!(
+fn new_command_id() -> Result<String, SandboxError> {
+    Ok(format!(
         "{:012x}{}",
         now_ms() & 0xffff_ffff_ffff,
-        crate::id::random_hex(6)
-    )
+        crate::id::random_hex(6)?
+    ))
 }
 
 impl Commands {
@@ -412,7 +412,7 @@ impl Commands {
             .command_started(max)
             .ok_or(CommandError::TooMany { max })?;
         let _busy = sandbox.open_request();
-        let id = new_command_id();
+        let id = new_command_id()?;
         let started_at = now_ms();
         let timeout_ms = u64::try_from(spec.timeout.as_millis()).unwrap_or(u64::MAX);
         let spawn = Spawn {
@@ -534,7 +534,8 @@ impl Commands {
                 leftovers,
                 &self.config,
                 shutdown,
-            ),
+            )
+            .map_err(SandboxError::from)?,
             busy,
         ))
     }
@@ -945,7 +946,7 @@ mod tests {
 
     #[test]
     fn command_ids_carry_their_start_time() {
-        let id = new_command_id();
+        let id = new_command_id().expect("random");
         assert!(crate::id::is_hex_id(&id, 24));
         let started = u64::from_str_radix(&id[..12], 16).expect("hex");
         assert!(now_ms().saturating_sub(started) < 60_000);

@@ -532,7 +532,7 @@ impl Engine {
         entries: &[Entry<'_>],
     ) -> EngineResult<()> {
         let docker = self.docker()?;
-        let name = format!("{volume}-fill-{}", crate::id::random_hex(4));
+        let name = format!("{volume}-fill-{}", scratch_suffix()?);
         self.create_scratch(&docker, &name, Some(volume), image, labels)
             .await?;
         let moved: Vec<(String, Entry<'_>)> = entries
@@ -571,7 +571,7 @@ impl Engine {
         max: usize,
     ) -> EngineResult<Option<Vec<u8>>> {
         let docker = self.docker()?;
-        let name = format!("{volume}-read-{}", crate::id::random_hex(4));
+        let name = format!("{volume}-read-{}", scratch_suffix()?);
         self.create_scratch(&docker, &name, Some(volume), image, labels)
             .await?;
         let full = format!("{VOLUME_USER_DIR}/{}", path.trim_start_matches('/'));
@@ -598,7 +598,7 @@ impl Engine {
                 .get("sandboxd.instance")
                 .map(String::as_str)
                 .unwrap_or("sandboxd"),
-            crate::id::random_hex(4)
+            scratch_suffix()?
         );
         self.create_scratch(&docker, &name, None, image, labels)
             .await?;
@@ -1161,6 +1161,11 @@ fn label_filter(labels: &[(&str, &str)]) -> HashMap<String, Vec<String>> {
         "label".to_string(),
         labels.iter().map(|(k, v)| format!("{k}={v}")).collect(),
     )])
+}
+
+/// A random suffix that keeps a scratch container's name unique.
+fn scratch_suffix() -> EngineResult<String> {
+    crate::id::random_hex(4).map_err(|e| EngineError::Failed(e.to_string()))
 }
 
 #[cfg(test)]

@@ -172,13 +172,14 @@ struct Tickets {
 }
 
 impl Tickets {
-    /// A new ticket for the session; None at [`MAX_TICKETS`].
-    fn issue(&mut self, sandbox_id: &str, pty_id: &str, now: Instant) -> Option<String> {
+    /// A new ticket for the session; refused at [`MAX_TICKETS`], and
+    /// when the OS random source fails.
+    fn issue(&mut self, sandbox_id: &str, pty_id: &str, now: Instant) -> PtyResult<String> {
         self.open.retain(|_, t| t.expires > now);
         if self.open.len() >= MAX_TICKETS {
-            return None;
+            return Err(PtyError::TooManyTickets);
         }
-        let ticket = crate::id::random_hex(16);
+        let ticket = crate::id::random_hex(16).map_err(SandboxError::from)?;
         self.open.insert(
             ticket.clone(),
             TicketEntry {
@@ -187,7 +188,7 @@ impl Tickets {
                 expires: now + TICKET_TTL,
             },
         );
-        Some(ticket)
+        Ok(ticket)
     }
 
     fn redeem(&mut self, ticket: &str, sandbox_id: &str, pty_id: &str, now: Instant) -> bool {
@@ -291,7 +292,7 @@ impl Ptys {
         let sandbox = self.sandboxes.lookup(sandbox_id).await?;
         let _busy = sandbox.open_request();
         let open = PtyOpen {
-            pty: crate::id::random_hex(12),
+            pty: crate::id::random_hex(12).map_err(SandboxError::from)?,
             program,
             argv,
             env,
@@ -488,9 +489,7 @@ impl Ptys {
     /// what a browser presents, as it cannot set headers on a WebSocket.
     pub async fn ticket(&self, sandbox_id: &str, pty_id: &str) -> PtyResult<Ticket> {
         let sandbox = self.check(sandbox_id, pty_id).await?;
-        let ticket = lock(&self.tickets)
-            .issue(&sandbox.id, pty_id, Instant::now())
-            .ok_or(PtyError::TooManyTickets)?;
+        let ticket = lock(&self.tickets).issue(&sandbox.id, pty_id, Instant::now())?;
         Ok(Ticket {
             ticket,
             expires_in_ms: u64::try_from(TICKET_TTL.as_millis()).unwrap_or(u64::MAX),
@@ -721,11 +720,14 @@ mod tests {
         let c = t.issue("s", "p", now).expect("issued");
         assert!(!t.redeem(&c, "s", "p", now + TICKET_TTL), "expired");
         for _ in 0..MAX_TICKETS {
-            assert!(t.issue("s", "p", now).is_some());
+            assert!(t.issue("s", "p", now).is_ok());
         }
-        assert!(t.issue("s", "p", now).is_none(), "capped");
+        assert!(
+            matches!(t.issue("s", "p", now), Err(PtyError::TooManyTickets)),
+            "capped"
+        );
         // Expired ones make room.
-        assert!(t.issue("s", "p", now + TICKET_TTL).is_some());
+        assert!(t.issue("s", "p", now + TICKET_TTL).is_ok());
     }
 
     #[test]

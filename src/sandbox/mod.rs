@@ -75,6 +75,9 @@ pub enum SandboxError {
     /// The engine refused or failed.
     #[error("{0}")]
     Engine(EngineError),
+    /// No id could be made: the OS random source failed.
+    #[error(transparent)]
+    Random(#[from] crate::id::RandomUnavailable),
     /// The agent inside the sandbox could not be reached, misbehaved, or
     /// refused.
     #[error(transparent)]
@@ -306,7 +309,7 @@ impl Sandboxes {
             let id = prepared
                 .as_ref()
                 .map(|p| p.id.clone())
-                .unwrap_or_else(registry::new_sandbox_id);
+                .map_or_else(registry::new_sandbox_id, Ok)?;
             match self
                 .create_cold(&spec, &id, prepared.as_ref().map(|p| p.subnet.as_str()))
                 .await

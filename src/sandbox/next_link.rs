@@ -126,7 +126,10 @@ impl Sandboxes {
     /// the shared egress proxy to it (a create that takes it before that
     /// joins it itself); false when it could not be made.
     async fn prepare_link(&self) -> bool {
-        let id = registry::new_sandbox_id();
+        let Ok(id) = registry::new_sandbox_id() else {
+            tracing::warn!("no id for the next link network: the OS random source failed");
+            return false;
+        };
         // Held until the proxy has joined: a link taken back for its block
         // is then removed whole. Before, the proxy could join it between
         // the detach and the removal, and the engine refused the removal

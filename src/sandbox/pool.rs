@@ -379,7 +379,7 @@ impl Sandboxes {
             ports: Default::default(),
         };
         let record = SandboxRecord {
-            id: registry::new_sandbox_id(),
+            id: registry::new_sandbox_id()?,
             session_key: String::new(),
             runtime: runtime.to_string(),
             created_at: now_ms(),
@@ -469,7 +469,7 @@ mod tests {
 
     fn member(runtime: &str) -> Member {
         let record = SandboxRecord {
-            id: registry::new_sandbox_id(),
+            id: registry::new_sandbox_id().expect("random"),
             session_key: String::new(),
             runtime: runtime.into(),
             created_at: 1,

@@ -297,7 +297,7 @@ pub fn claim_volume_name(instance: &str, id: &str) -> String {
 }
 
 /// A fresh sandbox id: 96 random bits as 24 lowercase hex digits.
-pub fn new_sandbox_id() -> String {
+pub fn new_sandbox_id() -> Result<String, crate::id::RandomUnavailable> {
     crate::id::random_hex(12)
 }
 
@@ -642,8 +642,8 @@ mod tests {
 
     #[test]
     fn ids_are_url_safe_and_distinct() {
-        let a = new_sandbox_id();
-        let b = new_sandbox_id();
+        let a = new_sandbox_id().expect("random");
+        let b = new_sandbox_id().expect("random");
         assert!(is_sandbox_id(&a) && is_sandbox_id(&b));
         assert_ne!(a, b);
         assert!(!is_sandbox_id("../etc"));

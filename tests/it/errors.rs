@@ -56,12 +56,12 @@ async fn errors_are_json_with_the_right_status() {
     // A declared length over the limit is refused before any byte of the
     // body is sent: nothing is buffered.
     let port = server.base.rsplit(':').next().expect("port");
-    let head = "POST /v1/sandboxes HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 1000000000\r\n\r\n";
+    let head = "POST /v1/sandboxes HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\ncontent-length: 1000000000\r\n\r\n";
     let reply = raw_http(port, head.as_bytes()).await;
     assert!(reply.starts_with("HTTP/1.1 413"), "{reply}");
     assert!(reply.contains("body_too_large"), "{reply}");
     // A chunked body with no length: refused once it passes the limit.
-    let mut chunked = b"POST /v1/sandboxes HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n".to_vec();
+    let mut chunked = b"POST /v1/sandboxes HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n".to_vec();
     for _ in 0..3 {
         chunked.extend_from_slice(b"400\r\n");
         chunked.extend_from_slice(&[b' '; 1024]);

@@ -20,7 +20,12 @@ fn config(token: Option<&str>) -> Config {
     .expect("config")
 }
 
-async fn answer(token: Option<&str>, req: Request<Body>) -> (StatusCode, serde_json::Value) {
+/// Answers `req` as a loopback client sends it (with `Host: localhost`
+/// unless it names a Host of its own).
+async fn answer(token: Option<&str>, mut req: Request<Body>) -> (StatusCode, serde_json::Value) {
+    req.headers_mut()
+        .entry(axum::http::header::HOST)
+        .or_insert(axum::http::HeaderValue::from_static("localhost"));
     let router = sandboxd::api::router(App::new(config(token)));
     let resp = router.oneshot(req).await.expect("infallible");
     let status = resp.status();
@@ -152,6 +157,7 @@ async fn deeply_nested_json_is_a_400() {
     let config = Config::from_toml_and_env("max_body_bytes = 1000000", |_| None).expect("config");
     let router = sandboxd::api::router(App::new(config));
     let req = Request::post("/v1/sandboxes")
+        .header("host", "localhost")
         .header("content-type", "application/json")
         .body(Body::from(body))
         .expect("req");

@@ -21,6 +21,7 @@ mod faults;
 mod files;
 mod gvisor;
 mod health;
+mod host;
 mod http_contract;
 mod observability;
 mod openapi;
