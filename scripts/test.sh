@@ -6,6 +6,29 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# What the suite needs besides an engine, installed from Debian's packages
+# on a root Debian machine when missing: node and npm (the TypeScript
+# client test), python3 with venv (the OpenAPI validator, from PyPI), ip
+# (the egress tests' network namespaces). Those tests also need root.
+need_root() {
+  echo "test.sh: $1 is missing and this is not a root Debian machine: install it, or run as root" >&2
+  exit 1
+}
+missing=()
+command -v node >/dev/null 2>&1 && command -v npm >/dev/null 2>&1 || missing+=(nodejs npm)
+python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || missing+=(python3-venv)
+command -v ip >/dev/null 2>&1 || missing+=(iproute2)
+if ((${#missing[@]})); then
+  if [ "$(id -u)" != 0 ] || [ ! -f /etc/debian_version ]; then need_root "${missing[*]}"; fi
+  echo "test.sh: installing ${missing[*]} from Debian's packages" >&2
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+if [ "$(id -u)" != 0 ]; then
+  echo "test.sh: the egress tests make network namespaces and pause the engine: run as root" >&2
+  exit 1
+fi
+
 scripts/ensure-docker.sh
 sandbox-images/build.sh
 

@@ -81,6 +81,21 @@ pub(crate) fn free_port() -> u16 {
     l.local_addr().expect("local addr").port()
 }
 
+/// The longest any request of the harness may take: a call that hangs
+/// fails with its path, well before nextest ends the test.
+pub(crate) const REQUEST_BOUND: Duration = Duration::from_secs(120);
+/// The longest a call that waits by design (a command run to its end, a
+/// wait, a whole log stream) may take; the tests' commands end sooner.
+pub(crate) const WAIT_BOUND: Duration = Duration::from_secs(200);
+
+/// The harness's HTTP client, every request bounded by [`REQUEST_BOUND`].
+pub(crate) fn http_client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(REQUEST_BOUND)
+        .build()
+        .expect("an HTTP client")
+}
+
 /// How to start a server.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct ServerOptions {
@@ -151,7 +166,7 @@ impl TestServer {
             instance,
             log,
             docker,
-            client: reqwest::Client::new(),
+            client: http_client(),
             options,
             child: None,
         };
@@ -296,21 +311,38 @@ impl TestServer {
     }
 
     pub(crate) async fn get(&self, path: &str) -> (u16, Value) {
-        let resp = self
-            .auth(self.client.get(format!("{}{path}", self.base)))
-            .send()
-            .await
-            .expect("request");
-        into_parts(resp).await
+        self.get_within(path, REQUEST_BOUND).await
     }
 
     pub(crate) async fn post(&self, path: &str, body: Value) -> (u16, Value) {
+        self.post_within(path, body, REQUEST_BOUND).await
+    }
+
+    /// `GET path`, failing with its path when no answer comes in `bound`.
+    pub(crate) async fn get_within(&self, path: &str, bound: Duration) -> (u16, Value) {
+        let resp = self
+            .auth(self.client.get(format!("{}{path}", self.base)))
+            .timeout(bound)
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("GET {path}: {e}"));
+        into_parts(resp).await
+    }
+
+    /// `POST path`, failing with its path when no answer comes in `bound`.
+    pub(crate) async fn post_within(
+        &self,
+        path: &str,
+        body: Value,
+        bound: Duration,
+    ) -> (u16, Value) {
         let resp = self
             .auth(self.client.post(format!("{}{path}", self.base)))
+            .timeout(bound)
             .json(&body)
             .send()
             .await
-            .expect("request");
+            .unwrap_or_else(|e| panic!("POST {path}: {e}"));
         into_parts(resp).await
     }
 
@@ -371,7 +403,11 @@ impl TestServer {
     /// the answer.
     pub(crate) async fn run(&self, sid: &str, body: Value) -> Value {
         let (status, v) = self
-            .post(&format!("/v1/sandboxes/{sid}/commands:run"), body)
+            .post_within(
+                &format!("/v1/sandboxes/{sid}/commands:run"),
+                body,
+                WAIT_BOUND,
+            )
             .await;
         assert_eq!(status, 200, "{v}");
         v
@@ -400,7 +436,10 @@ impl TestServer {
     /// Waits for a command to end, asserting 200; returns the answer.
     pub(crate) async fn wait_command(&self, sid: &str, cid: &str) -> Value {
         let (status, v) = self
-            .get(&format!("/v1/sandboxes/{sid}/commands/{cid}/wait"))
+            .get_within(
+                &format!("/v1/sandboxes/{sid}/commands/{cid}/wait"),
+                WAIT_BOUND,
+            )
             .await;
         assert_eq!(status, 200, "{v}");
         v
@@ -414,6 +453,7 @@ impl TestServer {
                 "{}/v1/sandboxes/{sid}/commands/{cid}/logs{query}",
                 self.base
             )))
+            .timeout(WAIT_BOUND)
             .send()
             .await
             .expect("logs");
