@@ -4,7 +4,8 @@
 //! done with direct Engine API calls (`docker exec` into the very container
 //! the sandbox runs in; volume + container create + start), then prints a
 //! markdown table (measure | sandboxd | floor | ratio | target | ok/MISSED)
-//! and writes JSON (default `bench/last-run.json`).
+//! and writes the raw JSON of the run (default
+//! `bench/runs/DATE-COMMIT[-SECTION][-dirty].json`).
 //!
 //! `--runs N` (default 3) repeats the whole measurement set N times, each
 //! with a fresh sandboxd (own instance); every line shows the median over
@@ -104,7 +105,7 @@
 //! `--only core` (every line but the shaping and pool sections), `egress`,
 //! `gvisor`, `pty`, `pool`, `shaping` or `changes` measures that alone (for
 //! looking into one figure; the other lines say "not measured", and the
-//! JSON is written only where `--json` says).
+//! JSON file's name carries the section).
 //! Not part of `cargo test`.
 
 use std::collections::BTreeMap;
@@ -636,10 +637,31 @@ enum Section {
     Changes,
 }
 
+/// Where a run's raw JSON goes unless `--json` says: one file per run in
+/// bench/runs/, named by its date, commit and section, so that every figure
+/// the README quotes can be found with its samples.
+fn run_file(meta: &Value, only: Option<&str>) -> PathBuf {
+    let date = meta["date"]
+        .as_str()
+        .unwrap_or("undated")
+        .get(..10)
+        .unwrap_or("undated");
+    let commit = meta["commit"].as_str().unwrap_or("unknown");
+    let dirty = if meta["dirty"] == json!(false) {
+        ""
+    } else {
+        "-dirty"
+    };
+    let section = only.map(|o| format!("-{o}")).unwrap_or_default();
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("bench/runs")
+        .join(format!("{date}-{commit}{section}{dirty}.json"))
+}
+
 async fn run(
     runs: usize,
     profile: bool,
-    only: Option<Section>,
+    (only, only_name): (Option<Section>, Option<String>),
     idle_secs: u64,
     json_out: Option<PathBuf>,
 ) -> Res<()> {
@@ -721,10 +743,12 @@ async fn run(
         "lines": lines_json,
         "notes": all.iter().map(|f| f.notes.clone()).collect::<Vec<_>>(),
     });
-    if let Some(json_out) = json_out {
-        std::fs::write(&json_out, serde_json::to_string_pretty(&out)?)?;
-        println!("JSON written to {}", json_out.display());
+    let json_out = json_out.unwrap_or_else(|| run_file(&meta, only_name.as_deref()));
+    if let Some(dir) = json_out.parent() {
+        std::fs::create_dir_all(dir)?;
     }
+    std::fs::write(&json_out, serde_json::to_string_pretty(&out)?)?;
+    println!("JSON written to {}", json_out.display());
     Ok(())
 }
 
@@ -1766,10 +1790,8 @@ fn main() -> std::process::ExitCode {
             return std::process::ExitCode::FAILURE;
         }
     };
-    let json_out = value_of("--json").map(PathBuf::from).or_else(|| {
-        only.is_none()
-            .then(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("bench/last-run.json"))
-    });
+    let json_out = value_of("--json").map(PathBuf::from);
+    let only_name = value_of("--only");
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -1780,7 +1802,7 @@ fn main() -> std::process::ExitCode {
             return std::process::ExitCode::FAILURE;
         }
     };
-    match rt.block_on(run(runs, profile, only, idle_secs, json_out)) {
+    match rt.block_on(run(runs, profile, (only, only_name), idle_secs, json_out)) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("bench: {e}");

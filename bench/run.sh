@@ -5,7 +5,8 @@
 #   bench/run.sh [--runs N] [--profile] [--only core|egress|gvisor|pty|pool|shaping|changes]
 #                [--idle-secs S] [--json FILE]
 # --runs N (default 3): the whole set N times, each line the median over
-# runs; JSON (default bench/last-run.json) keeps every run's figures.
+# runs; JSON (default bench/runs/DATE-COMMIT[-SECTION].json) keeps every
+# run's figures and samples.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/ensure-docker.sh
