@@ -307,6 +307,37 @@ async fn drive(server: &Arc<Server>, seconds: u64) -> Res<()> {
             tally.server_errors.get(route).copied().unwrap_or(0)
         );
     }
+    let peak_mb = *peak.lock().map_err(|_| "peak poisoned")? as f64 / 1024.0;
+    let routes: serde_json::Map<String, serde_json::Value> = tally
+        .latencies
+        .iter()
+        .map(|(route, lat)| {
+            let row = json!({
+                "count": lat.len(),
+                "p50Ms": pct(lat, 0.5),
+                "p99Ms": pct(lat, 0.99),
+                "4xx": tally.client_errors.get(route).copied().unwrap_or(0),
+                "5xx": tally.server_errors.get(route).copied().unwrap_or(0),
+            });
+            (route.to_string(), row)
+        })
+        .collect();
+    let mut meta = support::provenance();
+    meta.insert("clients".into(), json!(CLIENTS));
+    meta.insert("sandboxes".into(), json!(SANDBOXES));
+    meta.insert("seconds".into(), json!(elapsed));
+    let meta = serde_json::Value::Object(meta);
+    let out = json!({
+        "meta": meta,
+        "requests": total,
+        "requestsPerSecond": total as f64 / elapsed,
+        "serverErrors": server_errors,
+        "cutStreams": cut,
+        "badExits": bad_exits,
+        "peakRssMb": peak_mb,
+        "routes": routes,
+    });
+    support::write_run(&support::run_file(&meta, Some("load")), &out)?;
     let mut errors = Vec::new();
     if server_errors > 0 {
         errors.push(format!("{server_errors} answers were 5xx"));

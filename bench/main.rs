@@ -584,44 +584,21 @@ fn lines() -> Vec<Line> {
 
 /// Where the run comes from and what it ran on.
 fn meta(docker_version: &bollard::models::SystemVersion, runsc: bool, runs: usize) -> Value {
-    let repo = env!("CARGO_MANIFEST_DIR");
-    let git = |args: &[&str]| {
-        std::process::Command::new("git")
-            .arg("-C")
-            .arg(repo)
-            .args(args)
-            .output()
-            .ok()
-            .filter(|o| o.status.success())
-            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-    };
-    let commit = git(&["rev-parse", "--short", "HEAD"]).unwrap_or_else(|| "unknown".into());
-    let changed = git(&["status", "--porcelain", "--untracked-files=no"]);
-    let dirty = changed.as_ref().map(|c| !c.is_empty());
-    let date = std::process::Command::new("date")
-        .args(["-u", "+%Y-%m-%dT%H:%M:%SZ"])
-        .output()
-        .ok()
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-        .unwrap_or_default();
-    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")
-        .map(|s| s.trim().to_string())
-        .unwrap_or_default();
-    json!({
-        "commit": commit,
-        "dirty": dirty,
-        "changedFiles": changed.map(|c| c.lines().map(str::to_string).collect::<Vec<_>>()),
-        "date": date,
-        "docker": {
+    let mut meta = support::provenance();
+    meta.insert(
+        "docker".into(),
+        json!({
             "version": docker_version.version,
             "apiVersion": docker_version.api_version,
             "runsc": runsc,
-        },
-        "kernel": kernel,
-        "cores": num_cpus(),
-        "runs": runs,
-        "sandboxdLogLevel": "default (RUST_LOG unset: info)",
-    })
+        }),
+    );
+    meta.insert("runs".into(), json!(runs));
+    meta.insert(
+        "sandboxdLogLevel".into(),
+        json!("default (RUST_LOG unset: info)"),
+    );
+    Value::Object(meta)
 }
 
 /// A section `--only` measures alone.
@@ -635,27 +612,6 @@ enum Section {
     Pool,
     Shaping,
     Changes,
-}
-
-/// Where a run's raw JSON goes unless `--json` says: one file per run in
-/// bench/runs/, named by its date, commit and section, so that every figure
-/// the README quotes can be found with its samples.
-fn run_file(meta: &Value, only: Option<&str>) -> PathBuf {
-    let date = meta["date"]
-        .as_str()
-        .unwrap_or("undated")
-        .get(..10)
-        .unwrap_or("undated");
-    let commit = meta["commit"].as_str().unwrap_or("unknown");
-    let dirty = if meta["dirty"] == json!(false) {
-        ""
-    } else {
-        "-dirty"
-    };
-    let section = only.map(|o| format!("-{o}")).unwrap_or_default();
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("bench/runs")
-        .join(format!("{date}-{commit}{section}{dirty}.json"))
 }
 
 async fn run(
@@ -743,13 +699,8 @@ async fn run(
         "lines": lines_json,
         "notes": all.iter().map(|f| f.notes.clone()).collect::<Vec<_>>(),
     });
-    let json_out = json_out.unwrap_or_else(|| run_file(&meta, only_name.as_deref()));
-    if let Some(dir) = json_out.parent() {
-        std::fs::create_dir_all(dir)?;
-    }
-    std::fs::write(&json_out, serde_json::to_string_pretty(&out)?)?;
-    println!("JSON written to {}", json_out.display());
-    Ok(())
+    let json_out = json_out.unwrap_or_else(|| support::run_file(&meta, only_name.as_deref()));
+    support::write_run(&json_out, &out)
 }
 
 fn print_meta(meta: &Value) {
@@ -834,12 +785,6 @@ fn report(all: &[RunFigures]) -> (String, Value) {
         }));
     }
     (table, Value::Array(out))
-}
-
-fn num_cpus() -> usize {
-    std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(1)
 }
 
 fn id_of(v: &Value, field: &str) -> Res<String> {

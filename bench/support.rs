@@ -1,5 +1,6 @@
 //! What both benchmarks share: a sandboxd of their own (release build, own
-//! instance) and its HTTP client, percentiles, and cleanup by label.
+//! instance) and its HTTP client, percentiles, cleanup by label, and where
+//! a run's raw JSON goes, named by the commit it measured.
 #![allow(dead_code, unreachable_pub)]
 
 use std::path::{Path, PathBuf};
@@ -184,3 +185,79 @@ pub fn pct(samples: &[f64], p: f64) -> f64 {
 #[path = "../tests/it/harness/cleanup.rs"]
 mod cleanup;
 pub use cleanup::remove_instance_objects as cleanup;
+
+/// Where a run comes from: the commit (and whether the tree was dirty),
+/// the date, the kernel and the cores.
+pub fn provenance() -> serde_json::Map<String, Value> {
+    let repo = env!("CARGO_MANIFEST_DIR");
+    let git = |args: &[&str]| {
+        Command::new("git")
+            .arg("-C")
+            .arg(repo)
+            .args(args)
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+    };
+    let commit = git(&["rev-parse", "--short", "HEAD"]).unwrap_or_else(|| "unknown".into());
+    let changed = git(&["status", "--porcelain", "--untracked-files=no"]);
+    let dirty = changed.as_ref().map(|c| !c.is_empty());
+    let date = Command::new("date")
+        .args(["-u", "+%Y-%m-%dT%H:%M:%SZ"])
+        .output()
+        .ok()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default();
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default();
+    let mut meta = serde_json::Map::new();
+    meta.insert("commit".into(), Value::from(commit));
+    meta.insert("dirty".into(), dirty.map_or(Value::Null, Value::from));
+    meta.insert(
+        "changedFiles".into(),
+        changed.map_or(Value::Null, |c| c.lines().map(str::to_string).collect()),
+    );
+    meta.insert("date".into(), Value::from(date));
+    meta.insert("kernel".into(), Value::from(kernel));
+    meta.insert("cores".into(), Value::from(cores()));
+    meta
+}
+
+/// The machine's cores.
+pub fn cores() -> usize {
+    std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1)
+}
+
+/// Where a run's raw JSON goes unless told otherwise: one file per run in
+/// bench/runs/, named by its date, commit and section, so that every
+/// figure the README quotes can be found with its samples.
+pub fn run_file(meta: &Value, section: Option<&str>) -> PathBuf {
+    let date = meta["date"]
+        .as_str()
+        .and_then(|d| d.get(..10))
+        .unwrap_or("undated");
+    let commit = meta["commit"].as_str().unwrap_or("unknown");
+    let dirty = if meta["dirty"] == Value::Bool(false) {
+        ""
+    } else {
+        "-dirty"
+    };
+    let section = section.map(|s| format!("-{s}")).unwrap_or_default();
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("bench/runs")
+        .join(format!("{date}-{commit}{section}{dirty}.json"))
+}
+
+/// Writes a run's raw JSON to `path`, making bench/runs/ if needed.
+pub fn write_run(path: &Path, run: &Value) -> Res<()> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    std::fs::write(path, serde_json::to_string_pretty(run)?)?;
+    println!("JSON written to {}", path.display());
+    Ok(())
+}
