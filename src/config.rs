@@ -396,6 +396,9 @@ settings! {
     tmp_size_mb: u64 = 512, key "tmp_size_mb", check |v| within(1, 65_536)(v);
     /// Size limit of a workspace volume, enforced by the engine; 0: none.
     workspace_size_mb: u64 = 0, key "workspace_size_mb", check |v| within(0, 16 * 1024 * 1024)(v);
+    /// Size of a workspace that is a tmpfs of its own (in memory; its
+    /// files are gone when its container stops); 0: a volume on disk.
+    workspace_tmpfs_mb: u64 = 0, key "workspace_tmpfs_mb", check |v| within(0, 65_536)(v);
     /// Largest file any sandbox process may write (RLIMIT_FSIZE); 0: none.
     file_size_limit_mb: u64 = 1024, key "file_size_limit_mb", check |v| within(0, 16 * 1024 * 1024)(v);
     /// vCPUs of a sandbox whose request names none.
@@ -665,6 +668,7 @@ impl Config {
             ));
         }
         self.validate_workspace_aliases()?;
+        self.validate_workspace_volume()?;
         for (name, rt) in &self.runtimes {
             if name.is_empty() || name.len() > 64 {
                 return Err(ConfigError::invalid(
@@ -709,6 +713,23 @@ impl Config {
                     format!("{a:?} and {b:?} overlap; each spelling needs a place of its own"),
                 ));
             }
+        }
+        Ok(())
+    }
+
+    /// A workspace is a tmpfs or a volume on disk with a quota, not both:
+    /// the engine's local driver cannot put a quota on a tmpfs, and the
+    /// tmpfs has its own size.
+    fn validate_workspace_volume(&self) -> Result<(), ConfigError> {
+        if self.workspace_tmpfs_mb > 0 && self.workspace_size_mb > 0 {
+            return Err(ConfigError::invalid(
+                "workspace_tmpfs_mb",
+                format!(
+                    "a tmpfs workspace of {} MiB has its own size; set workspace_size_mb = 0 \
+                     (it is {}) or workspace_tmpfs_mb = 0",
+                    self.workspace_tmpfs_mb, self.workspace_size_mb
+                ),
+            ));
         }
         Ok(())
     }
@@ -1081,6 +1102,25 @@ mod tests {
         assert_eq!(
             cfg.runtime("fast"),
             Some(("sandboxd-runtime:latest".into(), Some("runc".into())))
+        );
+    }
+
+    #[test]
+    fn a_tmpfs_workspace_has_its_own_size_and_no_quota() {
+        let cfg = Config::from_toml_and_env("workspace_tmpfs_mb = 32", env_of(&[]))
+            .expect("a tmpfs workspace alone is valid");
+        assert_eq!((cfg.workspace_tmpfs_mb, cfg.workspace_size_mb), (32, 0));
+        let both = err_of(
+            "workspace_tmpfs_mb = 32",
+            &[("SANDBOXD_WORKSPACE_SIZE_MB", "64")],
+        );
+        assert!(
+            both.starts_with("workspace_tmpfs_mb:") && both.contains("workspace_size_mb = 0"),
+            "{both}"
+        );
+        assert!(
+            err_of("", &[("SANDBOXD_WORKSPACE_TMPFS_MB", "70000")])
+                .starts_with("SANDBOXD_WORKSPACE_TMPFS_MB (workspace_tmpfs_mb):")
         );
     }
 

@@ -386,22 +386,12 @@ impl Engine {
         size_mb: u64,
         labels: HashMap<String, String>,
     ) -> EngineResult<()> {
-        let docker = self.docker()?;
         let driver_opts = (size_mb > 0).then(|| {
             let bytes = size_mb.saturating_mul(1024 * 1024);
             HashMap::from([("size".to_string(), bytes.to_string())])
         });
-        let req = VolumeCreateRequest {
-            name: Some(name.to_string()),
-            labels: Some(labels),
-            driver_opts,
-            ..Default::default()
-        };
-        match self
-            .making(async move { docker.create_volume(req).await })
-            .await
-        {
-            Ok(_) => Ok(()),
+        match self.create_volume_with(name, driver_opts, labels).await {
+            Ok(()) => Ok(()),
             // Docker's local driver: "quota size requested but no quota
             // support".
             Err(EngineError::Failed(m)) if size_mb > 0 && m.contains("no quota support") => {
@@ -411,6 +401,48 @@ impl Engine {
             }
             Err(other) => Err(other),
         }
+    }
+
+    /// Creates a named volume with labels that is a tmpfs of `size_mb` MiB
+    /// (the local driver mounts it while a container holds the volume),
+    /// its root owned by `owner` (uid, gid) with mode 0755. A tmpfs lives
+    /// in memory: its files are gone whenever no container holds it, and
+    /// the engine copies nothing of the image into it.
+    pub async fn create_tmpfs_volume(
+        &self,
+        name: &str,
+        size_mb: u64,
+        owner: (u32, u32),
+        labels: HashMap<String, String>,
+    ) -> EngineResult<()> {
+        let (uid, gid) = owner;
+        let opts = HashMap::from([
+            ("type".to_string(), "tmpfs".to_string()),
+            ("device".to_string(), "tmpfs".to_string()),
+            (
+                "o".to_string(),
+                format!("size={size_mb}m,uid={uid},gid={gid},mode=0755"),
+            ),
+        ]);
+        self.create_volume_with(name, Some(opts), labels).await
+    }
+
+    async fn create_volume_with(
+        &self,
+        name: &str,
+        driver_opts: Option<HashMap<String, String>>,
+        labels: HashMap<String, String>,
+    ) -> EngineResult<()> {
+        let docker = self.docker()?;
+        let req = VolumeCreateRequest {
+            name: Some(name.to_string()),
+            labels: Some(labels),
+            driver_opts,
+            ..Default::default()
+        };
+        self.making(async move { docker.create_volume(req).await })
+            .await?;
+        Ok(())
     }
 
     /// Removes a volume; a missing one is fine. A volume still held by a

@@ -469,11 +469,7 @@ impl Sandboxes {
                     None => Ok(None),
                 }
             },
-            self.engine.create_volume(
-                &sandbox.volume,
-                self.config.workspace_size_mb,
-                volume_labels.clone(),
-            )
+            self.create_workspace_volume(&sandbox.volume, volume_labels.clone())
         );
         let link = link?;
         volume?;
@@ -485,7 +481,10 @@ impl Sandboxes {
             needs_owner,
             link.as_deref(),
         );
-        if needs_owner {
+        // A tmpfs workspace is owned by the sandbox user through its mount
+        // options, and would forget whatever a container that is removed
+        // again put into it.
+        if needs_owner && self.config.workspace_tmpfs_mb == 0 {
             // The image has no workspace of the sandbox user: the new
             // volume's root (the engine's, root's) is given to it.
             let (uid, gid) = self.sandbox_uid_gid();
@@ -514,6 +513,29 @@ impl Sandboxes {
         started?;
         attached?;
         sandbox.set_linked(subnet);
+        Ok(())
+    }
+
+    /// Creates a sandbox's workspace volume: a tmpfs of the sandbox user
+    /// when `workspace_tmpfs_mb` is set, else a volume of the engine's
+    /// disk, limited to `workspace_size_mb` when that is set.
+    async fn create_workspace_volume(
+        &self,
+        name: &str,
+        labels: HashMap<String, String>,
+    ) -> SandboxResult<()> {
+        match self.config.workspace_tmpfs_mb {
+            0 => {
+                self.engine
+                    .create_volume(name, self.config.workspace_size_mb, labels)
+                    .await?
+            }
+            mb => {
+                self.engine
+                    .create_tmpfs_volume(name, mb, self.sandbox_uid_gid(), labels)
+                    .await?
+            }
+        }
         Ok(())
     }
 

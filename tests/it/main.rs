@@ -13,6 +13,7 @@ mod changes;
 mod codes;
 mod commands;
 mod config;
+mod disk;
 mod egress;
 mod engine;
 mod engine_restart;
