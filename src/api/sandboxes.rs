@@ -148,7 +148,7 @@ async fn stop(app: &App, id: &str) -> Result<axum::Json<dto::Done>, ApiError> {
 /// `POST /v1/sandboxes/{id}:restart`
 #[utoipa::path(post, path = "/v1/sandboxes/{id}:restart", tags = ["sandboxes"],
     operation_id = "restart_sandbox",
-    summary = "Restart the container: every process ends, the workspace stays", params(("id" = String, Path, description = "The sandboxId")),
+    summary = "Restart the container: every process ends, the workspace stays (a tmpfs one is emptied)", params(("id" = String, Path, description = "The sandboxId")),
     responses((status = 200, description = "Restarted", body = dto::Done)))]
 async fn restart(app: &App, id: &str) -> Result<axum::Json<dto::Done>, ApiError> {
     app.sandboxes.restart(id).await?;
