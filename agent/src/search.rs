@@ -7,13 +7,17 @@
 //! same rules: the same regex syntax (both use Rust's `regex`), every file
 //! searched (hidden ones too, `.gitignore` not read), symlinks not
 //! followed, files sorted by path, binary files (a NUL byte) and files over
-//! [`MAX_FILE_BYTES`] skipped, `--glob` rules for globs.
+//! [`MAX_FILE_BYTES`] skipped, `--glob` rules for globs, matched by
+//! `globset` as `rg` does ([`Globs`]).
 //!
 //! What `rg` prints is as untrusted as the files it read: every line kept
 //! is cut to [`MAX_LINE_BYTES`], the details kept are bounded by the cap and
 //! [`MAX_DETAIL_BYTES`], an output line of `rg` over [`MAX_RG_MESSAGE`] is
 //! skipped (counted if it was a match), and the search stops at its
-//! deadline (said in the answer: the counts are then what was seen).
+//! deadline (said in the answer: the counts are then what was seen). The
+//! agent's own search looks at the clock between files and within a file;
+//! what cannot be cut short, compiling the globs, is bounded by
+//! [`MAX_GLOB_BYTES`].
 
 use std::collections::VecDeque;
 use std::fs::File;
@@ -22,6 +26,7 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::process::{Command, Stdio};
 use std::time::Instant;
 
+use globset::{GlobBuilder, GlobSet, GlobSetBuilder};
 use regex::bytes::{Regex, RegexBuilder};
 use rustix::fs::{AtFlags, FileType, Mode, OFlags};
 use sandboxd_proto::{Failure, FailureKind, Match, Search, Searched};
@@ -38,6 +43,14 @@ pub(crate) const MAX_DETAIL_BYTES: usize = 16 * 1024 * 1024;
 const MAX_RG_MESSAGE: usize = 4 * 1024 * 1024;
 /// Largest compiled regex (the `regex` crate's own limit is 10 MiB too).
 const REGEX_SIZE: usize = 10 * 1024 * 1024;
+/// Most bytes of all globs together. Compiling them takes time the
+/// deadline cannot cut short, about proportional to their length: 32 KiB
+/// of the costliest globs tried (`?` after `?`) compiled in 130 ms on the
+/// test machine, while the 400 KB a request could carry otherwise (100
+/// of 4096 bytes) took up to 0.7 s before globset refused them as too
+/// large, and over 4 s under gVisor. Real lists of globs are a few
+/// hundred bytes.
+pub(crate) const MAX_GLOB_BYTES: usize = 32 * 1024;
 
 /// Runs a search: the matches whose details are kept (at most
 /// `max_results`, within [`MAX_DETAIL_BYTES`]) and how it went.
@@ -571,7 +584,10 @@ fn builtin(
                     continue;
                 }
                 searched.files_searched += 1;
-                search_content(&mut c, &rel, &content, regex);
+                if !search_content(&mut c, &rel, &content, regex, deadline) {
+                    searched.timed_out = true;
+                    break;
+                }
             }
             // Symlinks are not followed (as rg without -L); FIFOs,
             // sockets and devices are not files to search.
@@ -583,16 +599,37 @@ fn builtin(
     Ok((matches, searched))
 }
 
+/// Lines or bytes of a file searched between two looks at the clock: a
+/// file of up to [`MAX_FILE_BYTES`] with a costly pattern takes seconds,
+/// so the deadline is checked within it too, not only between files.
+const CLOCK_EVERY_LINES: u64 = 1024;
+const CLOCK_EVERY_BYTES: usize = 256 * 1024;
+
 /// Feeds one file's lines to the collector: matches, and when context is
-/// asked for, the lines around them.
-fn search_content(c: &mut Collector, rel: &str, content: &[u8], regex: &Regex) {
+/// asked for, the lines around them. False when it stopped at `deadline`
+/// (checked between lines: one line is searched whole).
+fn search_content(
+    c: &mut Collector,
+    rel: &str,
+    content: &[u8],
+    regex: &Regex,
+    deadline: Instant,
+) -> bool {
     let mut started = false;
     let mut n: u64 = 0;
+    let mut bytes_since_clock = 0usize;
     // Lines after the last match still to feed as context.
     let mut after_left = 0usize;
     let mut recent: VecDeque<(u64, &[u8])> = VecDeque::new();
     let lines = content.split_inclusive(|b| *b == b'\n');
     for line in lines {
+        if n % CLOCK_EVERY_LINES == 0 || bytes_since_clock >= CLOCK_EVERY_BYTES {
+            if Instant::now() >= deadline {
+                return false;
+            }
+            bytes_since_clock = 0;
+        }
+        bytes_since_clock += line.len();
         n += 1;
         let body = line.strip_suffix(b"\n").unwrap_or(line);
         let found = regex.find(body);
@@ -622,6 +659,7 @@ fn search_content(c: &mut Collector, rel: &str, content: &[u8], regex: &Regex) {
             None => {}
         }
     }
+    true
 }
 
 /// ripgrep's `--glob` rules: a glob without `/` matches a name at any
@@ -630,15 +668,32 @@ fn search_content(c: &mut Collector, rel: &str, content: &[u8], regex: &Regex) {
 /// alternatives. The last glob that matches decides; `!` excludes. With
 /// any including glob, a file no glob matches is left out (a directory
 /// is not, so the files under it are still looked at).
+///
+/// The matching is `globset`'s (ripgrep's own): every glob is compiled
+/// into one automaton, so a path is matched in time linear in its length
+/// whatever the globs are (a matcher that expanded braces or backtracked
+/// on stars could be made to run for ever by one request). What is ours
+/// is the translation: a glob without `/` becomes `**/glob`, which is the
+/// same as matching the name at any depth.
 #[derive(Debug)]
 pub(crate) struct Globs {
-    rules: Vec<(bool, Vec<u8>, bool)>,
+    set: GlobSet,
+    /// Per glob, in the order given: whether it excludes.
+    excludes: Vec<bool>,
     any_include: bool,
 }
 
 impl Globs {
     pub(crate) fn new(globs: &[String]) -> Result<Globs, Failure> {
-        let mut rules = Vec::with_capacity(globs.len());
+        let total: usize = globs.iter().map(String::len).sum();
+        if total > MAX_GLOB_BYTES {
+            return Err(Failure::new(
+                FailureKind::Invalid,
+                format!("globs: {total} bytes together, at most {MAX_GLOB_BYTES}"),
+            ));
+        }
+        let mut set = GlobSetBuilder::new();
+        let mut excludes = Vec::with_capacity(globs.len());
         for g in globs {
             let (exclude, body) = match g.strip_prefix('!') {
                 Some(rest) => (true, rest),
@@ -653,94 +708,46 @@ impl Globs {
                     format!("globs: {g:?} is empty"),
                 ));
             }
-            rules.push((exclude, body.as_bytes().to_vec(), anchored));
+            let pattern = if anchored {
+                body.to_string()
+            } else {
+                format!("**/{body}")
+            };
+            let glob = GlobBuilder::new(&pattern)
+                .literal_separator(true)
+                .backslash_escape(true)
+                .build()
+                .map_err(|e| {
+                    Failure::new(FailureKind::Invalid, format!("globs: {g:?}: {}", e.kind()))
+                })?;
+            set.add(glob);
+            excludes.push(exclude);
         }
-        let any_include = rules.iter().any(|(exclude, _, _)| !exclude);
-        Ok(Globs { rules, any_include })
+        let set = set.build().map_err(|e| {
+            Failure::new(
+                FailureKind::Invalid,
+                format!("globs: too complex together ({})", e.kind()),
+            )
+        })?;
+        let any_include = excludes.iter().any(|exclude| !exclude);
+        Ok(Globs {
+            set,
+            excludes,
+            any_include,
+        })
     }
 
     /// Whether `rel` (from the searched directory, `/`-separated) is
     /// searched (a file) or walked (a directory).
     pub(crate) fn allows(&self, rel: &str, is_dir: bool) -> bool {
-        let name = rel.rsplit('/').next().unwrap_or(rel);
-        for (exclude, glob, anchored) in self.rules.iter().rev() {
-            let subject = if *anchored { rel } else { name };
-            if glob_match(glob, subject.as_bytes()) {
-                return !exclude;
-            }
+        if self.excludes.is_empty() {
+            return true;
         }
-        is_dir || !self.any_include
-    }
-}
-
-/// Whether `text` matches glob `pat` whole (see [`Globs`]).
-pub(crate) fn glob_match(pat: &[u8], text: &[u8]) -> bool {
-    let open = pat.iter().position(|b| *b == b'{');
-    let close = open.and_then(|o| pat[o..].iter().position(|b| *b == b'}').map(|l| o + l));
-    if let (Some(open), Some(close)) = (open, close) {
-        return pat[open + 1..close].split(|b| *b == b',').any(|alt| {
-            let mut p = pat[..open].to_vec();
-            p.extend_from_slice(alt);
-            p.extend_from_slice(&pat[close + 1..]);
-            glob_match(&p, text)
-        });
-    }
-    match_from(pat, text)
-}
-
-fn match_from(pat: &[u8], text: &[u8]) -> bool {
-    match pat.first() {
-        None => text.is_empty(),
-        Some(b'*') if pat.get(1) == Some(&b'*') => {
-            // `**/` may match nothing; `**` any run of characters.
-            let rest = &pat[2..];
-            if rest.strip_prefix(b"/").is_some_and(|r| match_from(r, text)) {
-                return true;
-            }
-            (0..=text.len()).any(|i| match_from(rest, &text[i..]))
+        let last = self.set.matches(rel).into_iter().max();
+        match last.and_then(|i| self.excludes.get(i)) {
+            Some(exclude) => !exclude,
+            None => is_dir || !self.any_include,
         }
-        Some(b'*') => {
-            let rest = &pat[1..];
-            for i in 0..=text.len() {
-                if match_from(rest, &text[i..]) {
-                    return true;
-                }
-                if text.get(i) == Some(&b'/') {
-                    return false;
-                }
-            }
-            false
-        }
-        Some(b'?') => text.first().is_some_and(|c| *c != b'/') && match_from(&pat[1..], &text[1..]),
-        Some(b'[') => {
-            let Some(end) = pat.iter().skip(2).position(|b| *b == b']').map(|p| p + 2) else {
-                return text.first() == Some(&b'[') && match_from(&pat[1..], &text[1..]);
-            };
-            let Some(&c) = text.first() else {
-                return false;
-            };
-            let mut class = &pat[1..end];
-            let negate = matches!(class.first(), Some(b'!' | b'^'));
-            if negate {
-                class = &class[1..];
-            }
-            let mut hit = false;
-            let mut i = 0;
-            while i < class.len() {
-                if i + 2 < class.len() && class[i + 1] == b'-' {
-                    hit |= class[i] <= c && c <= class[i + 2];
-                    i += 3;
-                } else {
-                    hit |= class[i] == c;
-                    i += 1;
-                }
-            }
-            hit != negate && c != b'/' && match_from(&pat[end + 1..], &text[1..])
-        }
-        Some(b'\\') if pat.len() > 1 => {
-            text.first() == Some(&pat[1]) && match_from(&pat[2..], &text[1..])
-        }
-        Some(p) => text.first() == Some(p) && match_from(&pat[1..], &text[1..]),
     }
 }
 
@@ -748,23 +755,90 @@ fn match_from(pat: &[u8], text: &[u8]) -> bool {
 mod tests {
     use super::*;
 
+    fn globs(v: &[&str]) -> Result<Globs, Failure> {
+        Globs::new(&v.iter().map(|s| s.to_string()).collect::<Vec<_>>())
+    }
+
     #[test]
     fn globs_match_like_ripgrep() {
-        let m = |p: &str, t: &str| glob_match(p.as_bytes(), t.as_bytes());
+        // One including glob: whether a file is searched.
+        let m = |p: &str, t: &str| globs(&[p]).expect("glob").allows(t, false);
         assert!(m("*.rs", "main.rs"));
-        assert!(!m("*.rs", "src/main.rs"), "* stays in a name");
+        assert!(
+            m("*.rs", "src/main.rs"),
+            "without /: the name, at any depth"
+        );
+        assert!(!m("src/*.rs", "src/a/main.rs"), "* stays in a name");
+        assert!(!m("src/*.rs", "lib/src/main.rs"), "with /: from the top");
+        assert!(m("/src/*.rs", "src/main.rs") && m("./src/*.rs", "src/main.rs"));
         assert!(m("src/**/*.rs", "src/a/b/main.rs"));
         assert!(m("src/**/*.rs", "src/main.rs"), "**/ may match nothing");
-        assert!(m("**/x", "a/b/x"));
-        assert!(m("a?c", "abc") && !m("a?c", "a/c"));
+        assert!(m("**/x", "a/b/x") && m("**/x", "x"));
+        assert!(m("a?c", "abc") && !m("d/a?c", "d/a/c"));
         assert!(m("*.{js,ts}", "a.ts") && m("*.{js,ts}", "a.js") && !m("*.{js,ts}", "a.rs"));
         assert!(m("[a-c]x", "bx") && !m("[!a-c]x", "bx") && m("[!a-c]x", "dx"));
-        assert!(m("node_modules", "node_modules"));
+        assert!(m("\\*x", "*x") && !m("\\*x", "ax"), "a backslash escapes");
+        assert!(m("node_modules", "web/node_modules"));
+        // What globset refuses is refused naming the glob.
+        for bad in ["a[", "{a,b", "[z-a]"] {
+            let e = globs(&[bad]).expect_err(bad);
+            assert_eq!(e.kind, FailureKind::Invalid);
+            assert!(
+                e.message.starts_with(&format!("globs: {bad:?}: ")),
+                "{}",
+                e.message
+            );
+        }
+    }
+
+    /// Glob `i` of a bomb: 682 brace pairs whose alternatives both start
+    /// with a star, then `*[c]` (4096 bytes, the longest a request may
+    /// carry). Expanded it is 2^682 globs; as a language, `*c`.
+    fn bomb_glob(i: usize) -> String {
+        let mut g: String = (0..682)
+            .map(|j| format!("{{*{},*}}", char::from(b'a' + ((i + j) % 26) as u8)))
+            .collect();
+        g.push_str("*[c]");
+        g
+    }
+
+    /// What a matcher that expanded braces or backtracked would never
+    /// finish compiles and matches at once: as many bomb globs as fit in
+    /// [`MAX_GLOB_BYTES`]; one more is refused before anything compiles.
+    #[test]
+    fn a_brace_and_star_bomb_compiles_and_matches_at_once() {
+        let bomb: Vec<String> = (0..100).map(bomb_glob).collect();
+        assert!(bomb.iter().all(|g| g.len() == 4096));
+        let fit = MAX_GLOB_BYTES / 4096;
+        let started = Instant::now();
+        let g = Globs::new(&bomb[..fit]).expect("they compile");
+        let compiled = started.elapsed();
+        let name = format!("d/{}", "ab".repeat(120));
+        let started = Instant::now();
+        assert!(!g.allows(&name, false));
+        assert!(g.allows(&format!("{name}c"), false));
+        let matched = started.elapsed();
+        assert!(
+            compiled < std::time::Duration::from_secs(1)
+                && matched < std::time::Duration::from_millis(100),
+            "compiled in {compiled:?}, matched in {matched:?}"
+        );
+        for n in [fit + 1, 100] {
+            let e = Globs::new(&bomb[..n]).expect_err("too long together");
+            assert_eq!(e.kind, FailureKind::Invalid);
+            assert_eq!(
+                e.message,
+                format!(
+                    "globs: {} bytes together, at most {MAX_GLOB_BYTES}",
+                    n * 4096
+                )
+            );
+        }
     }
 
     #[test]
     fn the_last_matching_glob_decides() {
-        let g = |v: &[&str]| Globs::new(&v.iter().map(|s| s.to_string()).collect::<Vec<_>>());
+        let g = globs;
         let only_rs = g(&["*.rs"]).expect("globs");
         assert!(only_rs.allows("src/a.rs", false));
         assert!(!only_rs.allows("src/a.txt", false));
@@ -777,12 +851,35 @@ mod tests {
         assert!(both.allows("a.js", false) && !both.allows("x/vendor.js", false));
         let anchored = g(&["src/*.rs"]).expect("globs");
         assert!(anchored.allows("src/a.rs", false) && !anchored.allows("lib/src/a.rs", false));
+        let order = g(&["!vendor.js", "*.js"]).expect("globs");
+        assert!(order.allows("x/vendor.js", false), "the later glob decides");
         assert!(g(&["!"]).is_err());
+    }
+
+    #[test]
+    fn a_large_file_stops_at_the_deadline_between_its_lines() {
+        let text = "hit\n".repeat(100_000);
+        let re = Regex::new("hit").expect("regex");
+        let mut c = Collector::new(10, 0);
+        assert!(!search_content(
+            &mut c,
+            "f",
+            text.as_bytes(),
+            &re,
+            Instant::now()
+        ));
+        assert_eq!(c.finish().1, 0, "stopped before its first line");
+        // Positive control: the same file, in time, is searched whole.
+        let mut c = Collector::new(10, 0);
+        let far = Instant::now() + std::time::Duration::from_secs(10);
+        assert!(search_content(&mut c, "f", text.as_bytes(), &re, far));
+        assert_eq!(c.finish().1, 100_000);
     }
 
     fn lines(c: &mut Collector, text: &str, pattern: &str) {
         let re = Regex::new(pattern).expect("regex");
-        search_content(c, "f", text.as_bytes(), &re);
+        let far = Instant::now() + std::time::Duration::from_secs(10);
+        assert!(search_content(c, "f", text.as_bytes(), &re, far));
     }
 
     #[test]

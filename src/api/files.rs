@@ -202,7 +202,7 @@ pub(super) struct SearchBody {
     /// The directory searched; default: the workspace.
     #[serde(default)]
     path: Option<String>,
-    /// ripgrep `--glob`s (at most 100): `*.rs`, `src/**/*.ts`, `!node_modules`.
+    /// ripgrep `--glob`s (at most 100, together at most 32 KiB): `*.rs`, `src/**/*.ts`, `!node_modules`.
     #[serde(default)]
     globs: Vec<String>,
     /// Matches returned, 1 to 10000; default 100. All are counted.

@@ -31,6 +31,7 @@ mod ports;
 mod pty;
 mod remcochat;
 mod sandboxes;
+mod search;
 mod security;
 mod shaping;
 mod shell;
