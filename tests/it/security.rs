@@ -5,7 +5,9 @@
 //! without the flag, the sandbox user cannot read the agent's memory,
 //! network mode none has only loopback, and every kind of container
 //! sandboxd creates passes the container checks of CIS Docker Benchmark
-//! section 5 that apply, as one table.
+//! section 5 that apply, as one table; the AppArmor and seccomp rows say
+//! whether the engine has the feature, and where it does, the processes
+//! must run under the profile.
 
 use bollard::models::ContainerInspectResponse;
 use bollard::query_parameters::InspectContainerOptions;
@@ -407,28 +409,100 @@ async fn network_none_has_only_loopback() {
     assert_eq!(r["stdout"], "done\n", "{r}");
 }
 
+/// The kernel security features the engine applies to the containers it
+/// starts, from `docker info`'s SecurityOptions (`name=seccomp,profile=…`,
+/// `name=apparmor`, …): a CIS row about a profile means something only
+/// where the engine has the feature.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct EngineSecurity {
+    pub(crate) apparmor: bool,
+    pub(crate) seccomp: bool,
+}
+
+impl EngineSecurity {
+    pub(crate) async fn of(docker: &bollard::Docker) -> EngineSecurity {
+        let options = docker
+            .info()
+            .await
+            .expect("docker info")
+            .security_options
+            .unwrap_or_default();
+        let has = |name: &str| {
+            options
+                .iter()
+                .any(|o| o.split(',').any(|kv| kv == format!("name={name}")))
+        };
+        let engine = EngineSecurity {
+            apparmor: has("apparmor"),
+            seccomp: has("seccomp"),
+        };
+        eprintln!("engine SecurityOptions {options:?}: {engine:?}");
+        engine
+    }
+
+    /// One line per feature: which case the profile rows ran.
+    pub(crate) fn cases(self) -> Vec<String> {
+        [
+            ("AppArmor", "5.1", self.apparmor),
+            ("seccomp", "5.21", self.seccomp),
+        ]
+        .iter()
+        .map(|(what, row, has)| {
+            if *has {
+                format!("CIS {row}: the engine has {what}; every container must be confined by it")
+            } else {
+                format!(
+                    "CIS {row}: PASSED ONLY BECAUSE {what} IS UNSUPPORTED by this engine \
+                         (not in docker info's SecurityOptions): nothing was checked"
+                )
+            }
+        })
+        .collect()
+    }
+}
+
 pub(crate) type Check = (
     &'static str,
     &'static str,
-    fn(&ContainerInspectResponse) -> bool,
+    fn(&ContainerInspectResponse, EngineSecurity) -> bool,
 );
 
 /// CIS Docker Benchmark v1.6, section 5 (container runtime): the checks
-/// that apply to containers sandboxd creates.
+/// that apply to containers sandboxd creates. The profile rows (5.1, 5.21)
+/// depend on what the engine has; `EngineSecurity::cases` says which case
+/// ran, and the CIS test checks the profiles from inside as well.
 pub(crate) fn cis_section_5() -> Vec<Check> {
     fn hc(c: &ContainerInspectResponse) -> bollard::models::HostConfig {
         c.host_config.clone().unwrap_or_default()
     }
+    fn seccomp_unconfined(c: &ContainerInspectResponse) -> bool {
+        hc(c)
+            .security_opt
+            .unwrap_or_default()
+            .iter()
+            .any(|o| o.starts_with("seccomp") && o.contains("unconfined"))
+    }
     vec![
-        ("5.1", "AppArmor profile not disabled", |c| {
-            c.app_armor_profile.as_deref() != Some("unconfined")
-        }),
-        ("5.3", "capabilities dropped, none added", |c| {
+        (
+            "5.1",
+            "AppArmor profile applied (where the engine has AppArmor)",
+            |c, e| {
+                let profile = c.app_armor_profile.as_deref().unwrap_or("");
+                if e.apparmor {
+                    !profile.is_empty() && profile != "unconfined"
+                } else {
+                    profile != "unconfined"
+                }
+            },
+        ),
+        ("5.3", "capabilities dropped, none added", |c, _| {
             hc(c).cap_drop == Some(vec!["ALL".to_string()])
                 && hc(c).cap_add.unwrap_or_default().is_empty()
         }),
-        ("5.4", "not privileged", |c| hc(c).privileged == Some(false)),
-        ("5.5", "no host directories mounted", |c| {
+        ("5.4", "not privileged", |c, _| {
+            hc(c).privileged == Some(false)
+        }),
+        ("5.5", "no host directories mounted", |c, _| {
             hc(c).binds.unwrap_or_default().is_empty()
                 && c.mounts
                     .clone()
@@ -436,7 +510,7 @@ pub(crate) fn cis_section_5() -> Vec<Check> {
                     .iter()
                     .all(|m| m.typ.as_ref().map(|t| t.to_string()) != Some("bind".into()))
         }),
-        ("5.7", "no privileged host ports", |c| {
+        ("5.7", "no privileged host ports", |c, _| {
             c.network_settings
                 .clone()
                 .and_then(|n| n.ports)
@@ -451,32 +525,36 @@ pub(crate) fn cis_section_5() -> Vec<Check> {
                         .is_none_or(|p| p >= 1024)
                 })
         }),
-        ("5.9", "host network namespace not shared", |c| {
+        ("5.9", "host network namespace not shared", |c, _| {
             hc(c).network_mode.as_deref() != Some("host")
         }),
-        ("5.10", "memory limited", |c| {
+        ("5.10", "memory limited", |c, _| {
             hc(c).memory.is_some_and(|m| m > 0)
         }),
-        ("5.11", "CPU limited", |c| {
+        ("5.11", "CPU limited", |c, _| {
             hc(c).nano_cpus.is_some_and(|n| n > 0) || hc(c).cpu_shares.is_some_and(|s| s > 0)
         }),
-        ("5.12", "root filesystem read-only", |c| {
+        ("5.12", "root filesystem read-only", |c, _| {
             hc(c).readonly_rootfs == Some(true)
         }),
-        ("5.13", "published ports bound to a specific address", |c| {
-            hc(c)
-                .port_bindings
-                .unwrap_or_default()
-                .values()
-                .flatten()
-                .flatten()
-                .all(|b| {
-                    b.host_ip
-                        .as_deref()
-                        .is_some_and(|ip| !ip.is_empty() && ip != "0.0.0.0" && ip != "::")
-                })
-        }),
-        ("5.14", "restart policy no (or on-failure <= 5)", |c| {
+        (
+            "5.13",
+            "published ports bound to a specific address",
+            |c, _| {
+                hc(c)
+                    .port_bindings
+                    .unwrap_or_default()
+                    .values()
+                    .flatten()
+                    .flatten()
+                    .all(|b| {
+                        b.host_ip
+                            .as_deref()
+                            .is_some_and(|ip| !ip.is_empty() && ip != "0.0.0.0" && ip != "::")
+                    })
+            },
+        ),
+        ("5.14", "restart policy no (or on-failure <= 5)", |c, _| {
             let rp = hc(c).restart_policy.unwrap_or_default();
             match rp.name.map(|n| n.to_string()).as_deref() {
                 Some("no") | Some("") | None => true,
@@ -484,55 +562,56 @@ pub(crate) fn cis_section_5() -> Vec<Check> {
                 _ => false,
             }
         }),
-        ("5.15", "host PID namespace not shared", |c| {
+        ("5.15", "host PID namespace not shared", |c, _| {
             hc(c).pid_mode.as_deref() != Some("host")
         }),
-        ("5.16", "host IPC namespace not shared", |c| {
+        ("5.16", "host IPC namespace not shared", |c, _| {
             hc(c).ipc_mode.as_deref() != Some("host")
         }),
-        ("5.17", "no host devices", |c| {
+        ("5.17", "no host devices", |c, _| {
             hc(c).devices.unwrap_or_default().is_empty()
         }),
-        ("5.19", "no shared mount propagation", |c| {
+        ("5.19", "no shared mount propagation", |c, _| {
             c.mounts.clone().unwrap_or_default().iter().all(|m| {
                 m.propagation
                     .as_deref()
                     .is_none_or(|p| !p.contains("shared"))
             })
         }),
-        ("5.20", "host UTS namespace not shared", |c| {
+        ("5.20", "host UTS namespace not shared", |c, _| {
             hc(c).uts_mode.as_deref() != Some("host")
         }),
-        ("5.21", "default seccomp profile kept", |c| {
-            hc(c)
-                .security_opt
-                .unwrap_or_default()
-                .iter()
-                .all(|o| !o.starts_with("seccomp") || !o.contains("unconfined"))
-        }),
-        ("5.24", "default cgroup parent", |c| {
+        (
+            "5.21",
+            "default seccomp profile kept (where the engine has seccomp)",
+            // The engine's default profile is not listed in SecurityOpt;
+            // only a replacement or `unconfined` is. Inside, the CIS test
+            // reads the filter mode.
+            |c, _| !seccomp_unconfined(c),
+        ),
+        ("5.24", "default cgroup parent", |c, _| {
             hc(c).cgroup_parent.as_deref().is_none_or(str::is_empty)
         }),
-        ("5.25", "no new privileges", |c| {
+        ("5.25", "no new privileges", |c, _| {
             hc(c)
                 .security_opt
                 .unwrap_or_default()
                 .iter()
                 .any(|o| o == "no-new-privileges:true")
         }),
-        ("5.28", "PIDs limited", |c| {
+        ("5.28", "PIDs limited", |c, _| {
             hc(c).pids_limit.is_some_and(|p| p > 0)
         }),
-        ("5.29", "not on the default bridge", |c| {
+        ("5.29", "not on the default bridge", |c, _| {
             !matches!(
                 hc(c).network_mode.as_deref(),
                 Some("bridge") | Some("default")
             )
         }),
-        ("5.30", "host user namespace not shared", |c| {
+        ("5.30", "host user namespace not shared", |c, _| {
             hc(c).userns_mode.as_deref() != Some("host")
         }),
-        ("5.31", "engine socket not mounted", |c| {
+        ("5.31", "engine socket not mounted", |c, _| {
             c.mounts.clone().unwrap_or_default().iter().all(|m| {
                 !m.source.as_deref().unwrap_or("").contains("docker.sock")
                     && !m
@@ -542,7 +621,7 @@ pub(crate) fn cis_section_5() -> Vec<Check> {
                         .contains("docker.sock")
             })
         }),
-        ("extra", "non-root user", |c| {
+        ("extra", "non-root user", |c, _| {
             c.config
                 .clone()
                 .and_then(|c| c.user)
@@ -592,6 +671,10 @@ async fn every_container_passes_cis_section_5() {
         4,
         "a networked sandbox, an offline one, the egress proxy, a port proxy"
     );
+    let engine = EngineSecurity::of(&server.docker).await;
+    for case in engine.cases() {
+        eprintln!("{case}");
+    }
     let mut failures = Vec::new();
     for name in &names {
         let info = server
@@ -600,12 +683,85 @@ async fn every_container_passes_cis_section_5() {
             .await
             .expect("inspect");
         for (id, what, check) in cis_section_5() {
-            if !check(&info) {
+            if !check(&info, engine) {
                 failures.push(format!("{name}: CIS {id} {what}"));
             }
         }
+        failures.extend(profiles_in_force(&server.docker, name, &info, engine).await);
     }
     assert!(failures.is_empty(), "{failures:#?}");
+}
+
+/// The profile rows seen from the processes themselves, where the engine
+/// has the feature: what the container's configuration says is in force.
+/// Under runc, a process in the container reads its own seccomp mode and
+/// AppArmor label. Under gVisor the engine's profiles are not applied
+/// inside (runsc applies no OCI seccomp profile without `--oci-seccomp`,
+/// and its /proc shows `Seccomp: 0`), so the check is on the sandbox's
+/// host process, the sentry: gVisor's own syscall filter must be on it.
+async fn profiles_in_force(
+    docker: &bollard::Docker,
+    name: &str,
+    info: &ContainerInspectResponse,
+    engine: EngineSecurity,
+) -> Vec<String> {
+    let mut failures = Vec::new();
+    let runtime = info
+        .host_config
+        .as_ref()
+        .and_then(|h| h.runtime.clone())
+        .unwrap_or_default();
+    if runtime == "runsc" {
+        if engine.seccomp {
+            let pid = info.state.as_ref().and_then(|s| s.pid).unwrap_or(0);
+            let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+            eprintln!(
+                "{name}: under gVisor, the engine's seccomp profile is not applied inside; \
+                 checking gVisor's own filter on the sentry (host pid {pid})"
+            );
+            if !status.lines().any(|l| l == "Seccomp:\t2") {
+                failures.push(format!(
+                    "{name}: CIS 5.21 the gVisor sentry (pid {pid}) runs without a seccomp filter"
+                ));
+            }
+        }
+        if engine.apparmor {
+            eprintln!(
+                "{name}: under gVisor the AppArmor label is checked in the engine's view only"
+            );
+        }
+        return failures;
+    }
+    let (code, out) = harness::exec_in(
+        docker,
+        name,
+        "grep '^Seccomp:' /proc/self/status; echo \"label=$(cat /proc/self/attr/current 2>/dev/null)\"",
+    )
+    .await;
+    eprintln!("{name} from inside: {out:?}");
+    if code != 0 {
+        failures.push(format!("{name}: could not read its own status: {out}"));
+        return failures;
+    }
+    if engine.seccomp && !out.lines().any(|l| l == "Seccomp:\t2") {
+        failures.push(format!(
+            "{name}: CIS 5.21 the engine has seccomp but the container's processes run without \
+             a filter: {out:?}"
+        ));
+    }
+    if engine.apparmor {
+        let label = out
+            .lines()
+            .find_map(|l| l.strip_prefix("label="))
+            .unwrap_or("");
+        if label.is_empty() || label.starts_with("unconfined") {
+            failures.push(format!(
+                "{name}: CIS 5.1 the engine has AppArmor but the container's processes are \
+                 unconfined: {out:?}"
+            ));
+        }
+    }
+    failures
 }
 
 /// The agent is not dumpable: the sandbox user, whose processes it shares
