@@ -6,6 +6,7 @@
 
 use std::time::{Duration, Instant};
 
+use base64::Engine as _;
 use futures_util::StreamExt;
 use serde_json::{Value, json};
 
@@ -34,6 +35,44 @@ async fn listed(server: &TestServer, sid: &str, cid: &str) -> Value {
         .as_array()
         .and_then(|l| l.iter().find(|c| c["commandId"] == json!(cid)).cloned())
         .unwrap_or(Value::Null)
+}
+
+/// A command's output (stdout and stderr, as they come) until it holds
+/// `needle`, read from its log stream; fails after `within`.
+async fn output_until(
+    server: &TestServer,
+    sid: &str,
+    cid: &str,
+    needle: &str,
+    within: Duration,
+) -> String {
+    let resp = server.open_logs(sid, cid).await;
+    assert_eq!(resp.status(), 200);
+    let mut body = resp.bytes_stream();
+    let mut seen = String::new();
+    let found = tokio::time::timeout(within, async {
+        let mut carry = Vec::new();
+        while let Some(chunk) = body.next().await {
+            carry.extend_from_slice(&chunk.expect("log chunk"));
+            while let Some(nl) = carry.iter().position(|b| *b == b'\n') {
+                let line: Vec<u8> = carry.drain(..=nl).collect();
+                let rec: Value = serde_json::from_slice(&line).expect("NDJSON line");
+                if let Some(d) = rec["data"].as_str() {
+                    seen.push_str(d);
+                }
+                if seen.contains(needle) {
+                    return true;
+                }
+            }
+        }
+        false
+    })
+    .await;
+    assert!(
+        found == Ok(true),
+        "no {needle:?} in the output of {cid} within {within:?}: {seen:?}"
+    );
+    seen
 }
 
 #[tokio::test]
@@ -148,24 +187,71 @@ async fn a_process_runaway_left_by_a_finished_command_is_ended() {
     let left = server
         .run(
             &sid,
-            json!({"command": "nohup bash -c 'while :; do sleep 600 & done' >/dev/null 2>&1 & echo started"}),
+            json!({"command": "nohup bash -c 'while :; do sleep 600 & done' >/dev/null 2>bomb.err & echo started"}),
         )
         .await;
     assert_eq!(left["stdout"], "started\n");
-    // Let it reach the limit, then a new command must run within 5 s.
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    let bomb = Instant::now();
+    let (_, list) = server.get(&format!("/v1/sandboxes/{sid}/commands")).await;
+    let cid = list["commands"][0]["commandId"]
+        .as_str()
+        .expect("the runaway's command")
+        .to_string();
+    // Polled until the limit is reached, seen one of two ways, neither
+    // needing a new process in the sandbox. Bash says in its stderr (a
+    // workspace file, read through the files API) that a fork was refused
+    // for want of processes: the limit itself (the pids cgroup's under
+    // runc; under gVisor, whose cgroup files show no limit, RLIMIT_NPROC).
+    // Or the agent has already ended the runaway for coming within its
+    // headroom (16) of the limit, and said so in the command's log: under
+    // gVisor forks are slow, and its check every 250 ms often comes first.
+    let deadline = bomb + Duration::from_secs(30);
+    let seen = loop {
+        let (_, v) = server.read_file(&sid, "bomb.err").await;
+        let err = v["contentBase64"]
+            .as_str()
+            .and_then(|c| base64::engine::general_purpose::STANDARD.decode(c).ok())
+            .unwrap_or_default();
+        if String::from_utf8_lossy(&err).contains("fork: retry: Resource temporarily unavailable") {
+            break "bash's fork was refused";
+        }
+        if listed(&server, &sid, &cid).await["processes"] == 0 {
+            let records = server.log_records(&sid, &cid, "?leftovers=true").await;
+            let ended_at_limit = records.iter().any(|r| {
+                r["stream"] == "error"
+                    && r["message"]
+                        .as_str()
+                        .is_some_and(|m| m.contains("pids limit"))
+            });
+            assert!(
+                ended_at_limit,
+                "the runaway ended without reaching the pids limit: {records:?}"
+            );
+            break "the agent ended the runaway at the limit";
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the runaway did not reach the pids limit within 30 s: no fork refused, and \
+             its processes still run"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    // From the limit reached, a new command must run within 5 s.
     let t = Instant::now();
     let ok = server.sh(&sid, "echo ok").await;
     assert_eq!(ok["stdout"], "ok\n", "{ok}");
     assert!(
         t.elapsed() < Duration::from_secs(5),
-        "a new command within 5 s: {:?}",
+        "a new command within 5 s of the pids limit reached: {:?}",
+        t.elapsed()
+    );
+    eprintln!(
+        "the pids limit was reached ({seen}) {:?} after the runaway started; a new command \
+         ran {:?} after that",
+        t - bomb,
         t.elapsed()
     );
     // The leftovers were ended, and the log of their command says so.
-    let (_, list) = server.get(&format!("/v1/sandboxes/{sid}/commands")).await;
-    let first = &list["commands"][0];
-    let cid = first["commandId"].as_str().expect("id").to_string();
     eventually(
         Duration::from_secs(10),
         "the leftovers are gone",
@@ -182,6 +268,22 @@ async fn a_process_runaway_left_by_a_finished_command_is_ended() {
         "{why}"
     );
 }
+
+/// Watches the sandbox's cgroup (v2 or v1) until its peak memory usage
+/// reaches 90% of its limit, then says so and ends. Only bash builtins
+/// after the start (a FIFO of its own stands in for `sleep`), so it runs
+/// on without a new process.
+const MEMORY_WATCHER: &str = r#"mkfifo .tick && exec 9<>.tick && rm .tick || exit 1
+c=/sys/fs/cgroup
+if [ -e $c/memory.max ]; then
+  read max < $c/memory.max; f=$c/memory.peak; [ -e $f ] || f=$c/memory.current
+else
+  read max < $c/memory/memory.limit_in_bytes; f=$c/memory/memory.max_usage_in_bytes
+fi
+echo "watching $f against $max"
+while read n < $f && [ $((n * 10)) -lt $((max * 9)) ]; do read -t 0.02 -u 9; done
+if [ $((n * 10)) -ge $((max * 9)) ]; then echo "reached $n of $max"; else echo "cannot read $f"; fi
+"#;
 
 /// Under gVisor the memory limit takes the sandbox's kernel along (see
 /// README, gVisor): there the whole sandbox starts again instead, and the
@@ -202,11 +304,49 @@ async fn a_memory_runaway_left_by_a_finished_command_is_ended_or_under_gvisor_it
             json!([{"path": "hog.py", "contentBase64": harness::b64(hog.as_bytes())}]),
         )
         .await;
+    // Where the limit can be seen being reached. Under runc: the sandbox's
+    // cgroup, read by a watcher command started before the hog (a running
+    // command is never ended to make room, and it reads with bash builtins
+    // only, needing no new process): the peak usage (cgroup v2's
+    // memory.peak, or memory.current where the kernel has none; v1's
+    // max_usage_in_bytes) at 90% of the limit, where the agent ends
+    // leftovers. Under gVisor the cgroup files inside show no limit, and
+    // the limit takes the sandbox's kernel along: the engine sees its
+    // container stop (or start again, if sandboxd was quicker than us).
+    let watcher = if harness::under_gvisor() {
+        None
+    } else {
+        let cid = server
+            .start_command(&sid, json!({"command": MEMORY_WATCHER, "timeoutMs": 60000}))
+            .await;
+        output_until(&server, &sid, &cid, "watching", Duration::from_secs(10)).await;
+        Some(cid)
+    };
+    let started_at = server.inspect(&sid).await.state.and_then(|s| s.started_at);
     let left = server
         .sh(&sid, "nohup python3 hog.py >/dev/null 2>&1 & echo started")
         .await;
     assert_eq!(left["stdout"], "started\n");
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    match &watcher {
+        Some(cid) => {
+            let out = output_until(&server, &sid, cid, "reached", Duration::from_secs(30)).await;
+            eprintln!("memory watcher: {}", out.trim().replace('\n', "; "));
+        }
+        None => {
+            eventually(
+                Duration::from_secs(30),
+                "the hog reaches the memory limit (the sandbox's container stops)",
+                || async {
+                    let state = server.inspect(&sid).await.state;
+                    let running = state.as_ref().and_then(|s| s.running);
+                    let now = state.and_then(|s| s.started_at);
+                    running == Some(false) || now != started_at
+                },
+            )
+            .await;
+        }
+    }
+    // From the limit reached, a new command.
     let t = Instant::now();
     let ok = server.sh(&sid, "echo ok").await;
     assert_eq!(ok["stdout"], "ok\n", "{ok}");

@@ -368,11 +368,39 @@ async fn too_many_processes() {
     );
 }
 
+/// Removes an image reference when dropped, even if the test failed.
+struct TagGuard(bollard::Docker, String);
+
+impl Drop for TagGuard {
+    fn drop(&mut self) {
+        let (docker, image) = (self.0.clone(), self.1.clone());
+        harness::block_on_side(async move {
+            let _ = docker
+                .remove_image(
+                    &image,
+                    None::<bollard::query_parameters::RemoveImageOptions>,
+                    None,
+                )
+                .await;
+        });
+    }
+}
+
+/// A proxy image the engine lacks: the port's GET is answered
+/// `engine_error`, and it is the engine that failed (sandboxd's log has the
+/// engine's own "No such image" for that image). Positive control: once
+/// the engine has an image by that name (the runtime image, tagged so), the
+/// same GET on the same server publishes the port.
 #[tokio::test]
 async fn engine_error() {
-    const MISSING: &str = "sandboxd-no-such-image:none";
+    // A name of this test's own, so that no other test's tag can make it
+    // exist.
+    let repo = "sandboxd-no-such-image";
+    let tag = harness::unique_instance();
+    let missing = format!("{repo}:{tag}");
     let server =
-        TestServer::start_with(ServerOptions::default().env("SANDBOXD_PROXY_IMAGE", MISSING)).await;
+        TestServer::start_with(ServerOptions::default().env("SANDBOXD_PROXY_IMAGE", &missing))
+            .await;
     let sid = server
         .create(json!({"sessionKey": harness::unique_instance(), "ports": [3000]}))
         .await;
@@ -383,12 +411,40 @@ async fn engine_error() {
         "engine_error",
         "a port whose proxy image is missing",
     );
+    let log = server.log_text();
+    assert!(
+        log.lines().any(|l| l.contains("engine call failed")
+            && l.contains("No such image")
+            && l.contains(&missing)),
+        "the engine refused for want of {missing}; sandboxd's log:\n{log}"
+    );
     // Nothing was pulled, and the sandbox itself is fine.
     assert!(
-        server.docker.inspect_image(MISSING).await.is_err(),
-        "{MISSING} must not have been pulled"
+        server.docker.inspect_image(&missing).await.is_err(),
+        "{missing} must not have been pulled"
     );
     assert_eq!(server.sh(&sid, "echo fine").await["stdout"], "fine\n");
+
+    // The engine given the image: the same call now succeeds.
+    server
+        .docker
+        .tag_image(
+            "sandboxd-runtime:latest",
+            Some(bollard::query_parameters::TagImageOptions {
+                repo: Some(repo.to_string()),
+                tag: Some(tag.clone()),
+            }),
+        )
+        .await
+        .expect("tag the runtime image as the proxy image");
+    let _untag = TagGuard(server.docker.clone(), missing.clone());
+    let (s, v) = server.get(&format!("/v1/sandboxes/{sid}/ports/3000")).await;
+    assert_eq!(
+        (s, &v["found"]),
+        (200, &json!(true)),
+        "with {missing} there, the port is published: {v}"
+    );
+    assert!(v["hostPort"].as_u64().is_some_and(|p| p > 0), "{v}");
 }
 
 #[tokio::test]
@@ -398,6 +454,19 @@ async fn agent_failed() {
             .await;
     let sid = server.offline_sandbox().await;
     assert_eq!(server.sh(&sid, "echo before").await["stdout"], "before\n");
+    // What the workspace holds before: it must be there after the restart.
+    let kept = format!(
+        "written before the agent stopped, {}",
+        harness::unique_instance()
+    );
+    let (s, v) = server
+        .write_files(
+            &sid,
+            json!([{"path": "kept/before.bin", "contentBase64": b64(&kept)}]),
+        )
+        .await;
+    assert_eq!((s, v), (200, json!({"ok": true})));
+    let started_at = server.inspect(&sid).await.state.and_then(|s| s.started_at);
     let (code, out) = server
         .docker_exec(&sid, "pkill -STOP -f '^/.sandboxd/sandboxd-agent serve'")
         .await;
@@ -452,6 +521,19 @@ async fn agent_failed() {
         answers.len()
     );
     assert_eq!(server.get("/v1/health").await.0, 200);
+    // The container really started again (else a kept workspace proves
+    // nothing), and the workspace came through it.
+    let restarted_at = server.inspect(&sid).await.state.and_then(|s| s.started_at);
+    assert_ne!(
+        restarted_at, started_at,
+        "the sandbox's container was restarted"
+    );
+    let (s, v) = server.read_file(&sid, "kept/before.bin").await;
+    assert_eq!(
+        (s, &v["found"], &v["contentBase64"]),
+        (200, &json!(true), &json!(b64(&kept))),
+        "the workspace is kept across the restart"
+    );
 }
 
 /// A /29 pool of one block, in a range no other test uses, different per

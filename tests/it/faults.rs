@@ -5,6 +5,7 @@
 //! image are in `sandboxes`, an engine that appears late in `engine`, an
 //! engine restart in `engine_restart`.)
 
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use serde_json::json;
@@ -68,15 +69,43 @@ async fn sandboxd_killed_mid_command_finds_it_still_running() {
     assert_eq!(server.volumes().await.len(), 1);
 }
 
+/// Eight clients create, stop, run, write and look up the sandbox of one
+/// session key at once. Every create succeeds: the one 429 a create can
+/// earn is `at_capacity`, when `max_concurrent` (20) sandboxes exist and
+/// all are busy, and creates and stops of one key take its lock one at a
+/// time, so this key never holds more than one sandbox (network mode
+/// `none` needs no link block either). The other calls succeed, or find
+/// the sandbox stopped by another client meanwhile (404
+/// `sandbox_not_found`); each kind must have succeeded at least once, so
+/// the storm did more than fail fast.
 #[tokio::test]
 async fn interleaved_calls_for_one_key_leave_engine_and_registry_agreeing() {
     let server = TestServer::start().await;
-    let deadline = Instant::now() + Duration::from_secs(8);
+    // Eight seconds of storm, and on until every kind of call has
+    // succeeded once (a run, say, is often beaten by another client's
+    // stop), at most 30 s.
+    let (deadline, hard) = (
+        Instant::now() + Duration::from_secs(8),
+        Instant::now() + Duration::from_secs(30),
+    );
+    // Successes by call: create, stop, run, write, get.
+    let done: [AtomicU32; 5] = Default::default();
+    let more = |done: &[AtomicU32; 5]| {
+        let now = Instant::now();
+        now < deadline || (now < hard && done.iter().any(|d| d.load(Ordering::Relaxed) == 0))
+    };
+    let gone = |what: &str, s: u16, v: &serde_json::Value| {
+        assert_eq!(
+            (s, v["code"].as_str()),
+            (404, Some("sandbox_not_found")),
+            "{what}: neither done nor the sandbox gone: {v}"
+        );
+    };
     let client = |n: usize| {
-        let server = &server;
+        let (server, done, more) = (&server, &done, &more);
         async move {
             let mut i = n;
-            while Instant::now() < deadline {
+            while more(done) {
                 i += 1;
                 let (s, v) = server
                     .post(
@@ -84,25 +113,34 @@ async fn interleaved_calls_for_one_key_leave_engine_and_registry_agreeing() {
                         json!({"sessionKey": "storm", "network": {"mode": "none"}}),
                     )
                     .await;
-                assert!(s == 200 || s == 429, "create: {s} {v}");
-                let Some(id) = v["sandboxId"].as_str().map(str::to_string) else {
-                    continue;
-                };
+                assert_eq!(s, 200, "create: {v}");
+                done[0].fetch_add(1, Ordering::Relaxed);
+                let id = v["sandboxId"].as_str().expect("sandboxId").to_string();
                 match i % 4 {
                     0 => {
                         let (s, v) = server
                             .post(&format!("/v1/sandboxes/{id}:stop"), json!(null))
                             .await;
                         assert_eq!(s, 200, "stop: {v}");
+                        done[1].fetch_add(1, Ordering::Relaxed);
                     }
                     1 => {
                         let (s, v) = server
                             .post(
                                 &format!("/v1/sandboxes/{id}/commands:run"),
-                                json!({"command": "true"}),
+                                json!({"command": "echo ran"}),
                             )
                             .await;
-                        assert!(s == 200 || s == 404, "run: {s} {v}");
+                        if s == 200 {
+                            assert_eq!(
+                                (&v["exitCode"], &v["stdout"]),
+                                (&json!(0), &json!("ran\n")),
+                                "run: {v}"
+                            );
+                            done[2].fetch_add(1, Ordering::Relaxed);
+                        } else {
+                            gone("run", s, &v);
+                        }
                     }
                     2 => {
                         let (s, v) = server
@@ -111,17 +149,32 @@ async fn interleaved_calls_for_one_key_leave_engine_and_registry_agreeing() {
                                 json!({"files": [{"path": "x", "contentBase64": "eA=="}]}),
                             )
                             .await;
-                        assert!(s == 200 || s == 404, "write: {s} {v}");
+                        if s == 200 {
+                            assert_eq!(v, json!({"ok": true}), "write");
+                            done[3].fetch_add(1, Ordering::Relaxed);
+                        } else {
+                            gone("write", s, &v);
+                        }
                     }
                     _ => {
                         let (s, v) = server.get(&format!("/v1/sandboxes/{id}")).await;
-                        assert!(s == 200 || s == 404, "get: {s} {v}");
+                        if s == 200 {
+                            assert_eq!(v["sandboxId"], json!(id), "get: {v}");
+                            done[4].fetch_add(1, Ordering::Relaxed);
+                        } else {
+                            gone("get", s, &v);
+                        }
                     }
                 }
             }
         }
     };
     futures_util::future::join_all((0..8).map(client)).await;
+    let done = done.map(AtomicU32::into_inner);
+    eprintln!("succeeded: create, stop, run, write, get = {done:?}");
+    for (n, what) in done.iter().zip(["create", "stop", "run", "write", "get"]) {
+        assert!(*n > 0, "no {what} succeeded in the storm: {done:?}");
+    }
     // Settle: one last create, then compare the engine with the registry.
     let id = server
         .create(json!({"sessionKey": "storm", "network": {"mode": "none"}}))

@@ -284,43 +284,110 @@ async fn no_symlink_leads_out_of_the_workspace() {
     );
 }
 
+/// `d` flips between a real directory and a symlink to /tmp/target
+/// (outside the workspace) while writes to `d/x.txt` keep coming. Each
+/// write lands in the directory, or is refused as exactly one of two
+/// things: `400 symlink_escape` (it met the symlink) or `409 path_changed`
+/// (the swap came between the walk's check and its open); any other
+/// answer fails the test. The race is shown to have run, not assumed: the
+/// swapper counts its swaps, and the answers must flip between landed and
+/// refused many times, each flip a swap that came between two requests.
 #[tokio::test]
 async fn swapping_a_directory_for_a_symlink_mid_write_never_escapes() {
+    // Enough flips that the requests met the swapper over and over, and
+    // enough requests that an answer that comes one time in a hundred
+    // shows up too.
+    const MIN_FLIPS: u32 = 20;
+    const MIN_REQUESTS: u32 = 300;
     let server = TestServer::start().await;
     let sid = server.offline_sandbox().await;
-    // Inside the sandbox, flip d between a real directory and a link to /tmp.
-    let (s, v) = server
-        .post(
-            &format!("/v1/sandboxes/{sid}/commands"),
-            json!({"command": "mkdir -p /tmp/target; end=$((SECONDS+6)); while [ $SECONDS -lt $end ]; do rm -rf d; mkdir d; rm -rf d; ln -s /tmp/target d; done", "timeoutMs": 20000}),
+    // Until the test writes `stop`; then it says how many swaps it made.
+    let swapper = server
+        .start_command(
+            &sid,
+            json!({"command": "mkdir -p /tmp/target; n=0; while [ ! -e stop ]; do rm -rf d; mkdir d; rm -rf d; ln -s /tmp/target d; n=$((n+1)); done; echo \"swaps $n\"", "timeoutMs": 120000}),
         )
         .await;
-    assert_eq!(s, 200, "{v}");
-    let deadline = Instant::now() + Duration::from_secs(5);
-    let mut ok = 0;
-    let mut refused = 0;
-    while Instant::now() < deadline {
+    let (mut landed, mut escape, mut changed, mut flips, mut requests) =
+        (0u32, 0u32, 0u32, 0u32, 0u32);
+    // Whether the last answer was a refusal, for counting flips.
+    let mut last_refused: Option<bool> = None;
+    // Any other answer: status and code, how many, the first seen.
+    let mut unexpected: std::collections::BTreeMap<String, (u32, Value)> = Default::default();
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_secs(60)
+        && (flips < MIN_FLIPS || requests < MIN_REQUESTS)
+    {
+        requests += 1;
         let (s, v) = server
             .write_files(
                 &sid,
                 json!([{"path": "d/x.txt", "contentBase64": b64(b"race")}]),
             )
             .await;
-        match s {
-            200 => ok += 1,
-            400..=499 => refused += 1,
-            _ => panic!("unexpected {s}: {v}"),
+        let refused = match (s, v["code"].as_str()) {
+            (200, _) if v == json!({"ok": true}) => {
+                landed += 1;
+                false
+            }
+            (400, Some("symlink_escape")) => {
+                escape += 1;
+                true
+            }
+            (409, Some("path_changed")) => {
+                changed += 1;
+                true
+            }
+            (s, code) => {
+                let key = format!("{s} {}", code.unwrap_or("-"));
+                unexpected.entry(key).or_insert((0, v)).0 += 1;
+                continue;
+            }
+        };
+        if last_refused.is_some_and(|r| r != refused) {
+            flips += 1;
         }
+        last_refused = Some(refused);
     }
+    let took = started.elapsed();
+    let (s, v) = server
+        .write_files(&sid, json!([{"path": "stop", "contentBase64": ""}]))
+        .await;
+    assert_eq!(s, 200, "{v}");
+    let w = server.wait_command(&sid, &swapper).await;
+    assert_eq!(w["exitCode"], 0, "the swapper ran to its end: {w}");
+    let out: String = server
+        .log_records(&sid, &swapper, "")
+        .await
+        .iter()
+        .filter(|r| r["stream"] == "stdout")
+        .filter_map(|r| r["data"].as_str().map(str::to_string))
+        .collect();
+    let swaps: u32 = out
+        .trim()
+        .strip_prefix("swaps ")
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("the swapper says how many swaps it made: {out:?}"));
+    let stats = format!(
+        "{swaps} swaps; {requests} writes in {took:?}: {landed} landed, {escape} symlink_escape, \
+         {changed} path_changed, {flips} flips, other answers: {unexpected:?}"
+    );
+    eprintln!("swap race: {stats}");
     let leaked = server.sh(&sid, "ls -A /tmp/target | wc -l").await;
     assert_eq!(
         leaked["stdout"], "0\n",
-        "a write escaped into /tmp/target ({ok} ok, {refused} refused)"
+        "a write escaped into /tmp/target: {stats}"
     );
     assert!(
-        ok + refused > 5,
-        "the race ran ({ok} ok, {refused} refused)"
+        unexpected.is_empty(),
+        "answers other than 200, 400 symlink_escape and 409 path_changed: {stats}"
     );
+    assert!(
+        flips >= MIN_FLIPS,
+        "the writes did not meet the swapper: fewer than {MIN_FLIPS} flips between landed \
+         and refused: {stats}"
+    );
+    assert!(swaps >= flips / 2, "a flip needs a swap: {stats}");
 }
 
 #[tokio::test]
