@@ -5,7 +5,11 @@
 # docker-compose (v1), and drives a full flow with the token: health,
 # create, a command with streamed logs, a file written and read, a published
 # port fetched from the host; then restarts the stack and checks that the
-# session survived, and stops it. Cleans up after itself, also on failure.
+# session survived, and stops it. The "no route around the egress proxy"
+# check aims at a listener of its own (a network namespace on this host, see
+# start_listener) that a container with an ordinary route reaches. Needs
+# root (apt-get, ip netns). Cleans up after itself, also on failure, and
+# touches only objects of its own compose project and instance.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -48,7 +52,55 @@ base="http://127.0.0.1:$SANDBOXD_HOST_PORT"
 
 compose() { docker-compose -p "$project" -f docker-compose.yml -f docker-compose.prebuilt.yml "$@"; }
 
+# The listener a direct route would reach: a network namespace joined to
+# the host by a veth pair, serving HTTP on a private address. The host
+# routes to it like to any network outside, so a container whose traffic
+# leaves through the host (an ordinary bridge network) reaches it; a
+# sandbox, whose only way out is the egress proxy, must not.
+listen_ns="sbxdt$$"
+listen_ip=10.250.77.10
+listen_net=10.250.77.8/30
+listen_log=/tmp/deploy-test-listener-$$.log
+listen_pid=""
+direct_net="${project}-direct"
+
+start_listener() {
+  [ "$(id -u)" = 0 ] || fail "the route check needs root (ip netns)"
+  if ip route show | grep -q '^10\.250\.77\.'; then
+    fail "10.250.77.8/30 is already routed on this host; cannot place the listener"
+  fi
+  ip netns add "$listen_ns"
+  ip link add "${listen_ns}h" type veth peer name "${listen_ns}n"
+  ip link set "${listen_ns}n" netns "$listen_ns"
+  ip addr add 10.250.77.9/30 dev "${listen_ns}h"
+  ip link set "${listen_ns}h" up
+  ip -n "$listen_ns" addr add "$listen_ip/30" dev "${listen_ns}n"
+  ip -n "$listen_ns" link set "${listen_ns}n" up
+  ip -n "$listen_ns" link set lo up
+  ip -n "$listen_ns" route add default via 10.250.77.9
+  mkdir -p "/tmp/deploy-test-www-$$"
+  echo listener-$$ >"/tmp/deploy-test-www-$$/index.html"
+  ip netns exec "$listen_ns" python3 -u -m http.server 80 --bind "$listen_ip" \
+    --directory "/tmp/deploy-test-www-$$" >"$listen_log" 2>&1 &
+  listen_pid=$!
+  local deadline=$((SECONDS + 20))
+  until [ "$(curl -s -m 2 "http://$listen_ip/index.html")" = "listener-$$" ]; do
+    [ $SECONDS -lt $deadline ] || fail "the listener in netns $listen_ns did not answer the host"
+    sleep 0.2
+  done
+}
+
+# Requests the listener has served so far.
+listener_hits() { grep -c '"GET ' "$listen_log" || true; }
+
 cleanup() {
+  [ -z "$listen_pid" ] || kill "$listen_pid" 2>/dev/null || true
+  # Whatever else runs in our namespace (only what start_listener began).
+  for p in $(ip netns pids "$listen_ns" 2>/dev/null); do kill "$p" 2>/dev/null || true; done
+  ip netns del "$listen_ns" 2>/dev/null || true
+  ip link del "${listen_ns}h" 2>/dev/null || true
+  rm -rf "/tmp/deploy-test-www-$$" "$listen_log"
+  docker network rm "$direct_net" >/dev/null 2>&1 || true
   compose logs --no-color >/tmp/deploy-test-sandboxd.log 2>&1 || true
   compose down --remove-orphans >/dev/null 2>&1 || true
   local f="label=sandboxd.instance=$SANDBOXD_INSTANCE"
@@ -117,10 +169,22 @@ ok "command with streamed logs"
 
 # The egress policy works with only the engine socket: a private address is
 # refused by the proxy (before any connection is made), and there is no
-# route around it.
-egress=$(api POST "/v1/sandboxes/$sid/commands:run" '{"command":"curl -s -o /dev/null -w %{http_code} http://10.250.77.10/; echo; curl -s -m 3 --noproxy \"*\" -o /dev/null -w %{http_code} http://10.250.77.10/; echo"}' | jq -r .stdout)
+# route around it. The address is the listener's, which answers a container
+# with an ordinary route out (the control: same image, same curl, on a
+# plain bridge network of this run), so a refusal in the sandbox is its
+# network's doing, not an address nobody answers on or a broken client.
+start_listener
+docker network create --label "sandboxd.instance=$SANDBOXD_INSTANCE" "$direct_net" >/dev/null
+control=$(docker run --rm --label "sandboxd.instance=$SANDBOXD_INSTANCE" --network "$direct_net" \
+  "${SANDBOXD_IMAGE:-sandboxd-runtime:latest}" \
+  curl -s -m 5 --noproxy '*' "http://$listen_ip/index.html" 2>&1) || true
+[ "$control" = "listener-$$" ] || fail "control: a container with a direct route reaches the listener at $listen_ip: $control"
+ok "control: the listener at $listen_ip answers a container with a direct route"
+hits=$(listener_hits)
+egress=$(api POST "/v1/sandboxes/$sid/commands:run" "{\"command\":\"curl -s -o /dev/null -w %{http_code} http://$listen_ip/index.html; echo; curl -s -m 3 --noproxy '*' -o /dev/null -w %{http_code} http://$listen_ip/index.html; echo\"}" | jq -r .stdout)
 [ "$egress" = "$(printf '403\n000')" ] || fail "egress policy in compose: $egress"
-ok "egress policy: private refused by the proxy, no route around it"
+[ "$(listener_hits)" = "$hits" ] || fail "the listener was reached from the sandbox: $(tail -3 "$listen_log")"
+ok "egress policy: private refused by the proxy, no route around it (the listener saw nothing)"
 
 content=$(printf 'deployed\n' | base64)
 [ "$(api POST "/v1/sandboxes/$sid/files:write" "{\"files\":[{\"path\":\"/workspace/note.txt\",\"contentBase64\":\"$content\"}]}" | jq -r .ok)" = true ] || fail "write"
