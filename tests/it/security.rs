@@ -149,7 +149,7 @@ pub(crate) async fn escape_attempts_fail(server: &TestServer, sid: &str) {
         "CapBnd:\t0000000000000000",
     ];
     // gVisor's /proc reports neither; `docker inspect` still shows both set
-    // (every_container_passes_cis_section_5).
+    // (every_container_passes_cis_section_5_apparmor_and_seccomp_where_the_engine_has_them).
     if !gvisor {
         expected.extend(["NoNewPrivs:\t1", "Seccomp:\t2"]);
     }
@@ -631,7 +631,7 @@ pub(crate) fn cis_section_5() -> Vec<Check> {
 }
 
 #[tokio::test]
-async fn every_container_passes_cis_section_5() {
+async fn every_container_passes_cis_section_5_apparmor_and_seccomp_where_the_engine_has_them() {
     let server = TestServer::start().await;
     let online = server
         .create(json!({"sessionKey": "online", "ports": [3000]}))
