@@ -443,6 +443,7 @@ mod tests {
             output_memory_bytes: 1,
             max_finished: 1,
             pids_limit: 0,
+            changes_watch_budget: 0,
         }
     }
 

@@ -436,6 +436,9 @@ settings! {
     max_finished_commands: usize = 100, key "max_finished_commands", check |v| within(1, 10_000)(v);
     /// Most commands running at once in one sandbox.
     max_running_commands: usize = 64, key "max_running_commands", check |v| within(1, 10_000)(v);
+    /// Most inotify watches one sandbox's agent holds for `changes` (all
+    /// its commands together); past it that sandbox's reports are scans.
+    changes_watch_budget: u32 = 8192, key "changes_watch_budget", check |v| within(0, 1_048_576)(v);
     /// How long a request to a sandbox's agent may go unanswered before the
     /// agent counts as stuck (the connection is closed; if it still does
     /// not answer, its sandbox is restarted).

@@ -13,8 +13,10 @@
 //! them are); directories named in `ignore` are skipped at any depth.
 //!
 //! When inotify cannot be used (no instance or no watch left: the limits
-//! are per user, and the sandbox's code runs as the agent's user), the
-//! end is a second walk compared with the start listing (`Scan`): a file
+//! are per user, and the sandbox's code runs as the agent's user), or the
+//! workspace needs more watches than this sandbox's [`WatchBudget`] has
+//! left, the end is a second walk compared with the start listing
+//! (`Scan`): a file
 //! whose ctime is after the start counts as modified. When events were
 //! lost (the kernel's queue overflowed, a directory created later could
 //! not be watched, more paths than this module keeps), the end is the
@@ -28,6 +30,7 @@
 //! `max` asked for (the rest is counted). It all runs on the agent's own
 //! thread, the events read as they come through the runtime.
 
+use std::cell::Cell;
 use std::collections::{BinaryHeap, HashMap, HashSet};
 use std::ffi::OsStr;
 use std::mem::MaybeUninit;
@@ -35,6 +38,7 @@ use std::os::fd::OwnedFd;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
+use std::rc::Rc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use rustix::fs::inotify::{self, CreateFlags, ReadFlags, WatchFlags};
@@ -93,11 +97,56 @@ fn join(dir: &[u8], name: &[u8]) -> Rel {
     p
 }
 
+/// The inotify watches one sandbox's agent may hold at once, all its
+/// commands with `changes` together (`changes_watch_budget`). The
+/// kernel's limit on watches is per user, and every sandbox runs as the
+/// same user: without a bound of its own, one sandbox with a large
+/// workspace (or many commands at once) could take every watch, and
+/// every other sandbox's reports would be scans. A watch that does not
+/// fit is as one the kernel refused: at the start the command's report
+/// becomes a scan; later, events count as lost (the end is a walk).
+#[derive(Debug)]
+pub(crate) struct WatchBudget {
+    limit: Cell<usize>,
+    held: Cell<usize>,
+}
+
+impl WatchBudget {
+    pub(crate) fn new(limit: usize) -> WatchBudget {
+        WatchBudget {
+            limit: Cell::new(limit),
+            held: Cell::new(0),
+        }
+    }
+
+    /// A new limit (from sandboxd's Hello); watches held stay held.
+    pub(crate) fn set_limit(&self, limit: usize) {
+        self.limit.set(limit);
+    }
+
+    /// Takes one watch; false when none is left.
+    fn take(&self) -> bool {
+        if self.held.get() >= self.limit.get() {
+            return false;
+        }
+        self.held.set(self.held.get() + 1);
+        true
+    }
+
+    fn give_back(&self, n: usize) {
+        self.held.set(self.held.get().saturating_sub(n));
+    }
+}
+
 /// The inotify instance and which directory each watch is on.
 #[derive(Debug)]
 struct Inotify {
     fd: OwnedFd,
     dirs: HashMap<i32, Rel>,
+    /// Watches the kernel holds for this instance (each taken from the
+    /// budget): every watch descriptor added and not yet `IN_IGNORED`,
+    /// whether or not `dirs` still names it.
+    live: HashSet<i32>,
 }
 
 /// Closes an inotify descriptor on a thread of its own. Closing the last
@@ -147,6 +196,7 @@ pub(crate) struct Watch {
     max_paths: usize,
     /// `None`: scanning (inotify could not be used).
     inotify: Option<Inotify>,
+    budget: Rc<WatchBudget>,
     /// Events were lost: the end is a walk.
     lost: bool,
     /// Something could not be known (a directory not readable, the start
@@ -157,18 +207,25 @@ pub(crate) struct Watch {
 }
 
 impl Watch {
-    /// Lists and watches the workspace; call before the command starts.
-    pub(crate) fn start(workspace: &str, spec: &ChangesSpec) -> Watch {
-        Watch::start_keeping(workspace, spec, MAX_PATHS)
+    /// Lists and watches the workspace, within `budget`; call before the
+    /// command starts.
+    pub(crate) fn start(workspace: &str, spec: &ChangesSpec, budget: &Rc<WatchBudget>) -> Watch {
+        Watch::start_keeping(workspace, spec, MAX_PATHS, budget)
     }
 
     /// [`Watch::start`], keeping at most `max_paths` paths.
-    fn start_keeping(workspace: &str, spec: &ChangesSpec, max_paths: usize) -> Watch {
+    fn start_keeping(
+        workspace: &str,
+        spec: &ChangesSpec,
+        max_paths: usize,
+        budget: &Rc<WatchBudget>,
+    ) -> Watch {
         let inotify = inotify::init(CreateFlags::CLOEXEC | CreateFlags::NONBLOCK)
             .ok()
             .map(|fd| Inotify {
                 fd,
                 dirs: HashMap::new(),
+                live: HashSet::new(),
             });
         let mut w = Watch {
             root: PathBuf::from(workspace),
@@ -181,6 +238,7 @@ impl Watch {
             kept: 0,
             max_paths,
             inotify,
+            budget: Rc::clone(budget),
             lost: false,
             incomplete: false,
             starting: true,
@@ -266,12 +324,23 @@ impl Watch {
     }
 
     /// Puts a watch on a directory (the same one again if it has one:
-    /// then it now goes by `rel`). At a per-user limit: at the start,
-    /// inotify is given up for a scan; later, events are lost.
+    /// then it now goes by `rel`). At a per-user limit or past the
+    /// budget: at the start, inotify is given up for a scan; later, events
+    /// are lost.
     fn watch_dir(&mut self, abs: &Path, rel: &[u8]) {
         let Some(ino) = &mut self.inotify else {
             return;
         };
+        // Taken before the kernel is asked, given back if it is not a new
+        // watch: the budget is never exceeded, even for a moment.
+        if !self.budget.take() {
+            if self.starting {
+                self.stop_inotify();
+            } else {
+                self.lost = true;
+            }
+            return;
+        }
         let mask = WatchFlags::CREATE
             | WatchFlags::DELETE
             | WatchFlags::MODIFY
@@ -280,17 +349,40 @@ impl Watch {
             | WatchFlags::MOVED_TO
             | WatchFlags::ONLYDIR
             | WatchFlags::DONT_FOLLOW;
-        match inotify::add_watch(&ino.fd, abs, mask) {
+        let added = inotify::add_watch(&ino.fd, abs, mask);
+        match added {
             Ok(wd) => {
                 ino.dirs.insert(wd, rel.to_vec());
+                if !ino.live.insert(wd) {
+                    self.budget.give_back(1);
+                }
+                return;
             }
             // Closing the instance removes the watches made so far.
-            Err(e) if at_limit(e) && self.starting => self.inotify = None,
+            Err(e) if at_limit(e) && self.starting => self.stop_inotify(),
             // Not readable (its listing fails too): what is in it is not
             // known either way.
             Err(_) if self.starting => self.incomplete = true,
             Err(_) => self.lost = true,
         }
+        self.budget.give_back(1);
+    }
+
+    /// Gives inotify up (closing the instance here, which removes its
+    /// watches) and its watches back to the budget: the report will be a
+    /// scan.
+    fn stop_inotify(&mut self) {
+        if let Some(fd) = self.release() {
+            drop(fd);
+        }
+    }
+
+    /// Takes the instance out, its watches given back to the budget; the
+    /// caller closes it.
+    fn release(&mut self) -> Option<OwnedFd> {
+        let ino = self.inotify.take()?;
+        self.budget.give_back(ino.live.len());
+        Some(ino.fd)
     }
 
     /// Records that an event named `path`.
@@ -346,12 +438,17 @@ impl Watch {
             return;
         }
         let Some(ino) = &mut self.inotify else { return };
-        if self.lost {
-            // The end walks the workspace: events add nothing.
+        if mask.contains(ReadFlags::IGNORED) {
+            // The kernel removed the watch (its directory went): one more
+            // is free for this sandbox.
+            ino.dirs.remove(&wd);
+            if ino.live.remove(&wd) {
+                self.budget.give_back(1);
+            }
             return;
         }
-        if mask.contains(ReadFlags::IGNORED) {
-            ino.dirs.remove(&wd);
+        if self.lost {
+            // The end walks the workspace: events add nothing.
             return;
         }
         // Events about a watched directory itself carry no name.
@@ -398,8 +495,8 @@ impl Watch {
         };
         // The watches go now, not when the report is read; the close itself
         // waits on the kernel, so it happens aside.
-        if let Some(ino) = self.inotify.take() {
-            close_aside(ino.fd);
+        if let Some(fd) = self.release() {
+            close_aside(fd);
         }
         let mut out = Collected::new(self.max);
         if method == ChangeMethod::Scan || self.lost {
@@ -508,6 +605,16 @@ impl Watch {
             let _ = tx.send(self.conclude());
         });
         Watching { stop, report }
+    }
+}
+
+impl Drop for Watch {
+    /// A watch dropped without its report (the command did not start)
+    /// gives its watches back too.
+    fn drop(&mut self) {
+        if let Some(fd) = self.release() {
+            close_aside(fd);
+        }
     }
 }
 
@@ -668,10 +775,15 @@ mod tests {
         ]
     }
 
+    fn budget(n: usize) -> Rc<WatchBudget> {
+        Rc::new(WatchBudget::new(n))
+    }
+
     fn start(root: &Path) -> Watch {
         Watch::start(
             root.to_str().expect("utf-8"),
             &spec(&[".git", "node_modules"], 1000),
+            &budget(1000),
         )
     }
 
@@ -745,7 +857,11 @@ mod tests {
     #[tokio::test]
     async fn the_list_is_capped_and_the_rest_counted() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let mut w = Watch::start(dir.path().to_str().expect("utf-8"), &spec(&[], 3));
+        let mut w = Watch::start(
+            dir.path().to_str().expect("utf-8"),
+            &spec(&[], 3),
+            &budget(1000),
+        );
         for i in 0..10 {
             std::fs::write(dir.path().join(format!("f{i}")), b"").expect("write");
         }
@@ -765,6 +881,7 @@ mod tests {
             dir.path().to_str().expect("utf-8"),
             &spec(&[".git", "node_modules"], 1000),
             12,
+            &budget(1000),
         );
         act(dir.path());
         w.read_events();
@@ -773,8 +890,103 @@ mod tests {
         assert_eq!(listed(&r), expected());
         assert_eq!((r.method, r.complete), (ChangeMethod::Inotify, true));
         // Fewer kept than there are files at the start: not complete.
-        let w = Watch::start_keeping(dir.path().to_str().expect("utf-8"), &spec(&[], 1000), 3);
+        let w = Watch::start_keeping(
+            dir.path().to_str().expect("utf-8"),
+            &spec(&[], 1000),
+            3,
+            &budget(1000),
+        );
         assert!(!w.conclude().complete);
+    }
+
+    /// The directories [`start`] watches in [`workspace`]: the top,
+    /// `sub` and `deep` (`.git` and `node_modules` are ignored).
+    const WORKSPACE_DIRS: usize = 3;
+
+    #[tokio::test]
+    async fn past_its_budget_a_watch_scans_and_gives_every_watch_back() {
+        let dir = workspace();
+        let root = dir.path().to_str().expect("utf-8");
+        let spec = spec(&[".git", "node_modules"], 1000);
+        // Exactly enough: inotify, and the watches are held until the end.
+        let b = budget(WORKSPACE_DIRS);
+        let w = Watch::start(root, &spec, &b);
+        assert!(w.inotify.is_some(), "the budget fits");
+        assert_eq!(b.held.get(), WORKSPACE_DIRS);
+        let r = w.conclude();
+        assert_eq!((r.method, b.held.get()), (ChangeMethod::Inotify, 0));
+        // One fewer: a scan from the start, with nothing held, and the
+        // same exact list.
+        let b = budget(WORKSPACE_DIRS - 1);
+        let w = Watch::start(root, &spec, &b);
+        assert!(w.inotify.is_none(), "past the budget");
+        assert_eq!(b.held.get(), 0, "what it took is given back");
+        std::thread::sleep(CLOCK_MARGIN * 2);
+        act(dir.path());
+        let r = w.conclude();
+        assert_eq!(listed(&r), expected());
+        assert_eq!((r.method, r.complete), (ChangeMethod::Scan, true));
+    }
+
+    #[tokio::test]
+    async fn the_budget_is_shared_by_the_sandboxs_commands() {
+        let dir = workspace();
+        let root = dir.path().to_str().expect("utf-8");
+        let spec = spec(&[".git", "node_modules"], 1000);
+        let b = budget(WORKSPACE_DIRS + 1);
+        let first = Watch::start(root, &spec, &b);
+        let second = Watch::start(root, &spec, &b);
+        assert!(first.inotify.is_some() && second.inotify.is_none());
+        assert_eq!(b.held.get(), WORKSPACE_DIRS);
+        drop(second);
+        // A watch that ends without its report gives its watches back.
+        drop(first);
+        assert_eq!(b.held.get(), 0);
+        let third = Watch::start(root, &spec, &b);
+        assert!(third.inotify.is_some(), "the budget is free again");
+    }
+
+    #[tokio::test]
+    async fn a_directory_past_the_budget_during_the_command_ends_in_a_walk() {
+        let dir = workspace();
+        let b = budget(WORKSPACE_DIRS + 1);
+        let mut w = Watch::start(
+            dir.path().to_str().expect("utf-8"),
+            &spec(&[".git", "node_modules"], 1000),
+            &b,
+        );
+        std::thread::sleep(CLOCK_MARGIN * 2);
+        // `made` and `made/inner` need two watches, one is left.
+        act(dir.path());
+        w.read_events();
+        assert!(w.lost, "a directory could not be watched");
+        assert!(b.held.get() <= WORKSPACE_DIRS + 1);
+        let r = w.conclude();
+        assert_eq!(listed(&r), expected());
+        assert_eq!((r.method, r.complete), (ChangeMethod::Inotify, true));
+        assert_eq!(b.held.get(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_removed_directory_gives_its_watch_back() {
+        let dir = workspace();
+        let b = budget(1000);
+        let mut w = Watch::start(
+            dir.path().to_str().expect("utf-8"),
+            &spec(&[".git", "node_modules"], 1000),
+            &b,
+        );
+        assert_eq!(b.held.get(), WORKSPACE_DIRS);
+        std::fs::remove_dir_all(dir.path().join("deep")).expect("rm");
+        // IN_IGNORED comes after the removal; read until it has.
+        let until = std::time::Instant::now() + Duration::from_secs(5);
+        while b.held.get() != WORKSPACE_DIRS - 1 && std::time::Instant::now() < until {
+            w.read_events();
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert_eq!(b.held.get(), WORKSPACE_DIRS - 1);
+        drop(w);
+        assert_eq!(b.held.get(), 0);
     }
 
     #[test]

@@ -30,7 +30,7 @@ use tokio::net::unix::pipe;
 use tokio::sync::{Notify, mpsc, oneshot, watch};
 use tokio_util::codec::Framed;
 
-use crate::changes::{Report, Watch, Watching};
+use crate::changes::{Report, Watch, WatchBudget, Watching};
 use crate::keeper::{self, FromKeeper, ToKeeper};
 use crate::log::{Log, Tail};
 use crate::{cgroup, tree};
@@ -61,6 +61,9 @@ pub(crate) struct Settings {
     pub(crate) max_finished: usize,
     /// The pids limit sandboxd set (0: not known).
     pub(crate) pids_limit: u64,
+    /// Most inotify watches held for `changes` at once (see
+    /// [`WatchBudget`]).
+    pub(crate) watch_budget: usize,
 }
 
 impl Default for Settings {
@@ -72,6 +75,7 @@ impl Default for Settings {
             memory_bytes: 64 << 20,
             max_finished: 100,
             pids_limit: 0,
+            watch_budget: 8192,
         }
     }
 }
@@ -177,6 +181,8 @@ impl Cmd {
 #[derive(Debug)]
 pub(crate) struct Commands {
     settings: RefCell<Settings>,
+    /// The inotify watches `changes` may hold, shared by every command.
+    watch_budget: Rc<WatchBudget>,
     table: RefCell<BTreeMap<String, Rc<Cmd>>>,
     /// Pids of live keepers, recorded the moment each is started (before
     /// its command is in the table), so none is taken for an orphan.
@@ -228,6 +234,7 @@ impl Commands {
     pub(crate) fn new(exe: PathBuf) -> Rc<Commands> {
         Rc::new(Commands {
             settings: RefCell::new(Settings::default()),
+            watch_budget: Rc::new(WatchBudget::new(Settings::default().watch_budget)),
             table: RefCell::new(BTreeMap::new()),
             keepers: RefCell::new(HashSet::new()),
             exe,
@@ -289,6 +296,7 @@ impl Commands {
     }
 
     pub(crate) fn configure(&self, settings: Settings) {
+        self.watch_budget.set_limit(settings.watch_budget);
         *self.settings.borrow_mut() = settings;
     }
 
@@ -379,7 +387,7 @@ impl Commands {
         let mut workspace_watch = spec
             .changes
             .as_ref()
-            .map(|c| Watch::start(&settings.workspace, c));
+            .map(|c| Watch::start(&settings.workspace, c, &self.watch_budget));
         let (mut child, framed, out, err, first) = loop {
             let (keeper, was_spare) = self.keeper_for_command().await?;
             let StartedKeeper {

@@ -444,6 +444,7 @@ async fn handle(
                 memory_bytes: usize::try_from(h.output_memory_bytes).unwrap_or(usize::MAX),
                 max_finished: h.max_finished as usize,
                 pids_limit: h.pids_limit,
+                watch_budget: h.changes_watch_budget as usize,
             });
             agent.searches.set_workspace(h.workspace.clone());
             agent.files.set_workspace(h.workspace);

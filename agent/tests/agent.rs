@@ -60,6 +60,7 @@ impl Agent {
                         output_memory_bytes: 64 << 20,
                         max_finished: 100,
                         pids_limit: 0,
+                        changes_watch_budget: 8192,
                     }))
                     .await;
                 assert!(matches!(hello, Reply::Hello(_)), "{hello:?}");

@@ -31,7 +31,7 @@ use serde::{Deserialize, Serialize};
 use tokio_util::codec::LengthDelimitedCodec;
 
 /// Bumped on any change to the types below.
-pub const VERSION: u32 = 6;
+pub const VERSION: u32 = 7;
 
 /// Largest piece of bulk data (file content, a tail) in one response.
 pub const CHUNK: usize = 1024 * 1024;
@@ -234,6 +234,9 @@ pub struct Hello {
     /// The sandbox's pids limit, for an agent that cannot read it from
     /// its cgroup (under gVisor).
     pub pids_limit: u64,
+    /// Most inotify watches the agent holds at once for `changes`, all
+    /// its commands together (0: none, every report is a scan).
+    pub changes_watch_budget: u32,
 }
 
 /// What sandboxd keeps about a command, held by the agent for it so that

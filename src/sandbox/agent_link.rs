@@ -231,6 +231,7 @@ impl Sandboxes {
             output_memory_bytes: self.agent_output_budget(s) as u64,
             max_finished: u32::try_from(self.config.max_finished_commands).unwrap_or(u32::MAX),
             pids_limit: u64::try_from(self.config.pids_limit).unwrap_or(0),
+            changes_watch_budget: self.config.changes_watch_budget,
         };
         match tokio::time::timeout(limit, AgentConn::open(reader, stdin, hello)).await {
             Ok(opened) => Ok(opened?.0),

@@ -2,13 +2,15 @@
 //! deleted in the workspace, in the `commands:run` answer and in the
 //! `exit` record of its log; ignored directories, the cap with an exact
 //! count, refusals naming the field, the scan when inotify cannot be used,
-//! and the report of a command that outlived a restart of sandboxd.
+//! the per-sandbox watch budget (a sandbox past it scans, the others keep
+//! inotify), and the report of a command that outlived a restart of
+//! sandboxd.
 
 use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use crate::harness::{TestServer, eventually, under_gvisor};
+use crate::harness::{ServerOptions, TestServer, eventually, under_gvisor};
 
 /// Files, some in directories left out by default. The files are a
 /// little older than the clock margin of a scan when the command after
@@ -351,4 +353,135 @@ async fn a_command_whose_sandbox_went_has_no_report() {
     let exit = records.last().expect("records");
     assert_eq!(exit["stream"], "exit", "{records:?}");
     assert!(exit.get("changes").is_none(), "{exit}");
+}
+
+/// Watches the filler leaves to the sandbox user (below): room for
+/// sandbox A's whole workspace and a little more, not for B's too.
+const HEADROOM: usize = A_DIRS + 200;
+/// Directories of sandbox A's workspace: more than [`BUDGET`].
+const A_DIRS: usize = 3000;
+/// Directories of sandbox B's workspace: within [`BUDGET`], more than
+/// [`HEADROOM`] leaves once A holds its whole workspace.
+const B_DIRS: usize = 1000;
+/// `changes_watch_budget` of the test.
+const BUDGET: usize = 1500;
+
+/// Has the sandbox user hold every inotify watch the kernel allows it but
+/// [`HEADROOM`] (one instance, watches on empty files in /tmp), so that
+/// a test can reach the per-user limit without thousands of directories
+/// per sandbox; writes what it held and why it stopped to /tmp/held.
+/// Returns the command's id once it holds them.
+async fn hold_all_watches_but_headroom(server: &TestServer, sid: &str) -> (String, String) {
+    let script = format!(
+        "exec python3 -c '\nimport ctypes, os, time\nlibc = ctypes.CDLL(None, use_errno=True)\nlimit = int(open(\"/proc/sys/fs/inotify/max_user_watches\").read())\nos.makedirs(\"/tmp/w\")\nfd = libc.inotify_init1(0o2000000)\nwds, err = [], 0\nwhile len(wds) <= limit:\n    p = \"/tmp/w/%d\" % len(wds)\n    open(p, \"w\").close()\n    wd = libc.inotify_add_watch(fd, p.encode(), 4)\n    if wd < 0:\n        err = ctypes.get_errno()\n        break\n    wds.append(wd)\nfor wd in wds[len(wds) - {HEADROOM}:]:\n    libc.inotify_rm_watch(fd, wd)\nopen(\"/tmp/held\", \"w\").write(\"%d %d %d\" % (len(wds) - {HEADROOM}, err, limit))\ntime.sleep(600)\n'"
+    );
+    let cid = server
+        .start_command(sid, json!({"command": script, "timeoutMs": 600_000}))
+        .await;
+    eventually(Duration::from_secs(120), "the filler holds", || async {
+        let r = server.sh(sid, "cat /tmp/held 2>/dev/null").await;
+        !r["stdout"].as_str().unwrap_or_default().is_empty()
+    })
+    .await;
+    let held = server.sh(sid, "cat /tmp/held").await["stdout"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    (cid, held)
+}
+
+/// Makes `n` empty directories under `top` in the workspace.
+async fn make_dirs(server: &TestServer, sid: &str, top: &str, n: usize) {
+    let r = server
+        .sh(
+            sid,
+            &format!(
+                "python3 -c 'import os\nfor i in range({n}): os.makedirs(\"{top}/d%05d\" % i)'"
+            ),
+        )
+        .await;
+    assert_eq!(r["exitCode"], 0, "{r}");
+}
+
+/// Sandbox A's workspace needs more watches than the budget: its report
+/// is a scan (exact), and it holds none, so sandbox B, next to it, keeps
+/// inotify. The kernel's per-user limit is brought within reach by a
+/// third sandbox holding all watches but [`HEADROOM`]; the positive
+/// control is the same run with a budget A fits in (as without one): A
+/// then holds its whole workspace and B's report is a scan. Under gVisor
+/// each sandbox has its own kernel and limits, so only the budget's own
+/// effect on A (and B's inotify) is checked.
+#[tokio::test]
+async fn a_sandbox_past_its_watch_budget_scans_and_leaves_the_others_inotify() {
+    for (budget, a_method, b_method) in [
+        (BUDGET, "scan", "inotify"),
+        // Positive control: a budget larger than A's workspace.
+        (1_048_576, "inotify", "scan"),
+    ] {
+        if under_gvisor() && budget != BUDGET {
+            continue;
+        }
+        let server = TestServer::start_with(
+            ServerOptions::default().env("SANDBOXD_CHANGES_WATCH_BUDGET", &budget.to_string()),
+        )
+        .await;
+        let a = server.offline_sandbox().await;
+        let b = server.offline_sandbox().await;
+        make_dirs(&server, &a, "many", A_DIRS).await;
+        assert_eq!(server.sh(&b, SETUP).await["exitCode"], 0);
+        make_dirs(&server, &b, "tree", B_DIRS).await;
+        let mut filler = None;
+        if !under_gvisor() {
+            let c = server.offline_sandbox().await;
+            let (cid, held) = hold_all_watches_but_headroom(&server, &c).await;
+            // It stopped at the kernel's limit (ENOSPC), not at its own
+            // bound: the user now has HEADROOM watches left.
+            assert_eq!(
+                held.split(' ').nth(1),
+                Some("28"),
+                "the filler did not reach the limit: {held}"
+            );
+            filler = Some((c, cid));
+        }
+        // A's command runs (and its watch holds what it took) until told.
+        let a_cmd = server
+            .start_command(
+                &a,
+                json!({"command": "touch a-made && until test -e /tmp/go; do sleep 0.05; done", "changes": true, "timeoutMs": 120_000}),
+            )
+            .await;
+        let r = server
+            .run(&b, json!({"command": ACT, "changes": true}))
+            .await;
+        assert_eq!(server.sh(&a, "touch /tmp/go").await["exitCode"], 0);
+        let records = server.log_records(&a, &a_cmd, "").await;
+        if let Some((c, cid)) = &filler {
+            let (s, _) = server
+                .post(&format!("/v1/sandboxes/{c}/commands/{cid}:kill"), json!({}))
+                .await;
+            assert_eq!(s, 200);
+        }
+        let b_changes = &r["changes"];
+        eprintln!(
+            "budget {budget}: B's run took {} ms by {}",
+            r["durationMs"], b_changes["method"]
+        );
+        assert_eq!(b_changes["files"], expected(), "{b_changes}");
+        assert_eq!(b_changes["complete"], true, "{b_changes}");
+        assert_eq!(
+            b_changes["method"], b_method,
+            "budget {budget}: sandbox B, whose workspace fits its own budget: {b_changes}"
+        );
+        let exit = records.last().expect("records");
+        assert_eq!(exit["stream"], "exit", "{records:?}");
+        assert_eq!(
+            exit["changes"]["files"],
+            json!([{"path": "a-made", "kind": "created", "size": 0}]),
+            "{exit}"
+        );
+        assert_eq!(
+            exit["changes"]["method"], a_method,
+            "budget {budget}: sandbox A, {A_DIRS} directories: {exit}"
+        );
+    }
 }
