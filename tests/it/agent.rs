@@ -37,44 +37,6 @@ async fn listed(server: &TestServer, sid: &str, cid: &str) -> Value {
         .unwrap_or(Value::Null)
 }
 
-/// A command's output (stdout and stderr, as they come) until it holds
-/// `needle`, read from its log stream; fails after `within`.
-async fn output_until(
-    server: &TestServer,
-    sid: &str,
-    cid: &str,
-    needle: &str,
-    within: Duration,
-) -> String {
-    let resp = server.open_logs(sid, cid).await;
-    assert_eq!(resp.status(), 200);
-    let mut body = resp.bytes_stream();
-    let mut seen = String::new();
-    let found = tokio::time::timeout(within, async {
-        let mut carry = Vec::new();
-        while let Some(chunk) = body.next().await {
-            carry.extend_from_slice(&chunk.expect("log chunk"));
-            while let Some(nl) = carry.iter().position(|b| *b == b'\n') {
-                let line: Vec<u8> = carry.drain(..=nl).collect();
-                let rec: Value = serde_json::from_slice(&line).expect("NDJSON line");
-                if let Some(d) = rec["data"].as_str() {
-                    seen.push_str(d);
-                }
-                if seen.contains(needle) {
-                    return true;
-                }
-            }
-        }
-        false
-    })
-    .await;
-    assert!(
-        found == Ok(true),
-        "no {needle:?} in the output of {cid} within {within:?}: {seen:?}"
-    );
-    seen
-}
-
 #[tokio::test]
 async fn a_background_server_ends_its_command_at_once_and_keeps_serving() {
     let server = TestServer::start().await;
@@ -319,7 +281,9 @@ async fn a_memory_runaway_left_by_a_finished_command_is_ended_or_under_gvisor_it
         let cid = server
             .start_command(&sid, json!({"command": MEMORY_WATCHER, "timeoutMs": 60000}))
             .await;
-        output_until(&server, &sid, &cid, "watching", Duration::from_secs(10)).await;
+        server
+            .output_until(&sid, &cid, "watching", Duration::from_secs(10))
+            .await;
         Some(cid)
     };
     let started_at = server.inspect(&sid).await.state.and_then(|s| s.started_at);
@@ -329,7 +293,9 @@ async fn a_memory_runaway_left_by_a_finished_command_is_ended_or_under_gvisor_it
     assert_eq!(left["stdout"], "started\n");
     match &watcher {
         Some(cid) => {
-            let out = output_until(&server, &sid, cid, "reached", Duration::from_secs(30)).await;
+            let out = server
+                .output_until(&sid, cid, "reached", Duration::from_secs(30))
+                .await;
             eprintln!("memory watcher: {}", out.trim().replace('\n', "; "));
         }
         None => {

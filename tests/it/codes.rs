@@ -9,7 +9,6 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use futures_util::StreamExt;
 use serde_json::{Value, json};
 
 use crate::harness::{self, ServerOptions, TestServer, b64, eventually};
@@ -37,45 +36,6 @@ async fn write(server: &TestServer, sid: &str, path: &str, content: &[u8]) -> (u
     server
         .write_files(sid, json!([{"path": path, "contentBase64": b64(content)}]))
         .await
-}
-
-/// Reads a running command's log stream until its stdout+stderr contain
-/// `needle` (bounded), and returns that output; the stream is left open
-/// no longer than that.
-async fn until_output(
-    server: &TestServer,
-    sid: &str,
-    cid: &str,
-    needle: &str,
-    within: Duration,
-) -> String {
-    let resp = server.open_logs(sid, cid).await;
-    assert_eq!(resp.status(), 200);
-    let mut body = resp.bytes_stream();
-    let mut seen = String::new();
-    let found = tokio::time::timeout(within, async {
-        let mut carry = Vec::new();
-        while let Some(chunk) = body.next().await {
-            carry.extend_from_slice(&chunk.expect("log chunk"));
-            while let Some(nl) = carry.iter().position(|b| *b == b'\n') {
-                let line: Vec<u8> = carry.drain(..=nl).collect();
-                let rec: Value = serde_json::from_slice(&line).expect("NDJSON line");
-                if let Some(d) = rec["data"].as_str() {
-                    seen.push_str(d);
-                }
-                if seen.contains(needle) {
-                    return true;
-                }
-            }
-        }
-        false
-    })
-    .await;
-    assert!(
-        found == Ok(true),
-        "{needle:?} did not appear in the output of {cid} within {within:?}:\n{seen}"
-    );
-    seen
 }
 
 #[tokio::test]
@@ -212,7 +172,9 @@ async fn path_changed() {
             json!({"command": "exec python3 swap.py 40", "timeoutMs": 120000}),
         )
         .await;
-    let first = until_output(&server, &sid, &swapper, "\n", Duration::from_secs(20)).await;
+    let first = server
+        .output_until(&sid, &swapper, "\n", Duration::from_secs(20))
+        .await;
     let atomic = first.starts_with("atomic");
     eprintln!(
         "swapper: {}{}",
@@ -316,14 +278,14 @@ async fn too_many_processes() {
         )
         .await;
     // bash says so when fork fails for want of processes.
-    let _ = until_output(
-        &server,
-        &sid,
-        &holder,
-        "Resource temporarily unavailable",
-        Duration::from_secs(60),
-    )
-    .await;
+    let _ = server
+        .output_until(
+            &sid,
+            &holder,
+            "Resource temporarily unavailable",
+            Duration::from_secs(60),
+        )
+        .await;
     let t = Instant::now();
     let got = server
         .post(

@@ -445,6 +445,46 @@ impl TestServer {
         v
     }
 
+    /// Reads a running command's log stream until its stdout+stderr
+    /// contain `needle` (failing after `within`), and returns that output;
+    /// the stream is left open no longer than that.
+    pub(crate) async fn output_until(
+        &self,
+        sid: &str,
+        cid: &str,
+        needle: &str,
+        within: Duration,
+    ) -> String {
+        use futures_util::StreamExt;
+        let resp = self.open_logs(sid, cid).await;
+        assert_eq!(resp.status(), 200);
+        let mut body = resp.bytes_stream();
+        let mut seen = String::new();
+        let found = tokio::time::timeout(within, async {
+            let mut carry = Vec::new();
+            while let Some(chunk) = body.next().await {
+                carry.extend_from_slice(&chunk.expect("log chunk"));
+                while let Some(nl) = carry.iter().position(|b| *b == b'\n') {
+                    let line: Vec<u8> = carry.drain(..=nl).collect();
+                    let rec: Value = serde_json::from_slice(&line).expect("NDJSON line");
+                    if let Some(d) = rec["data"].as_str() {
+                        seen.push_str(d);
+                    }
+                    if seen.contains(needle) {
+                        return true;
+                    }
+                }
+            }
+            false
+        })
+        .await;
+        assert!(
+            found == Ok(true),
+            "{needle:?} did not appear in the output of {cid} within {within:?}:\n{seen}"
+        );
+        seen
+    }
+
     /// A command's whole NDJSON log stream, parsed; `query` is appended to
     /// the path (e.g. `?after=3`).
     pub(crate) async fn log_records(&self, sid: &str, cid: &str, query: &str) -> Vec<Value> {
