@@ -10,8 +10,8 @@
 //! else must form no cycle, and imports between top-level modules must run
 //! down the caller's layer table.
 //!
-//! It reads text, not a parsed syntax tree: comments are skipped and a file
-//! ends at its first `#[cfg(test)]`, which is how every file here is laid out.
+//! It reads text, not a parsed syntax tree: comments are skipped, and so is
+//! every item marked `#[cfg(test)]` (up to its `;` or the end of its block).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -203,17 +203,47 @@ fn is_ancestor_or_self(ancestor: &str, module: &str) -> bool {
     module == ancestor || module.starts_with(&format!("{ancestor}::"))
 }
 
-/// The text before the first `#[cfg(test)]`, with `//` comments blanked.
+/// The text without `//` comments and without the items marked
+/// `#[cfg(test)]` (a test module, or a test-only item between real ones).
 fn code_of(text: &str) -> String {
-    let code = text.split("#[cfg(test)]").next().unwrap_or_default();
-    code.lines()
+    let code: String = text
+        .lines()
         .map(|line| match line.find("//") {
             // A `//` inside a string literal (a URL) keeps the line.
             Some(i) if line[..i].matches('"').count() % 2 == 0 => &line[..i],
             _ => line,
         })
         .collect::<Vec<_>>()
-        .join("\n")
+        .join("\n");
+    let mut out = String::with_capacity(code.len());
+    let mut rest = code.as_str();
+    while let Some(i) = rest.find("#[cfg(test)]") {
+        out.push_str(&rest[..i]);
+        rest = &rest[i + "#[cfg(test)]".len()..];
+        rest = &rest[item_len(rest)..];
+    }
+    out.push_str(rest);
+    out
+}
+
+/// The length of the item at the start of `s`: up to its first `;` outside
+/// braces, or to the end of its first braced block, whichever comes first.
+fn item_len(s: &str) -> usize {
+    let mut depth = 0usize;
+    for (i, c) in s.char_indices() {
+        match c {
+            ';' if depth == 0 => return i + 1,
+            '{' => depth += 1,
+            '}' => {
+                depth = depth.saturating_sub(1);
+                if depth == 0 {
+                    return i + 1;
+                }
+            }
+            _ => {}
+        }
+    }
+    s.len()
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -390,10 +420,10 @@ mod tests {
     #[test]
     fn comments_and_tests_are_not_code() {
         let code = code_of(
-            "//! see crate::api\nuse crate::a; // crate::b\nlet u = \"http://x\"; crate::c::f();\n#[cfg(test)]\nuse crate::d;",
+            "//! see crate::api\nuse crate::a; // crate::b\nlet u = \"http://x\"; crate::c::f();\n#[cfg(test)]\nuse crate::d;\n#[cfg(test)]\nfn hook() -> u8 { crate::e::f(); 1 }\nuse crate::g;\n#[cfg(test)]\nmod tests { use crate::h; fn t() { crate::i(); } }",
         );
         let found: Vec<String> = names(&code).into_iter().map(|(_, s)| s).collect();
-        assert_eq!(found, ["a", "c::f"]);
+        assert_eq!(found, ["a", "c::f", "g"]);
     }
 
     fn graph(files: &[(&str, &str)]) -> ModuleGraph {
