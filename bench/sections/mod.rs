@@ -1,0 +1,72 @@
+//! The bench's sections, one file each, named as `--only` names them:
+//! which there are, and what one run measures for `--only X` or for all of
+//! them. Each section's file declares its lines of the table (key, target,
+//! check) and measures them.
+
+pub(crate) mod changes;
+pub(crate) mod core;
+pub(crate) mod egress;
+pub(crate) mod gvisor;
+pub(crate) mod pool;
+pub(crate) mod pty;
+pub(crate) mod shaping;
+
+use crate::floor::Floor;
+use crate::report::RunFigures;
+use crate::support::{Res, Server};
+
+/// A section `--only` measures alone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Section {
+    /// Every line but the shaping and pool sections.
+    Core,
+    Egress,
+    Gvisor,
+    Pty,
+    Pool,
+    Shaping,
+    Changes,
+}
+
+impl Section {
+    /// The section `--only NAME` names.
+    pub(crate) fn from_name(name: &str) -> Option<Section> {
+        match name {
+            "core" => Some(Section::Core),
+            "egress" => Some(Section::Egress),
+            "gvisor" => Some(Section::Gvisor),
+            "pty" => Some(Section::Pty),
+            "pool" => Some(Section::Pool),
+            "shaping" => Some(Section::Shaping),
+            "changes" => Some(Section::Changes),
+            _ => None,
+        }
+    }
+}
+
+/// One run's measurements on `server`: `only` that section, or (`None`)
+/// core, then shaping, then pool.
+pub(crate) async fn measure(
+    only: Option<Section>,
+    server: &Server,
+    floor: &Floor,
+    fig: &mut RunFigures,
+    profile: bool,
+    runsc: bool,
+    idle_secs: u64,
+) -> Res<()> {
+    match only {
+        None => {
+            core::measure(server, floor, fig, profile, runsc).await?;
+            shaping::measure(server, fig).await?;
+            pool::measure(server, floor, fig, idle_secs).await
+        }
+        Some(Section::Core) => core::measure(server, floor, fig, profile, runsc).await,
+        Some(Section::Shaping) => shaping::measure(server, fig).await,
+        Some(Section::Pool) => pool::measure(server, floor, fig, idle_secs).await,
+        Some(Section::Egress) => egress::measure(server, fig).await,
+        Some(Section::Gvisor) => gvisor::measure(server, floor, fig).await,
+        Some(Section::Pty) => pty::measure(server, fig).await,
+        Some(Section::Changes) => changes::measure(server, fig).await,
+    }
+}
