@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
-use crate::agent::AgentError;
+use crate::agent_client::AgentError;
 use crate::clock::now_ms;
 use crate::config::Config;
 use crate::engine::{
