@@ -26,9 +26,10 @@
 //! - [`subnet`]: link-network block arithmetic.
 //! - [`origin_policy`]: which `Host` and `Origin` values name this server.
 //! - [`engine`]: the container engine, behind a small interface.
-//! - [`agent`]: the connection to the agent inside each sandbox.
+//! - [`agent_client`]: the connection to the agent inside each sandbox, one
+//!   typed method per operation.
 
-pub mod agent;
+pub mod agent_client;
 pub mod api;
 pub mod app;
 pub mod clock;
@@ -66,7 +67,7 @@ mod layering {
         (6, &["app"]),
         (5, &["command", "files", "ports", "pty"]),
         (4, &["sandbox"]),
-        (3, &["engine", "agent"]),
+        (3, &["engine", "agent_client"]),
         (
             1,
             &[
@@ -112,6 +113,25 @@ mod layering {
                     );
                 }
             }
+        }
+    }
+
+    /// The agent protocol's envelope (`Op`, `Reply`) stays in the agent
+    /// client: the domain calls its typed methods.
+    #[test]
+    fn the_agent_envelope_stays_in_the_agent_client() {
+        for (file, module, code) in sources() {
+            if module == "agent_client" {
+                continue;
+            }
+            let named = code
+                .split(|c: char| !c.is_alphanumeric() && c != '_')
+                .find(|word| matches!(*word, "Op" | "Reply"));
+            assert!(
+                named.is_none(),
+                "{file} names `{}`: only src/agent_client/ speaks the agent's envelope",
+                named.unwrap_or_default()
+            );
         }
     }
 }

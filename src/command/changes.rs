@@ -11,10 +11,10 @@
 
 use std::time::Duration;
 
-use sandboxd_proto::{ChangeKind, ChangeMethod, ChangesSpec, MAX_CHANGE_PATH, Op, Reply};
+use sandboxd_proto::{ChangeKind, ChangeMethod, ChangesSpec, MAX_CHANGE_PATH};
 use serde::Serialize;
 
-use crate::agent::{AgentConn, reply_name};
+use crate::agent_client::AgentConn;
 use crate::field_error::FieldError;
 
 /// Directories left out when the request names none.
@@ -171,45 +171,36 @@ fn valid_path(path: &str) -> bool {
 pub async fn fetch(conn: &AgentConn, command: &str, max: u32, limit: Duration) -> Option<Changes> {
     let mut files: Vec<ChangedFile> = Vec::new();
     let answer = conn
-        .call_parts_within(
-            Op::Changes {
-                command: command.to_string(),
-            },
-            limit,
-            |part| {
-                let Reply::ChangesPart(piece) = part else {
-                    return Err(format!("{} in a list of changes", reply_name(&part)));
+        .changes(command, limit, |piece| {
+            if files.len() + piece.len() > max as usize {
+                return Err("more changes than asked for".into());
+            }
+            for c in piece {
+                let kind = match c.kind {
+                    ChangeKind::Created => Kind::Created,
+                    ChangeKind::Modified => Kind::Modified,
+                    ChangeKind::Deleted => Kind::Deleted,
                 };
-                if files.len() + piece.len() > max as usize {
-                    return Err("more changes than asked for".into());
+                if !valid_path(&c.path) {
+                    return Err("a change with a path outside the workspace".into());
                 }
-                for c in piece {
-                    let kind = match c.kind {
-                        ChangeKind::Created => Kind::Created,
-                        ChangeKind::Modified => Kind::Modified,
-                        ChangeKind::Deleted => Kind::Deleted,
-                    };
-                    if !valid_path(&c.path) {
-                        return Err("a change with a path outside the workspace".into());
-                    }
-                    if (kind == Kind::Deleted) != c.size.is_none() {
-                        return Err("a size on a deleted file, or none on another".into());
-                    }
-                    files.push(ChangedFile {
-                        path: c.path,
-                        kind,
-                        size: c.size,
-                    });
+                if (kind == Kind::Deleted) != c.size.is_none() {
+                    return Err("a size on a deleted file, or none on another".into());
                 }
-                Ok(())
-            },
-        )
+                files.push(ChangedFile {
+                    path: c.path,
+                    kind,
+                    size: c.size,
+                });
+            }
+            Ok(())
+        })
         .await;
     // Sorted here: the agent sorts names as bytes, and a name that is not
     // UTF-8 reads differently as text.
     files.sort_by(|a, b| a.path.cmp(&b.path));
     match answer {
-        Ok(Reply::Changes(s)) => Some(Changes {
+        Ok(s) => Some(Changes {
             files,
             more: s.more,
             method: match s.method {
@@ -218,14 +209,6 @@ pub async fn fetch(conn: &AgentConn, command: &str, max: u32, limit: Duration) -
             },
             complete: s.complete,
         }),
-        Ok(other) => {
-            tracing::warn!(
-                command_id = command,
-                reply = reply_name(&other),
-                "the agent ended a list of changes oddly"
-            );
-            None
-        }
         Err(e) => {
             tracing::warn!(command_id = command, error = %e, "no list of changes from the agent");
             None

@@ -13,12 +13,12 @@ use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use futures_util::Stream;
-use sandboxd_proto::{FailureKind, Op, ReadLog, RecordBody, Reply};
+use sandboxd_proto::{FailureKind, ReadLog, RecordBody};
 use tokio_util::sync::CancellationToken;
 
 use super::Command;
 use super::log::{check_order, error_line, exit_line, heartbeat_line, render, render_exit};
-use crate::agent::AgentError;
+use crate::agent_client::AgentError;
 use crate::config::Config;
 use crate::sandbox::registry::OpenRequest;
 use crate::sandbox::{Sandbox, Sandboxes};
@@ -95,15 +95,15 @@ impl Follow {
                     continue;
                 }
             };
-            let read = conn.call_within(
-                Op::ReadLog(ReadLog {
+            let read = conn.read_log(
+                ReadLog {
                     command: self.cmd.id.clone(),
                     follower: self.follower,
                     after: self.after,
                     max_bytes: READ_BYTES,
                     wait_ms: u32::try_from(self.heartbeat.as_millis()).unwrap_or(u32::MAX),
                     past_exit: self.past_exit,
-                }),
+                },
                 self.heartbeat + self.agent_timeout,
             );
             let reply = tokio::select! {
@@ -114,7 +114,7 @@ impl Follow {
                 _ = self.shutdown.cancelled() => return None,
             };
             match reply {
-                Ok(Reply::Log(chunk)) => {
+                Ok(chunk) => {
                     let last = match check_order(self.after, &chunk.records) {
                         Ok(last) => last,
                         Err(why) => {
@@ -164,7 +164,6 @@ impl Follow {
                     self.after = last;
                     return Some(buf.freeze());
                 }
-                Ok(_) => tokio::time::sleep(RETRY_EVERY).await,
                 // The agent forgot it (pruned): its end is all that is left.
                 Err(AgentError::Refused(f)) if f.kind == FailureKind::NoSuchCommand => {
                     self.done = true;
@@ -221,7 +220,7 @@ impl Drop for Follow {
         let (command, follower) = (self.cmd.id.clone(), self.follower);
         tokio::spawn(async move {
             let _ = conn
-                .call_within(Op::Unfollow { command, follower }, Duration::from_secs(5))
+                .unfollow(&command, follower, Duration::from_secs(5))
                 .await;
         });
     }

@@ -21,12 +21,12 @@ use std::time::{Duration, Instant};
 
 use dashmap::DashMap;
 use sandboxd_proto::{
-    CommandMeta, CommandState, Ended, FailureKind, Op, Reply, ShapeInfo, ShapeSpec, Spawn, Stream,
+    CommandMeta, CommandState, Ended, FailureKind, ShapeInfo, ShapeSpec, Spawn, Stream,
 };
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use crate::agent::{AgentConn, AgentError, reply_name};
+use crate::agent_client::{AgentConn, AgentError, TailPiece};
 use crate::clock::now_ms;
 use crate::config::Config;
 use crate::field_error::FieldError;
@@ -241,41 +241,36 @@ async fn fetch_tails(conn: &AgentConn, cmd: &Command, limit: Duration) -> Tails 
     let mut infos: [Option<ShapeInfo>; 2] = [None, None];
     let max_chars = cmd.shape.map_or(0, |s| s.max_chars as usize);
     let got = conn
-        .call_parts_within(
-            Op::Tail {
-                command: cmd.id.clone(),
-            },
-            limit,
-            |part| {
-                let (stream, piece) = match part {
-                    Reply::TailPart {
-                        stream,
-                        text,
-                        cut_bytes,
-                    } if cmd.shape.is_none() => {
-                        cut[usize::from(stream == Stream::Stderr)] = cut_bytes;
-                        (stream, text)
-                    }
-                    Reply::Shaped { stream, text, info } if cmd.shape.is_some() => {
-                        infos[usize::from(stream == Stream::Stderr)] = Some(info);
-                        (stream, text)
-                    }
-                    other => return Err(format!("{} in a tail", reply_name(&other))),
-                };
-                let slot = &mut text[usize::from(stream == Stream::Stderr)];
-                // A shaped character takes at most four bytes.
-                let most = if cmd.shape.is_some() {
-                    max_chars * 4
-                } else {
-                    spec::MAX_RUN_OUTPUT_BYTES
-                };
-                if slot.len() + piece.len() > most {
-                    return Err("a tail longer than asked for".into());
+        .tail(&cmd.id, limit, |part| {
+            let (stream, piece) = match part {
+                TailPiece::Plain {
+                    stream,
+                    text,
+                    cut_bytes,
+                } if cmd.shape.is_none() => {
+                    cut[usize::from(stream == Stream::Stderr)] = cut_bytes;
+                    (stream, text)
                 }
-                slot.push_str(&piece);
-                Ok(())
-            },
-        )
+                TailPiece::Shaped { stream, text, info } if cmd.shape.is_some() => {
+                    infos[usize::from(stream == Stream::Stderr)] = Some(info);
+                    (stream, text)
+                }
+                TailPiece::Plain { .. } => return Err("a plain tail of a shaped command".into()),
+                TailPiece::Shaped { .. } => return Err("a shaped tail of a plain command".into()),
+            };
+            let slot = &mut text[usize::from(stream == Stream::Stderr)];
+            // A shaped character takes at most four bytes.
+            let most = if cmd.shape.is_some() {
+                max_chars * 4
+            } else {
+                spec::MAX_RUN_OUTPUT_BYTES
+            };
+            if slot.len() + piece.len() > most {
+                return Err("a tail longer than asked for".into());
+            }
+            slot.push_str(&piece);
+            Ok(())
+        })
         .await;
     if let Err(e) = got {
         tracing::warn!(command_id = %cmd.id, error = %e, "the agent's tails of a command");
@@ -440,19 +435,15 @@ impl Commands {
         let spawned = self
             .sandboxes
             .with_agent(&sandbox, |conn| {
-                let op = Op::Spawn(spawn.clone());
+                let spawn = spawn.clone();
                 async move {
-                    match conn.call_within(op, limit).await {
-                        Ok(Reply::Spawned { .. }) => Ok(conn.boot()),
+                    match conn.spawn(spawn, limit).await {
+                        Ok(()) => Ok(conn.boot()),
                         // A repeat (the connection closed after the first
                         // reached the agent): the command runs.
                         Err(AgentError::Refused(f)) if f.kind == FailureKind::DuplicateCommand => {
                             Ok(conn.boot())
                         }
-                        Ok(other) => Err(AgentError::Protocol(format!(
-                            "it answered a spawn with {}",
-                            reply_name(&other)
-                        ))),
                         Err(e) => Err(e),
                     }
                 }
@@ -569,16 +560,8 @@ impl Commands {
         if conn.boot() != cmd.boot {
             return Ok(());
         }
-        match conn
-            .call_within(
-                Op::Kill {
-                    command: cmd.id.clone(),
-                },
-                self.config.agent_timeout,
-            )
-            .await
-        {
-            Ok(_) => Ok(()),
+        match conn.kill(&cmd.id, self.config.agent_timeout).await {
+            Ok(()) => Ok(()),
             // The agent forgot a finished command: nothing to end.
             Err(AgentError::Refused(f)) if f.kind == FailureKind::NoSuchCommand => Ok(()),
             Err(e) => Err(self.sandboxes.gone_or(&sandbox, e.into())),
@@ -614,10 +597,8 @@ impl Commands {
     /// What the sandbox's agent lists, if it answers (and which agent).
     async fn agent_states(&self, sandbox: &Arc<Sandbox>) -> Option<(u64, Vec<CommandState>)> {
         let conn = sandbox.live_agent()?;
-        match conn.call_within(Op::List, self.config.agent_timeout).await {
-            Ok(Reply::Commands(list)) => Some((conn.boot(), list)),
-            _ => None,
-        }
+        let list = conn.list(self.config.agent_timeout).await.ok()?;
+        Some((conn.boot(), list))
     }
 
     /// Lists again the commands the agents of all sandboxes hold, after a
@@ -640,8 +621,7 @@ impl Commands {
         let Ok(conn) = self.sandboxes.agent(&sandbox).await else {
             return 0;
         };
-        let Ok(Reply::Commands(list)) = conn.call_within(Op::List, self.config.agent_timeout).await
-        else {
+        let Ok(list) = conn.list(self.config.agent_timeout).await else {
             return 0;
         };
         let mut n = 0;
@@ -749,10 +729,7 @@ impl Commands {
                 // No agent that knows it: nothing of it can run any more.
                 return Some(cmd);
             };
-            let forget = Op::Forget {
-                command: cmd.id.clone(),
-            };
-            match conn.call_within(forget, FORGET_WITHIN).await {
+            match conn.forget(&cmd.id, FORGET_WITHIN).await {
                 Err(AgentError::Refused(f)) if f.kind == FailureKind::StillRunning => None,
                 _ => Some(cmd),
             }
@@ -815,9 +792,7 @@ impl Drive {
             if conn.boot() != self.cmd.boot {
                 break Err(self.why_gone().await);
             }
-            let wait = conn.call(Op::Wait {
-                command: self.cmd.id.clone(),
-            });
+            let wait = conn.wait(&self.cmd.id);
             tokio::pin!(wait);
             // A sandbox that dies (gVisor's kernel, out of memory) can leave
             // the connection open: look at the container now and then.
@@ -837,9 +812,9 @@ impl Drive {
                 }
             };
             match answer {
-                Some(Ok(Reply::Ended(e))) => break Ok(e),
-                Some(Ok(other)) => {
-                    tracing::warn!(command_id = %self.cmd.id, reply = reply_name(&other), "the agent answered a wait oddly");
+                Some(Ok(e)) => break Ok(e),
+                Some(Err(AgentError::Unexpected(why))) => {
+                    tracing::warn!(command_id = %self.cmd.id, why, "the agent answered a wait oddly");
                     tokio::time::sleep(RETRY_EVERY).await;
                 }
                 Some(Err(AgentError::Refused(f))) if f.kind == FailureKind::NoSuchCommand => {
@@ -901,11 +876,11 @@ impl Drive {
     async fn kill_late(&self) {
         tracing::warn!(command_id = %self.cmd.id, "the agent has not reported the end of a command past its timeout; killing it");
         if let Some(conn) = self.sandbox.live_agent() {
+            // Bounded here, and not by the call: a slow answer does not
+            // close the connection the drive waits on.
             let _ = tokio::time::timeout(
                 Duration::from_secs(5),
-                conn.call(Op::Kill {
-                    command: self.cmd.id.clone(),
-                }),
+                conn.kill(&self.cmd.id, Duration::MAX),
             )
             .await;
         }

@@ -11,28 +11,32 @@
 //! What the agent answers is bounded here: a read no larger than
 //! `max_file_bytes`, a listing of at most [`MAX_ENTRIES`] entries, names
 //! without `/` or NUL, a stat of exactly the paths asked for, search
-//! matches within the cap and their paths relative and plain.
+//! matches within the cap and their paths relative and plain ([`search`]).
 //!
 //! For editing: every read gives the content's SHA-256 and may ask for a
 //! range of lines ([`text`]); a write may carry, per file, the hash it
 //! expects (`ifMatch`) or that no file be there (`ifNoneMatch`), checked by
 //! the agent in the same step as the write.
 
+mod search;
 pub mod text;
 
 use std::collections::HashSet;
-use std::sync::Arc;
+use std::marker::PhantomData;
+use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
-use sandboxd_proto::{
-    DirEntry, FailureKind, MAX_TEXT, NewFile, Op, Precondition, Reply, WRITE_PIECE,
-};
+use sandboxd_proto::{DirEntry, FailureKind, NewFile, Precondition, WRITE_PIECE};
 
-use crate::agent::{AgentError, reply_name};
+use crate::agent_client::{AgentConn, AgentError, AgentResult, WriteOutcome};
 use crate::config::Config;
 use crate::field_error::FieldError;
 use crate::sandbox::{Sandbox, SandboxError, Sandboxes};
 use crate::workspace_path::WorkspacePath;
+pub use search::{
+    DEFAULT_SEARCH_RESULTS, MAX_GLOBS, MAX_PATTERN_BYTES, MAX_SEARCH_CONTEXT, MAX_SEARCH_RESULTS,
+    SearchMatch, SearchRequest, SearchResult,
+};
 
 /// Most entries a listing may have.
 pub const MAX_ENTRIES: usize = 100_000;
@@ -129,13 +133,78 @@ pub struct FileToWrite {
 }
 
 /// What `call_streamed` hands its consumer.
-enum Piece {
+enum Piece<P> {
     /// Start over: the parts so far came on a connection that closed.
     Restart,
     /// A part of the answer.
-    Part(Reply),
+    Part(P),
     /// The last answer came; no more parts.
     End,
+}
+
+/// The receiving end of one call's parts, across its attempts (see
+/// `call_streamed`): each part weighed against the call's budget, then
+/// handed to the consumer.
+struct Intake<P, F> {
+    /// Most bytes of parts one attempt may bring.
+    budget: usize,
+    /// Bytes of parts taken in this attempt, and the consumer.
+    state: Mutex<(usize, F)>,
+    part: PhantomData<fn(P)>,
+}
+
+impl<P: Weigh, F: FnMut(Piece<P>) -> Result<(), String>> Intake<P, F> {
+    fn new(budget: usize, on: F) -> Self {
+        Intake {
+            budget,
+            state: Mutex::new((0, on)),
+            part: PhantomData,
+        }
+    }
+
+    /// Hands `piece` to the consumer; a part only within the budget.
+    fn take(&self, piece: Piece<P>) -> Result<(), String> {
+        let Ok(mut state) = self.state.lock() else {
+            return Err("a poisoned part handler".into());
+        };
+        let (held, on) = &mut *state;
+        match &piece {
+            Piece::Restart => *held = 0,
+            Piece::Part(p) => {
+                *held = held.saturating_add(p.weight());
+                if *held > self.budget {
+                    return Err(OVER_BUDGET.into());
+                }
+            }
+            Piece::End => {}
+        }
+        on(piece)
+    }
+
+    /// The part handler of one attempt's call.
+    fn part(&self, p: P) -> Result<(), String> {
+        self.take(Piece::Part(p))
+    }
+}
+
+/// A consumer of parts that takes them only once the answer is complete
+/// (so it sees the parts of one connection), each handed to `part`.
+fn buffered<P>(
+    mut part: impl FnMut(P) -> Result<(), String>,
+) -> impl FnMut(Piece<P>) -> Result<(), String> {
+    let mut parts = Vec::new();
+    move |piece| {
+        match piece {
+            Piece::Restart => parts.clear(),
+            Piece::Part(p) => parts.push(p),
+            Piece::End => {
+                for p in parts.drain(..) {
+                    part(p)?;
+                }
+            }
+        }
+        Ok(())
+    }
 }
 
 /// A whole file: its content in standard base64 with padding (encoded,
@@ -179,55 +248,6 @@ pub struct PathInfo {
 
 /// Most paths in one `files:stat`.
 pub const MAX_STAT_PATHS: usize = 1000;
-/// Most matches a search may return details of, and the default.
-pub const MAX_SEARCH_RESULTS: u32 = 10_000;
-pub const DEFAULT_SEARCH_RESULTS: u32 = 100;
-/// Most context lines before and after a match.
-pub const MAX_SEARCH_CONTEXT: u32 = 10;
-/// Longest pattern and glob, most globs.
-pub const MAX_PATTERN_BYTES: usize = 4096;
-pub const MAX_GLOBS: usize = 100;
-/// What the agent may send of one line (its own bound, checked here).
-const MAX_MATCH_LINE_BYTES: usize = 1024;
-
-/// A search request as the caller made it.
-#[derive(Debug, Clone, Default)]
-pub struct SearchRequest {
-    pub pattern: String,
-    pub path: Option<String>,
-    pub globs: Vec<String>,
-    pub max_results: Option<u32>,
-    pub context: Option<u32>,
-    pub case_insensitive: bool,
-    /// Use the agent's own search even when the image has `rg`.
-    pub builtin: bool,
-}
-
-/// One matching line; `path` is absolute under the workspace.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SearchMatch {
-    pub path: String,
-    pub line: u64,
-    pub column: u64,
-    pub text: String,
-    pub before: Vec<String>,
-    pub after: Vec<String>,
-}
-
-/// A search's answer.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SearchResult {
-    pub matches: Vec<SearchMatch>,
-    /// Every matching line, past the cap too.
-    pub total_matches: u64,
-    pub files_searched: u64,
-    pub files_skipped: u64,
-    pub truncated: bool,
-    pub used_rg: bool,
-    pub rg_unavailable: Option<String>,
-    pub timed_out: bool,
-}
-
 /// What a directory entry is; symlinks are not followed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum EntryKind {
@@ -284,103 +304,56 @@ impl Files {
             .map_err(|e| FieldError::new("path", format!("{p:?}: {e}")).into())
     }
 
-    /// Sends `op` to the sandbox's agent and returns its last answer, the
-    /// parts before it handed to `part` once the answer is complete (so
-    /// `part` sees the parts of one connection; see `call_streamed`).
-    async fn call(
-        &self,
-        sandbox_id: &str,
-        op: Op,
-        budget: usize,
-        mut part: impl FnMut(Reply) -> Result<(), String> + Send,
-    ) -> FileResult<Reply> {
-        let mut parts = Vec::new();
-        self.call_streamed(sandbox_id, op, budget, |piece| {
-            match piece {
-                Piece::Restart => parts.clear(),
-                Piece::Part(p) => parts.push(p),
-                Piece::End => {
-                    for p in parts.drain(..) {
-                        part(p)?;
-                    }
-                }
-            }
-            Ok(())
-        })
-        .await
-    }
-
-    /// Sends `op` to the sandbox's agent and returns its last answer,
-    /// handing `on` each part as it arrives. When the connection closes
-    /// under the call and it is sent again on a new one, `on` first gets
-    /// `Restart`: what it took so far is void. At most `budget` bytes of
-    /// parts are taken (0: none may come).
-    async fn call_streamed(
-        &self,
-        sandbox_id: &str,
-        op: Op,
-        budget: usize,
-        on: impl FnMut(Piece) -> Result<(), String> + Send,
-    ) -> FileResult<Reply> {
+    /// Runs `call` on the sandbox's agent (once more on a new connection
+    /// when the first closed under it), as a request that keeps the
+    /// sandbox busy.
+    async fn on_agent<T, Call, Fut>(&self, sandbox_id: &str, call: Call) -> FileResult<T>
+    where
+        Call: Fn(Arc<AgentConn>) -> Fut,
+        Fut: Future<Output = AgentResult<T>>,
+    {
         let sandbox = self.sandboxes.lookup(sandbox_id).await?;
         let _busy = sandbox.open_request();
-        let on = std::sync::Mutex::new(on);
-        let limit = self.config.agent_timeout;
-        let answer = self
-            .sandboxes
-            .with_agent(&sandbox, |conn| {
-                let op = op.clone();
-                let on = &on;
-                let feed = move |piece: Piece| match on.lock() {
-                    Ok(mut f) => f(piece),
-                    Err(_) => Err("a poisoned part handler".into()),
-                };
-                async move {
-                    feed(Piece::Restart).map_err(AgentError::Protocol)?;
-                    let mut held = 0usize;
-                    let last = conn
-                        .call_parts_within(op, limit, |p| {
-                            held = held.saturating_add(part_bytes(&p));
-                            if budget == 0 {
-                                return Err(format!("{} where one answer was due", reply_name(&p)));
-                            }
-                            if held > budget {
-                                return Err(OVER_BUDGET.into());
-                            }
-                            feed(Piece::Part(p))
-                        })
-                        .await?;
-                    feed(Piece::End).map_err(AgentError::Protocol)?;
-                    Ok(last)
-                }
-            })
-            .await;
-        answer.map_err(|e| match e {
-            SandboxError::Agent(AgentError::Protocol(m)) if m == OVER_BUDGET => {
-                FileError::TooLarge(format!("the answer is larger than {budget} bytes"))
-            }
-            other => self.failure(&sandbox, other),
-        })
-    }
-
-    /// Sends `op` (a write) and then `content`, its files' content in
-    /// pieces, to the sandbox's agent; returns its one answer.
-    async fn call_with_content(
-        &self,
-        sandbox_id: &str,
-        op: Op,
-        content: Vec<Bytes>,
-    ) -> FileResult<Reply> {
-        let sandbox = self.sandboxes.lookup(sandbox_id).await?;
-        let _busy = sandbox.open_request();
-        let limit = self.config.agent_timeout;
         self.sandboxes
-            .with_agent(&sandbox, |conn| {
-                let (op, content) = (op.clone(), content.clone());
-                async move { conn.call_with_content_within(op, content, limit).await }
-            })
+            .with_agent(&sandbox, call)
             .await
             .map_err(|e| self.failure(&sandbox, e))
+    }
+
+    /// As `on_agent`, for a call whose answer comes in parts, each handed
+    /// to `intake.part`: when the connection closes under the call and it
+    /// is made again on a new one, the consumer first gets `Restart` (what
+    /// it took so far is void); once the last answer came, `End`.
+    async fn call_streamed<P, F, T, Call, Fut>(
+        &self,
+        sandbox_id: &str,
+        intake: &Intake<P, F>,
+        call: Call,
+    ) -> FileResult<T>
+    where
+        P: Weigh,
+        F: FnMut(Piece<P>) -> Result<(), String>,
+        Call: Fn(Arc<AgentConn>) -> Fut,
+        Fut: Future<Output = AgentResult<T>>,
+    {
+        self.on_agent(sandbox_id, |conn| {
+            let attempt = call(conn);
+            async move {
+                intake.take(Piece::Restart).map_err(AgentError::Protocol)?;
+                let last = attempt.await?;
+                intake.take(Piece::End).map_err(AgentError::Protocol)?;
+                Ok(last)
+            }
+        })
+        .await
+        .map_err(|e| match e {
+            FileError::Sandbox(SandboxError::Agent(AgentError::Protocol(m)))
+                if m == OVER_BUDGET =>
+            {
+                FileError::TooLarge(format!("the answer is larger than {} bytes", intake.budget))
+            }
+            e => e,
+        })
     }
 
     /// What a failed agent call means for the caller: the agent's refusal,
@@ -490,32 +463,29 @@ impl Files {
         }
         let max = self.config.max_file_bytes;
         let mut size = 0u64;
+        let intake = Intake::new(
+            usize::try_from(max).unwrap_or(usize::MAX),
+            |piece: Piece<Vec<u8>>| match piece {
+                Piece::Restart => {
+                    size = 0;
+                    take(None);
+                    Ok(())
+                }
+                Piece::Part(d) if size + d.len() as u64 <= max => {
+                    size += d.len() as u64;
+                    take(Some(&d));
+                    Ok(())
+                }
+                Piece::Part(_) => Err(format!("a file past max_file_bytes ({max})")),
+                Piece::End => Ok(()),
+            },
+        );
+        let (rel, limit) = (path.relative(), self.config.agent_timeout);
         let answer = self
-            .call_streamed(
-                sandbox_id,
-                Op::ReadFile {
-                    path: path.relative(),
-                    max_bytes: max,
-                },
-                usize::try_from(max).unwrap_or(usize::MAX),
-                |piece| match piece {
-                    Piece::Restart => {
-                        size = 0;
-                        take(None);
-                        Ok(())
-                    }
-                    Piece::Part(Reply::Data(d)) if size + d.len() as u64 <= max => {
-                        size += d.len() as u64;
-                        take(Some(&d));
-                        Ok(())
-                    }
-                    Piece::Part(Reply::Data(_)) => {
-                        Err(format!("a file past max_file_bytes ({max})"))
-                    }
-                    Piece::Part(other) => Err(format!("{} in a file", reply_name(&other))),
-                    Piece::End => Ok(()),
-                },
-            )
+            .call_streamed(sandbox_id, &intake, |conn| {
+                let (rel, intake) = (rel.clone(), &intake);
+                async move { conn.read_file(rel, max, limit, |d| intake.part(d)).await }
+            })
             .await;
         match answer {
             Ok(_) => Ok(true),
@@ -601,11 +571,16 @@ impl Files {
             }
         }
         let sent: Vec<String> = checked.iter().map(|f| f.path.clone()).collect();
-        let op = Op::WriteFiles { files: checked };
-        let answer = self.call_with_content(sandbox_id, op, content).await?;
+        let limit = self.config.agent_timeout;
+        let answer = self
+            .on_agent(sandbox_id, |conn| {
+                let (files, content) = (checked.clone(), content.clone());
+                async move { conn.write_files(files, content, limit).await }
+            })
+            .await?;
         match answer {
-            Reply::Ok => Ok(()),
-            Reply::PreconditionFailed(failed) => {
+            WriteOutcome::Written => Ok(()),
+            WriteOutcome::PreconditionFailed(failed) => {
                 // Only paths of this write, each once, name a failure.
                 let mut named = HashSet::new();
                 let mut out = Vec::new();
@@ -625,7 +600,6 @@ impl Files {
                 }
                 Err(FileError::PreconditionFailed(out))
             }
-            other => Err(agent_broke(&format!("{} to a write", reply_name(&other)))),
         }
     }
 
@@ -651,12 +625,13 @@ impl Files {
                 .map_err(|e| FieldError::new(format!("paths[{i}]"), format!("{p:?}: {e}")))?;
             rel.push(path.relative());
         }
-        let answer = self
-            .call(sandbox_id, Op::Stat { paths: rel, sha256 }, 0, |_| Ok(()))
+        let limit = self.config.agent_timeout;
+        let stats = self
+            .on_agent(sandbox_id, |conn| {
+                let rel = rel.clone();
+                async move { conn.stat(rel, sha256, limit).await }
+            })
             .await?;
-        let Reply::Stats(stats) = answer else {
-            return Err(agent_broke(&format!("{} to a stat", reply_name(&answer))));
-        };
         if stats.len() != paths.len() {
             return Err(agent_broke("a stat of other paths than asked for"));
         }
@@ -682,125 +657,25 @@ impl Files {
             .collect())
     }
 
-    /// Lines matching `req.pattern` under a directory of the workspace.
-    pub async fn search(&self, sandbox_id: &str, req: SearchRequest) -> FileResult<SearchResult> {
-        if req.pattern.is_empty() || req.pattern.len() > MAX_PATTERN_BYTES {
-            return Err(FieldError::new(
-                "pattern",
-                format!("1 to {MAX_PATTERN_BYTES} bytes, got {}", req.pattern.len()),
-            )
-            .into());
-        }
-        if req.globs.len() > MAX_GLOBS {
-            return Err(FieldError::new("globs", format!("at most {MAX_GLOBS}")).into());
-        }
-        for (i, g) in req.globs.iter().enumerate() {
-            if g.is_empty() || g.len() > MAX_PATTERN_BYTES || g.contains('\0') {
-                return Err(FieldError::new(
-                    format!("globs[{i}]"),
-                    format!("1 to {MAX_PATTERN_BYTES} bytes without NUL"),
-                )
-                .into());
-            }
-        }
-        let max_results = req.max_results.unwrap_or(DEFAULT_SEARCH_RESULTS);
-        if !(1..=MAX_SEARCH_RESULTS).contains(&max_results) {
-            return Err(FieldError::new(
-                "maxResults",
-                format!("must be between 1 and {MAX_SEARCH_RESULTS} (got {max_results})"),
-            )
-            .into());
-        }
-        let context = req.context.unwrap_or(0);
-        if context > MAX_SEARCH_CONTEXT {
-            return Err(FieldError::new(
-                "context",
-                format!("must be between 0 and {MAX_SEARCH_CONTEXT} (got {context})"),
-            )
-            .into());
-        }
-        let dir = self.parse(req.path.as_deref().unwrap_or(&self.config.workspace_dir))?;
-        let base = dir.absolute(&self.config.workspace_dir);
-        // The agent stops in time to answer before sandboxd gives up on it.
-        let limit = u64::try_from(self.config.agent_timeout.as_millis()).unwrap_or(u64::MAX);
-        let deadline_ms =
-            u32::try_from(limit.saturating_sub(limit / 4).clamp(500, 60_000)).unwrap_or(60_000);
-        let op = Op::Search(sandboxd_proto::Search {
-            pattern: req.pattern,
-            path: dir.relative(),
-            globs: req.globs,
-            max_results,
-            context,
-            case_insensitive: req.case_insensitive,
-            builtin: req.builtin,
-            deadline_ms,
-        });
-        let mut matches = Vec::new();
-        let budget = MAX_SEARCH_DETAIL_BYTES;
-        let answer = self
-            .call(sandbox_id, op, budget, |part| match part {
-                Reply::Matches(list) if matches.len() + list.len() <= max_results as usize => {
-                    for m in list {
-                        matches.push(search_match(&base, m, context)?);
-                    }
-                    Ok(())
-                }
-                Reply::Matches(_) => Err("more matches than the cap".into()),
-                other => Err(format!("{} in a search", reply_name(&other))),
-            })
-            .await
-            .map_err(|e| match e {
-                // The agent compiles the pattern (and globs): its refusal
-                // names them, not the path.
-                FileError::Invalid(f) => match f.message.split_once(": ") {
-                    Some((field @ ("pattern" | "globs"), why)) => {
-                        FieldError::new(field, why.to_string()).into()
-                    }
-                    _ => FileError::Invalid(f),
-                },
-                e => e,
-            })?;
-        let Reply::Searched(done) = answer else {
-            return Err(agent_broke(&format!(
-                "{} ending a search",
-                reply_name(&answer)
-            )));
-        };
-        let returned = matches.len() as u64;
-        if done.total_matches < returned {
-            return Err(agent_broke("fewer matches counted than sent"));
-        }
-        Ok(SearchResult {
-            truncated: done.total_matches > returned,
-            matches,
-            total_matches: done.total_matches,
-            files_searched: done.files_searched,
-            files_skipped: done.files_skipped,
-            used_rg: done.used_rg,
-            rg_unavailable: done.rg_missing_reason.map(|r| cut_text(r, MAX_TEXT)),
-            timed_out: done.timed_out,
-        })
-    }
-
     /// The entries of a directory, sorted by name; symlinks are not followed.
     pub async fn list(&self, sandbox_id: &str, p: &str) -> FileResult<Vec<Entry>> {
         let path = self.parse(p)?;
         let mut entries = Vec::new();
-        self.call(
-            sandbox_id,
-            Op::ListDir {
-                path: path.relative(),
-            },
+        let intake = Intake::new(
             MAX_ENTRIES * (ENTRY_BYTES + NAME_MAX),
-            |part| match part {
-                Reply::Entries(list) if entries.len() + list.len() <= MAX_ENTRIES => {
-                    entries.extend(list.into_iter().filter_map(Entry::from_agent));
-                    Ok(())
+            buffered(|list: Vec<DirEntry>| {
+                if entries.len() + list.len() > MAX_ENTRIES {
+                    return Err(TOO_MANY_ENTRIES.into());
                 }
-                Reply::Entries(_) => Err(TOO_MANY_ENTRIES.into()),
-                other => Err(format!("{} in a listing", reply_name(&other))),
-            },
-        )
+                entries.extend(list.into_iter().filter_map(Entry::from_agent));
+                Ok(())
+            }),
+        );
+        let (rel, limit) = (path.relative(), self.config.agent_timeout);
+        self.call_streamed(sandbox_id, &intake, |conn| {
+            let (rel, intake) = (rel.clone(), &intake);
+            async move { conn.list_dir(rel, limit, |list| intake.part(list)).await }
+        })
         .await
         .map_err(|e| match e {
             FileError::Sandbox(SandboxError::Agent(AgentError::Protocol(m)))
@@ -812,6 +687,7 @@ impl Files {
             }
             e => e,
         })?;
+        drop(intake);
         entries.sort_by(|a, b| a.name.cmp(&b.name));
         Ok(entries)
     }
@@ -838,17 +714,12 @@ impl Files {
             }
             rel.push(path.relative());
         }
-        self.call(
-            sandbox_id,
-            Op::Delete {
-                paths: rel,
-                recursive,
-            },
-            0,
-            |_| Ok(()),
-        )
-        .await?;
-        Ok(())
+        let limit = self.config.agent_timeout;
+        self.on_agent(sandbox_id, |conn| {
+            let rel = rel.clone();
+            async move { conn.delete(rel, recursive, limit).await }
+        })
+        .await
     }
 }
 
@@ -866,75 +737,22 @@ fn agent_broke(what: &str) -> FileError {
     FileError::Sandbox(SandboxError::Agent(AgentError::Protocol(what.to_string())))
 }
 
-/// `s` cut to at most `max` bytes at a character boundary.
-fn cut_text(mut s: String, max: usize) -> String {
-    if s.len() > max {
-        let mut end = max;
-        while !s.is_char_boundary(end) {
-            end -= 1;
-        }
-        s.truncate(end);
-    }
-    s
-}
-
-/// Most bytes of match details held from one search (the agent's own
-/// bound plus what the parts weigh besides text).
-const MAX_SEARCH_DETAIL_BYTES: usize = 24 * 1024 * 1024;
-
-/// A match from the agent, checked: its path relative and plain (made
-/// absolute under `base`, the searched directory), its lines within the
-/// bound and its context within what was asked for.
-fn search_match(base: &str, m: sandboxd_proto::Match, context: u32) -> Result<SearchMatch, String> {
-    let plain = !m.path.is_empty()
-        && m.path.len() <= crate::workspace_path::MAX_PATH_BYTES
-        && !m.path.starts_with('/')
-        && !m.path.contains('\0')
-        && m.path
-            .split('/')
-            .all(|c| !c.is_empty() && c != "." && c != "..");
-    if !plain {
-        return Err("a match with a path that is not a plain relative one".into());
-    }
-    let lines_ok = m.before.len() <= context as usize
-        && m.after.len() <= context as usize
-        && std::iter::once(&m.text)
-            .chain(&m.before)
-            .chain(&m.after)
-            .all(|l| l.len() <= MAX_MATCH_LINE_BYTES);
-    if !lines_ok || m.line == 0 || m.column == 0 {
-        return Err("a match out of bounds".into());
-    }
-    Ok(SearchMatch {
-        path: format!("{}/{}", base.trim_end_matches('/'), m.path),
-        line: m.line,
-        column: m.column,
-        text: m.text,
-        before: m.before,
-        after: m.after,
-    })
-}
-
 /// What a part is taken to weigh against a call's budget: its bytes, and
-/// for entries a fixed share each, so many empty names weigh too.
-fn part_bytes(part: &Reply) -> usize {
-    match part {
-        Reply::Data(d) => d.len(),
-        Reply::Entries(list) => list.iter().map(|e| ENTRY_BYTES + e.name.len()).sum(),
-        Reply::Matches(list) => list
-            .iter()
-            .map(|m| {
-                ENTRY_BYTES
-                    + m.path.len()
-                    + m.text.len()
-                    + m.before
-                        .iter()
-                        .chain(&m.after)
-                        .map(String::len)
-                        .sum::<usize>()
-            })
-            .sum(),
-        _ => ENTRY_BYTES,
+/// for entries and matches a fixed share each, so many empty names weigh
+/// too.
+trait Weigh {
+    fn weight(&self) -> usize;
+}
+
+impl Weigh for Vec<u8> {
+    fn weight(&self) -> usize {
+        self.len()
+    }
+}
+
+impl Weigh for Vec<DirEntry> {
+    fn weight(&self) -> usize {
+        self.iter().map(|e| ENTRY_BYTES + e.name.len()).sum()
     }
 }
 
@@ -970,38 +788,6 @@ mod tests {
     }
 
     #[test]
-    fn only_plain_bounded_matches_come_back_from_a_search() {
-        let m = |path: &str| sandboxd_proto::Match {
-            path: path.into(),
-            line: 3,
-            column: 1,
-            text: "hit".into(),
-            before: vec!["a".into()],
-            after: vec![],
-        };
-        let ok = search_match("/workspace/src", m("a/b.rs"), 1).expect("plain");
-        assert_eq!(ok.path, "/workspace/src/a/b.rs");
-        assert_eq!(
-            search_match("/workspace", m("x"), 1).map(|m| m.path),
-            Ok("/workspace/x".to_string())
-        );
-        for bad in ["", "/etc/passwd", "../x", "a/../b", "a//b", "./a", "a\0b"] {
-            assert!(search_match("/workspace", m(bad), 1).is_err(), "{bad:?}");
-        }
-        assert!(
-            search_match("/workspace", m("a"), 0).is_err(),
-            "more context than asked"
-        );
-        let long = sandboxd_proto::Match {
-            text: "x".repeat(MAX_MATCH_LINE_BYTES + 1),
-            ..m("a")
-        };
-        assert!(search_match("/workspace", long, 1).is_err());
-        let zero = sandboxd_proto::Match { line: 0, ..m("a") };
-        assert!(search_match("/workspace", zero, 1).is_err());
-    }
-
-    #[test]
     fn parts_weigh_their_bytes_and_empty_names_weigh_too() {
         let e = |name: &str| DirEntry {
             name: name.into(),
@@ -1010,13 +796,10 @@ mod tests {
             mtime_ms: 0,
             mode: 0,
         };
-        assert_eq!(part_bytes(&Reply::Data(vec![0; 1000])), 1000);
-        assert_eq!(
-            part_bytes(&Reply::Entries(vec![e(""), e("abc")])),
-            2 * ENTRY_BYTES + 3
-        );
+        assert_eq!(vec![0u8; 1000].weight(), 1000);
+        assert_eq!(vec![e(""), e("abc")].weight(), 2 * ENTRY_BYTES + 3);
         // A listing's budget holds the limit's worth of the longest names.
         let full: Vec<DirEntry> = (0..MAX_ENTRIES).map(|_| e(&"x".repeat(NAME_MAX))).collect();
-        assert!(part_bytes(&Reply::Entries(full)) <= MAX_ENTRIES * (ENTRY_BYTES + NAME_MAX));
+        assert!(full.weight() <= MAX_ENTRIES * (ENTRY_BYTES + NAME_MAX));
     }
 }

@@ -20,10 +20,8 @@ use std::time::Duration;
 
 use dashmap::DashMap;
 
+use crate::agent_client::{AgentError, Probed};
 use crate::config::Config;
-use sandboxd_proto::{Op, Reply};
-
-use crate::agent::AgentError;
 use crate::engine::{EngineError, ProxyContainer};
 use crate::sandbox::network::{LINK_ALIAS, link_name};
 use crate::sandbox::spec::NetworkMode;
@@ -330,15 +328,7 @@ impl Ports {
         let relayed = self
             .sandboxes
             .with_agent(sandbox, |conn| async move {
-                conn.call_within(
-                    Op::Relay {
-                        port,
-                        listen: relay,
-                        allow: subnet.to_string(),
-                    },
-                    limit,
-                )
-                .await
+                conn.relay(port, relay, subnet.to_string(), limit).await
             })
             .await;
         match relayed {
@@ -363,11 +353,11 @@ impl Ports {
         let probed = self
             .sandboxes
             .with_agent(sandbox, |conn| async move {
-                conn.call_within(Op::Probe { port, wait_ms }, limit).await
+                conn.probe(port, wait_ms, limit).await
             })
             .await;
         match probed {
-            Ok(Reply::Probed {
+            Ok(Probed {
                 ready,
                 recent_output,
             }) => {
@@ -378,7 +368,7 @@ impl Ports {
                     .unwrap_or(recent_output.len());
                 Ok((ready, recent_output[start..].to_string()))
             }
-            Ok(_) => Err(PortError::Failed(
+            Err(SandboxError::Agent(AgentError::Unexpected(_))) => Err(PortError::Failed(
                 "the sandbox's agent answered oddly".into(),
             )),
             Err(e) => Err(e.into()),

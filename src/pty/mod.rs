@@ -26,11 +26,11 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use futures_util::{Sink, SinkExt, Stream, StreamExt};
-use sandboxd_proto::{FailureKind, Op, PtyEnded, PtyOpen, PtyOutput, PtyState, Reply};
+use sandboxd_proto::{FailureKind, PtyEnded, PtyOpen, PtyOutput, PtyState};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use crate::agent::{AgentConn, AgentError, reply_name};
+use crate::agent_client::{AgentConn, AgentError};
 use crate::clock::now_ms;
 use crate::config::Config;
 use crate::field_error::FieldError;
@@ -307,19 +307,15 @@ impl Ptys {
         let opened = self
             .sandboxes
             .with_agent(&sandbox, |conn| {
-                let op = Op::PtyOpen(open.clone());
+                let open = open.clone();
                 async move {
-                    match conn.call_within(op, limit).await {
-                        Ok(Reply::Spawned { .. }) => Ok(conn),
+                    match conn.pty_open(open, limit).await {
+                        Ok(()) => Ok(conn),
                         // A repeat (the connection closed after the first
                         // reached the agent): the session runs.
                         Err(AgentError::Refused(f)) if f.kind == FailureKind::DuplicateCommand => {
                             Ok(conn)
                         }
-                        Ok(other) => Err(AgentError::Protocol(format!(
-                            "it answered a session's start with {}",
-                            reply_name(&other)
-                        ))),
                         Err(e) => Err(e),
                     }
                 }
@@ -358,14 +354,11 @@ impl Ptys {
         let session_key = sandbox.session_key.clone();
         let shutdown = self.shutdown.clone();
         tokio::spawn(async move {
-            let op = Op::PtyWait {
-                pty: pty_id.clone(),
-            };
             let ended = tokio::select! {
-                r = conn.call(op) => r,
+                r = conn.pty_wait(&pty_id) => r,
                 () = shutdown.cancelled() => return,
             };
-            let Ok(Reply::PtyEnded(ended)) = ended else {
+            let Ok(ended) = ended else {
                 return;
             };
             crate::telemetry::pty_ended();
@@ -397,7 +390,7 @@ impl Ptys {
             return;
         };
         let limit = self.config.agent_timeout;
-        let Ok(Reply::Ptys(list)) = conn.call_within(Op::PtyList, limit).await else {
+        let Ok(list) = conn.pty_list(limit).await else {
             return;
         };
         for state in list.into_iter().take(MAX_RUNNING as usize + 64) {
@@ -437,24 +430,16 @@ impl Ptys {
     /// The agent's list, checked: ids of our form, bounded.
     async fn states(&self, sandbox: &Arc<Sandbox>) -> PtyResult<Vec<PtyState>> {
         let limit = self.config.agent_timeout;
-        let reply = self
+        let list = self
             .sandboxes
-            .with_agent(sandbox, |conn| async move {
-                conn.call_within(Op::PtyList, limit).await
-            })
+            .with_agent(sandbox, |conn| async move { conn.pty_list(limit).await })
             .await
             .map_err(|e| self.sandboxes.gone_or(sandbox, e))?;
-        match reply {
-            Reply::Ptys(list) => Ok(list
-                .into_iter()
-                .filter(|s| crate::id::is_hex_id(&s.pty, 24))
-                .take(MAX_RUNNING as usize + 64)
-                .collect()),
-            other => Err(PtyError::from(AgentError::Protocol(format!(
-                "it answered a list of sessions with {}",
-                reply_name(&other)
-            )))),
-        }
+        Ok(list
+            .into_iter()
+            .filter(|s| crate::id::is_hex_id(&s.pty, 24))
+            .take(MAX_RUNNING as usize + 64)
+            .collect())
     }
 
     /// Fails unless the sandbox has session `pty_id`.
@@ -472,13 +457,9 @@ impl Ptys {
     pub async fn kill(&self, sandbox_id: &str, pty_id: &str) -> PtyResult<()> {
         let sandbox = self.check(sandbox_id, pty_id).await?;
         let limit = self.config.agent_timeout;
-        let op = Op::PtyKill {
-            pty: pty_id.to_string(),
-        };
         self.sandboxes
-            .with_agent(&sandbox, |conn| {
-                let op = op.clone();
-                async move { conn.call_within(op, limit).await }
+            .with_agent(&sandbox, |conn| async move {
+                conn.pty_kill(pty_id, limit).await
             })
             .await
             .map_err(|e| self.sandboxes.gone_or(&sandbox, e))?;
@@ -530,21 +511,19 @@ impl Ptys {
         let limit = self.config.agent_timeout + READ_WAIT;
         let mut after = 0u64;
         let mut first = true;
+        let wait_ms = u32::try_from(READ_WAIT.as_millis()).unwrap_or(u32::MAX);
         let read = |after: u64| {
-            let conn = Arc::clone(&conn);
-            let op = Op::PtyRead {
-                pty: pty_id.clone(),
-                after,
-                max_bytes: OUTPUT_CHUNK,
-                wait_ms: u32::try_from(READ_WAIT.as_millis()).unwrap_or(u32::MAX),
-            };
-            Box::pin(async move { conn.call_within(op, limit).await })
+            let (conn, pty_id) = (Arc::clone(&conn), pty_id.clone());
+            Box::pin(async move {
+                conn.pty_read(&pty_id, after, OUTPUT_CHUNK, wait_ms, limit)
+                    .await
+            })
         };
         let mut reading = read(after);
         loop {
             tokio::select! {
                 r = &mut reading => {
-                    let Ok(Reply::PtyOutput(out)) = r else { return };
+                    let Ok(out) = r else { return };
                     let Some(events) = take_output(&out, &mut after, first) else {
                         return;
                     };
@@ -563,18 +542,16 @@ impl Ptys {
                 key = input.next() => match key {
                     None => return,
                     Some(ViewerInput::Bytes(data)) if writing && !data.is_empty() => {
-                        let op = Op::PtyWrite { pty: pty_id.clone(), data: data.to_vec() };
                         // Input the program did not take is dropped (the
                         // agent said why); a connection that failed ends
                         // the view.
-                        match conn.call_within(op, self.config.agent_timeout).await {
-                            Ok(_) | Err(AgentError::Refused(_)) => {}
+                        match conn.pty_write(&pty_id, data.to_vec(), self.config.agent_timeout).await {
+                            Ok(()) | Err(AgentError::Refused(_)) => {}
                             Err(_) => return,
                         }
                     }
                     Some(ViewerInput::Resize { cols, rows }) if writing => {
-                        let op = Op::PtyResize { pty: pty_id.clone(), cols, rows };
-                        let _ = conn.call_within(op, self.config.agent_timeout).await;
+                        let _ = conn.pty_resize(&pty_id, cols, rows, self.config.agent_timeout).await;
                     }
                     Some(_) => {}
                 },

@@ -20,7 +20,7 @@ use tokio_util::io::StreamReader;
 use super::agent_delivery::AGENT_PATH;
 use super::registry::Sandbox;
 use super::{SandboxError, SandboxResult, Sandboxes};
-use crate::agent::{AgentConn, AgentError};
+use crate::agent_client::{AgentConn, AgentError};
 use crate::engine::{ExecRequest, ExecSession, OutputStream};
 
 /// How often a long call looks at its sandbox's container.

@@ -5,6 +5,7 @@
 
 pub mod agent_delivery;
 mod agent_link;
+mod image;
 pub mod labels;
 pub mod network;
 mod next_link;
@@ -21,7 +22,7 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
-use crate::agent::AgentError;
+use crate::agent_client::AgentError;
 use crate::clock::now_ms;
 use crate::config::Config;
 use crate::engine::{
@@ -34,10 +35,6 @@ pub use reaper::run_reaper;
 pub use registry::{Sandbox, SandboxRegistry};
 use registry::{container_name, is_sandbox_id, volume_name};
 use spec::{CreateSandboxRequest, NetworkMode, SandboxSpec};
-
-/// The runtime Dockerfile, built into the binary so a fresh install can build
-/// its image on first use.
-const RUNTIME_DOCKERFILE: &str = include_str!("../../sandbox-images/default/Dockerfile");
 
 /// How long a request waits for startup reconciliation before giving up.
 const READY_WAIT: Duration = Duration::from_secs(30);
@@ -539,36 +536,6 @@ impl Sandboxes {
         Ok(())
     }
 
-    /// Makes sure `image` exists (built if it is the runtime image and
-    /// missing), the agent volume is ready, and says whether new
-    /// workspaces of this image need their root given to the sandbox user
-    /// (the image has no workspace directory of that user). Asked of the
-    /// engine once per image.
-    async fn prepare_image(&self, image: &str) -> SandboxResult<bool> {
-        if let Some(owned) = self.workspace_owned.get(image).map(|v| *v) {
-            return Ok(!owned);
-        }
-        let labels = labels::instance_only(&self.config.instance);
-        let owner = match self
-            .engine
-            .image_dir_owner(image, &self.config.workspace_dir, labels.clone())
-            .await
-        {
-            Err(EngineError::NotFound(msg)) => {
-                tracing::info!(reason = %msg, "a sandbox needs a missing image");
-                self.ensure_image(image).await?;
-                self.engine
-                    .image_dir_owner(image, &self.config.workspace_dir, labels)
-                    .await?
-            }
-            other => other?,
-        };
-        self.ensure_agent_volume(image).await?;
-        let owned = owner == Some(self.sandbox_uid_gid());
-        self.workspace_owned.insert(image.to_string(), owned);
-        Ok(!owned)
-    }
-
     /// Replaces a sandbox's container with one that runs this sandboxd's
     /// agent (it was made by another version); the workspace stays, the
     /// processes in the old container end.
@@ -713,36 +680,6 @@ impl Sandboxes {
             .ensure_network(self.config.network_name(), labels)
             .await?;
         self.network_ready.store(true, Ordering::Relaxed);
-        Ok(())
-    }
-
-    /// Builds the runtime image from the embedded Dockerfile if it is
-    /// missing and allowed; one build at a time.
-    async fn ensure_image(&self, image: &str) -> SandboxResult<()> {
-        let _one_build = self.image_build.lock().await;
-        if self.engine.image_exists(image).await? {
-            return Ok(());
-        }
-        let command = format!("SANDBOXD_IMAGE={image} sandbox-images/build.sh");
-        if self.config.disable_autobuild || image != self.config.image {
-            return Err(SandboxError::ImageMissing {
-                image: image.to_string(),
-                command,
-            });
-        }
-        tracing::info!(image, base = %self.config.base_image, "runtime image missing; building it from the embedded Dockerfile");
-        let args = HashMap::from([("BASE_IMAGE".to_string(), self.config.base_image.clone())]);
-        self.engine
-            .build_image(image, RUNTIME_DOCKERFILE, args)
-            .await
-            .map_err(|e| {
-                tracing::error!(image, error = %e, "building the runtime image failed");
-                SandboxError::ImageMissing {
-                    image: image.to_string(),
-                    command: format!("{command} (building it here failed: {e})"),
-                }
-            })?;
-        tracing::info!(image, "runtime image built");
         Ok(())
     }
 

@@ -36,6 +36,7 @@ use super::labels::{self, SandboxRecord};
 use super::registry::{self, Sandbox};
 use super::spec::{NetworkMode, Resources, SandboxSpec};
 use super::{SandboxError, SandboxResult, Sandboxes};
+use crate::agent_client::AgentError;
 use crate::clock::now_ms;
 
 /// How often members are checked: their agent asked, their image compared.
@@ -440,10 +441,12 @@ impl Sandboxes {
         }
         for s in self.pool.sandboxes() {
             let answered = match s.live_agent() {
-                Some(conn) => conn
-                    .call_within(sandboxd_proto::Op::List, KEEP_WARM_LIMIT)
-                    .await
-                    .is_ok(),
+                // An answer of the wrong kind is an answer all the same:
+                // the agent is alive.
+                Some(conn) => matches!(
+                    conn.list(KEEP_WARM_LIMIT).await,
+                    Ok(_) | Err(AgentError::Unexpected(_))
+                ),
                 None => self.agent(&s).await.is_ok(),
             };
             if !answered && let Some(m) = self.pool.take(|c| c.id == s.id) {

@@ -16,7 +16,7 @@ use lru::LruCache;
 
 use super::labels::SandboxRecord;
 use super::spec::{NetworkMode, Resources};
-use crate::agent::AgentConn;
+use crate::agent_client::AgentConn;
 use crate::clock::now_ms;
 use crate::engine::ExecSession;
 

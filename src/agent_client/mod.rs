@@ -1,18 +1,33 @@
-//! The agent transport: one multiplexed connection to the agent inside a
-//! sandbox (`sandboxd-agent`, see `sandboxd-proto`). Requests go out with
-//! ids; a reader task hands each response to whoever waits for its id, so
-//! a long poll for a command's end and a file write share the connection.
+//! The agent client: one multiplexed connection to the agent inside a
+//! sandbox (`sandboxd-agent`, see `sandboxd-proto`), and one typed method
+//! per operation of the protocol, by family ([`commands`], [`files`],
+//! [`ptys`], [`ports`]). Requests go out with ids; a reader task hands each
+//! response to whoever waits for its id, so a long poll for a command's end
+//! and a file write share the connection. The protocol's envelope (`Op`,
+//! `Reply`) stays in here: the domain gets the answer it asked for, or an
+//! [`AgentError`] (an answer of another kind is
+//! [`AgentError::Unexpected`], checked once, here).
 //!
 //! Everything the agent sends is untrusted: the sandbox user can kill,
 //! replace or impersonate it. Frames are bounded by the codec
 //! ([`MAX_AGENT_FRAME`]); a frame that does not decode ends the
 //! connection; an answer to an id nobody asked is dropped; answers in
 //! several parts are bounded by their caller ([`AgentConn::call_parts`]);
-//! and nothing here acts on what an answer says. The caller (the domain)
-//! validates the content and confines its effect to that one sandbox.
+//! answers of the wrong kind are refused; and nothing here acts on what an
+//! answer says. The caller (the domain) validates the content and confines
+//! its effect to that one sandbox.
 //!
 //! The byte stream itself comes from below (an exec of `sandboxd-agent
 //! bridge` on Docker); this module sees only `AsyncRead`/`AsyncWrite`.
+
+mod commands;
+mod files;
+mod ports;
+mod ptys;
+
+pub use commands::TailPiece;
+pub use files::WriteOutcome;
+pub use ports::Probed;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -37,6 +52,10 @@ pub enum AgentError {
     /// The agent sent something the protocol does not allow.
     #[error("the sandbox's agent misbehaved: {0}")]
     Protocol(String),
+    /// The agent answered an operation with an answer of another kind
+    /// (see [`unexpected`]).
+    #[error("the sandbox's agent misbehaved: {0}")]
+    Unexpected(String),
     /// The agent did not answer in time (it may be stopped or stuck); the
     /// connection was closed.
     #[error("the sandbox's agent did not answer within {0} ms")]
@@ -193,10 +212,7 @@ impl AgentConn {
         });
         let reply = conn.call(Op::Hello(hello)).await?;
         let Reply::Hello(hello) = reply else {
-            return Err(AgentError::Protocol(format!(
-                "it answered hello with {}",
-                reply_name(&reply)
-            )));
+            return Err(unexpected("hello", &reply));
         };
         if hello.version != sandboxd_proto::VERSION {
             return Err(AgentError::Protocol(format!(
@@ -258,7 +274,7 @@ impl AgentConn {
 
     /// As [`AgentConn::call`], but an agent that does not answer within
     /// `limit` counts as stuck: the connection is closed.
-    pub async fn call_within(&self, op: Op, limit: std::time::Duration) -> AgentResult<Reply> {
+    async fn call_within(&self, op: Op, limit: std::time::Duration) -> AgentResult<Reply> {
         match tokio::time::timeout(limit, self.call(op)).await {
             Ok(r) => r,
             Err(_) => Err(self.stuck(limit)),
@@ -266,7 +282,7 @@ impl AgentConn {
     }
 
     /// As [`AgentConn::call_parts`], within `limit` (see `call_within`).
-    pub async fn call_parts_within(
+    async fn call_parts_within(
         &self,
         op: Op,
         limit: std::time::Duration,
@@ -286,14 +302,14 @@ impl AgentConn {
 
     /// Sends `op` and returns its one answer. An error answer is
     /// [`AgentError::Refused`]; an answer in parts is a protocol error.
-    pub async fn call(&self, op: Op) -> AgentResult<Reply> {
+    async fn call(&self, op: Op) -> AgentResult<Reply> {
         self.call_with_content(op, Vec::new()).await
     }
 
     /// As [`AgentConn::call_within`], for an [`Op::WriteFiles`] whose
     /// content follows it in `content` (pieces of at most
     /// [`sandboxd_proto::WRITE_PIECE`] bytes).
-    pub async fn call_with_content_within(
+    async fn call_with_content_within(
         &self,
         op: Op,
         content: Vec<Bytes>,
@@ -322,7 +338,7 @@ impl AgentConn {
 
     /// Sends `op` and hands each part of the answer to `part`, which may
     /// refuse it (a bound passed); returns the final answer.
-    pub async fn call_parts(
+    async fn call_parts(
         &self,
         op: Op,
         mut part: impl FnMut(Reply) -> Result<(), String>,
@@ -402,8 +418,19 @@ fn start_id() -> AgentResult<u64> {
         .map_err(|e| AgentError::Closed(e.to_string()))
 }
 
+/// The error for an answer of the wrong kind to `op` (say "a wait").
+fn unexpected(op: &str, reply: &Reply) -> AgentError {
+    AgentError::Unexpected(format!("it answered {op} with {}", reply_name(reply)))
+}
+
+/// The part handler of an operation answered in one piece: any part is
+/// refused.
+fn no_parts(part: Reply) -> Result<(), String> {
+    Err(format!("{} where one answer was due", reply_name(&part)))
+}
+
 /// A reply's kind, for messages.
-pub fn reply_name(r: &Reply) -> &'static str {
+fn reply_name(r: &Reply) -> &'static str {
     match r {
         Reply::Hello(_) => "Hello",
         Reply::Spawned { .. } => "Spawned",
@@ -604,11 +631,27 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_typed_call_refuses_an_answer_of_another_kind() {
+        let (r, w) = fake_agent(|req| match req.op {
+            Op::Hello(_) => vec![hello_reply(req.id)],
+            _ => vec![frame(req.id, false, Reply::Ok)],
+        });
+        let (conn, _) = AgentConn::open(r, w, hello()).await.expect("open");
+        let e = conn.wait("c").await.expect_err("Ok is no end");
+        assert!(
+            matches!(e, AgentError::Unexpected(ref m) if m == "it answered a wait with Ok"),
+            "{e}"
+        );
+        let limit = std::time::Duration::from_secs(5);
+        conn.kill("c", limit).await.expect("Ok is what a kill gets");
+    }
+
+    #[tokio::test]
     async fn a_wrong_hello_is_refused() {
         let (r, w) = fake_agent(|req| vec![frame(req.id, false, Reply::Ok)]);
         assert!(matches!(
             AgentConn::open(r, w, hello()).await,
-            Err(AgentError::Protocol(_))
+            Err(AgentError::Unexpected(_))
         ));
     }
 }
