@@ -738,7 +738,7 @@ impl Commands {
             }
             tree::signal_all(all.iter().copied(), rustix::process::Signal::STOP);
             tree::signal_all(all, rustix::process::Signal::KILL);
-            crate::serve::reap();
+            tree::reap();
             std::thread::sleep(Duration::from_millis(5));
         }
     }

@@ -40,6 +40,7 @@ mod search;
 mod serve;
 mod shape;
 mod splice;
+mod transport;
 mod tree;
 
 use std::process::ExitCode;

@@ -38,16 +38,8 @@ use crate::commands::{Commands, Settings};
 use crate::files::Workspace;
 use crate::pty::Ptys;
 use crate::relay::{self, Relays};
+use crate::{transport, tree};
 
-/// The abstract socket name (`\0sandboxd-agent`): in the sandbox's own
-/// network namespace, so only processes of this sandbox see it.
-/// `SANDBOXD_AGENT_SOCKET` names another (tests run several agents in one
-/// namespace).
-pub(crate) fn socket_name() -> Vec<u8> {
-    std::env::var("SANDBOXD_AGENT_SOCKET")
-        .unwrap_or_else(|_| "sandboxd-agent".into())
-        .into_bytes()
-}
 /// How often the agent looks at the sandbox's limits.
 const MONITOR_EVERY: Duration = Duration::from_millis(250);
 /// Bytes of recent output a failed probe reports.
@@ -72,7 +64,7 @@ pub(crate) fn run(stdio: bool) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let addr = match std::os::unix::net::SocketAddr::from_abstract_name(socket_name()) {
+    let addr = match std::os::unix::net::SocketAddr::from_abstract_name(transport::socket_name()) {
         Ok(a) => a,
         Err(e) => {
             eprintln!("sandboxd-agent: {e}");
@@ -154,7 +146,7 @@ fn take_stdio() -> std::io::Result<(std::os::fd::OwnedFd, std::os::fd::OwnedFd)>
     rustix::stdio::dup2_stdout(&null)?;
     // As the bridge does: best effort.
     for fd in [&input, &output] {
-        let _ = rustix::pipe::fcntl_setpipe_size(fd, crate::bridge::PIPE_BYTES);
+        let _ = rustix::pipe::fcntl_setpipe_size(fd, transport::PIPE_BYTES);
     }
     Ok((input, output))
 }
@@ -239,19 +231,14 @@ async fn reaper() {
     else {
         eprintln!("sandboxd-agent: no SIGCHLD handler; reaping every second");
         loop {
-            reap();
+            tree::reap();
             tokio::time::sleep(Duration::from_secs(1)).await;
         }
     };
     loop {
-        reap();
+        tree::reap();
         sigchld.recv().await;
     }
-}
-
-/// Reaps every child that has ended.
-pub(crate) fn reap() {
-    while let Ok(Some(_)) = rustix::process::wait(rustix::process::WaitOptions::NOHANG) {}
 }
 
 /// Ends leftovers when the sandbox nears its limits; keeps logs within
