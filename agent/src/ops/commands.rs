@@ -11,7 +11,7 @@ use sandboxd_proto::{
     CHUNK, Change, ChangesSummary, Failure, FailureKind, LogChunk, ReadLog, Reply, Spawn, Stream,
 };
 
-use super::{Agent, Answer};
+use super::{Agent, Answer, frame_pieces};
 
 /// The (command, follower) pairs read through one connection, let go of
 /// when it ends.
@@ -126,17 +126,13 @@ pub(crate) async fn tail(agent: &Agent, command: String, answer: Answer) {
         .into_iter()
         .zip(shaped.into_iter().flatten())
     {
-        // Every stream gets a part, an empty one too: it carries the info.
-        let pieces = text_chunks(&text, CHUNK);
-        for piece in pieces.into_iter().chain(text.is_empty().then_some("")) {
-            let part = Reply::Shaped {
-                stream,
-                text: piece.to_string(),
-                info,
-            };
-            if !answer.part(part).await {
-                return;
-            }
+        let parts = stream_pieces(&text).map(|piece| Reply::Shaped {
+            stream,
+            text: piece.to_string(),
+            info,
+        });
+        if !answer.parts(parts).await {
+            return;
         }
     }
     let tails = cmd.tails();
@@ -144,17 +140,13 @@ pub(crate) async fn tail(agent: &Agent, command: String, answer: Answer) {
         .into_iter()
         .zip(tails.into_iter().flatten())
     {
-        // Every stream gets a part, an empty one too: it carries the cut.
-        let pieces = text_chunks(&text, CHUNK);
-        for piece in pieces.into_iter().chain(text.is_empty().then_some("")) {
-            let part = Reply::TailPart {
-                stream,
-                text: piece.to_string(),
-                cut_bytes: cut,
-            };
-            if !answer.part(part).await {
-                return;
-            }
+        let parts = stream_pieces(&text).map(|piece| Reply::TailPart {
+            stream,
+            text: piece.to_string(),
+            cut_bytes: cut,
+        });
+        if !answer.parts(parts).await {
+            return;
         }
     }
     answer.last(Reply::Ok).await
@@ -180,10 +172,11 @@ pub(crate) async fn changes(agent: &Agent, command: String, answer: Answer) {
         Ok(r) => r,
         Err(f) => return answer.last(Reply::Error(f)).await,
     };
-    for piece in change_pieces(report.changes) {
-        if !answer.part(Reply::ChangesPart(piece)).await {
-            return;
-        }
+    let parts = change_pieces(report.changes)
+        .into_iter()
+        .map(Reply::ChangesPart);
+    if !answer.parts(parts).await {
+        return;
     }
     let summary = ChangesSummary {
         more: report.more,
@@ -200,6 +193,14 @@ pub(crate) async fn forget(agent: &Agent, command: String, answer: Answer) {
 
 pub(crate) async fn list(agent: &Agent, answer: Answer) {
     answer.last(Reply::Commands(agent.commands.states())).await
+}
+
+/// A stream's text in the pieces of its parts. Every stream gets a part,
+/// an empty one too: it carries the stream's info or cut.
+fn stream_pieces(text: &str) -> impl Iterator<Item = &str> {
+    text_chunks(text, CHUNK)
+        .into_iter()
+        .chain(text.is_empty().then_some(""))
 }
 
 /// `text` in pieces of at most `max` bytes, cut at character boundaries.
@@ -222,25 +223,9 @@ fn text_chunks(text: &str, max: usize) -> Vec<&str> {
     out
 }
 
-/// Changes in pieces that each fit a frame: at most about half a
-/// [`CHUNK`] of paths per piece.
+/// Changes in pieces that each fit a frame.
 fn change_pieces(changes: Vec<Change>) -> Vec<Vec<Change>> {
-    let mut pieces = Vec::new();
-    let mut piece = Vec::new();
-    let mut bytes = 0usize;
-    for c in changes {
-        let weight = 32 + c.path.len();
-        if !piece.is_empty() && bytes + weight > CHUNK / 2 {
-            pieces.push(std::mem::take(&mut piece));
-            bytes = 0;
-        }
-        bytes += weight;
-        piece.push(c);
-    }
-    if !piece.is_empty() {
-        pieces.push(piece);
-    }
-    pieces
+    frame_pieces(changes, |c| 32 + c.path.len())
 }
 
 #[cfg(test)]

@@ -21,12 +21,10 @@ pub(crate) async fn read_file(agent: &Agent, path: String, max_bytes: u64, answe
         .await;
     match r {
         Ok(content) => {
-            for piece in content.chunks(READ_PIECE) {
-                if !answer.part(Reply::Data(piece.to_vec())).await {
-                    return;
-                }
+            let parts = content.chunks(READ_PIECE).map(|p| Reply::Data(p.to_vec()));
+            if answer.parts(parts).await {
+                answer.last(Reply::Ok).await
             }
-            answer.last(Reply::Ok).await
         }
         Err(f) => answer.last(Reply::Error(f)).await,
     }
@@ -70,12 +68,12 @@ pub(crate) async fn list_dir(agent: &Agent, path: String, answer: Answer) {
     let r = agent.files.call(move |ws| ws.list_dir(&path)).await;
     match r {
         Ok(entries) => {
-            for piece in entries.chunks(ENTRIES_PER_CHUNK) {
-                if !answer.part(Reply::Entries(piece.to_vec())).await {
-                    return;
-                }
+            let parts = entries
+                .chunks(ENTRIES_PER_CHUNK)
+                .map(|p| Reply::Entries(p.to_vec()));
+            if answer.parts(parts).await {
+                answer.last(Reply::Ok).await
             }
-            answer.last(Reply::Ok).await
         }
         Err(f) => answer.last(Reply::Error(f)).await,
     }

@@ -13,7 +13,7 @@ pub(crate) mod search;
 
 use std::rc::Rc;
 
-use sandboxd_proto::{Failure, Reply, Response};
+use sandboxd_proto::{CHUNK, Failure, Reply, Response};
 use tokio::sync::mpsc;
 
 use crate::commands::Commands;
@@ -60,6 +60,17 @@ impl Answer {
             .is_ok()
     }
 
+    /// Parts, one after the other; false when the connection went away
+    /// (the rest were not made).
+    pub(crate) async fn parts(&self, replies: impl IntoIterator<Item = Reply>) -> bool {
+        for reply in replies {
+            if !self.part(reply).await {
+                return false;
+            }
+        }
+        true
+    }
+
     pub(crate) async fn last(self, reply: Reply) {
         let _ = self
             .tx
@@ -75,4 +86,26 @@ impl Answer {
     pub(crate) async fn result(self, r: Result<Reply, Failure>) {
         self.last(r.unwrap_or_else(Reply::Error)).await;
     }
+}
+
+/// `items` in pieces that each fit a frame: at most about half a
+/// [`CHUNK`] of them by `weight` (a guess at each one's encoded size) per
+/// piece, and at least one item.
+fn frame_pieces<T>(items: Vec<T>, weight: impl Fn(&T) -> usize) -> Vec<Vec<T>> {
+    let mut pieces = Vec::new();
+    let mut piece = Vec::new();
+    let mut bytes = 0usize;
+    for item in items {
+        let w = weight(&item);
+        if !piece.is_empty() && bytes + w > CHUNK / 2 {
+            pieces.push(std::mem::take(&mut piece));
+            bytes = 0;
+        }
+        bytes += w;
+        piece.push(item);
+    }
+    if !piece.is_empty() {
+        pieces.push(piece);
+    }
+    pieces
 }

@@ -4,9 +4,9 @@
 
 use std::time::{Duration, Instant};
 
-use sandboxd_proto::{CHUNK, Match, Reply, Search};
+use sandboxd_proto::{Match, Reply, Search};
 
-use super::{Agent, Answer};
+use super::{Agent, Answer, frame_pieces};
 
 pub(crate) async fn search(agent: &Agent, s: Search, answer: Answer) {
     // From now, not from when the thread gets to it: searches queued
@@ -18,41 +18,24 @@ pub(crate) async fn search(agent: &Agent, s: Search, answer: Answer) {
         .await;
     match r {
         Ok((matches, searched)) => {
-            for piece in match_pieces(matches) {
-                if !answer.part(Reply::Matches(piece)).await {
-                    return;
-                }
+            let parts = match_pieces(matches).into_iter().map(Reply::Matches);
+            if answer.parts(parts).await {
+                answer.last(Reply::Searched(searched)).await
             }
-            answer.last(Reply::Searched(searched)).await
         }
         Err(f) => answer.last(Reply::Error(f)).await,
     }
 }
 
-/// Matches in pieces that each fit a frame: at most about half a
-/// [`CHUNK`] of text per piece.
+/// Matches in pieces that each fit a frame.
 fn match_pieces(matches: Vec<Match>) -> Vec<Vec<Match>> {
-    let mut pieces = Vec::new();
-    let mut piece = Vec::new();
-    let mut bytes = 0usize;
-    for m in matches {
-        let weight = 64
-            + m.path.len()
+    frame_pieces(matches, |m| {
+        64 + m.path.len()
             + m.text.len()
             + m.before
                 .iter()
                 .chain(&m.after)
                 .map(|l| l.len() + 8)
-                .sum::<usize>();
-        if !piece.is_empty() && bytes + weight > CHUNK / 2 {
-            pieces.push(std::mem::take(&mut piece));
-            bytes = 0;
-        }
-        bytes += weight;
-        piece.push(m);
-    }
-    if !piece.is_empty() {
-        pieces.push(piece);
-    }
-    pieces
+                .sum::<usize>()
+    })
 }
