@@ -49,18 +49,19 @@ pub mod subnet;
 pub mod telemetry;
 pub mod workspace_path;
 
-/// The layering rules, checked against the source: every `crate::` path
-/// in a module points at a lower layer (or, between leaves, at another
-/// leaf without a cycle); bollard appears only in `engine`; the HTTP
-/// layer has no loops, spawns or engine types.
+/// The layering rules, checked against the source with the `layering` dev
+/// crate (tools/layering): every import between top-level modules points at
+/// a lower layer (or, between leaves, at another leaf); bollard appears only
+/// in `engine`; the HTTP layer has no loops, spawns or engine types.
 #[cfg(test)]
 mod layering {
-    use std::collections::{BTreeMap, BTreeSet};
     use std::path::Path;
 
+    use layering::{Layers, ModuleGraph};
+
     /// Top-level modules by layer, highest first. Rank 1 is the leaves.
-    const LAYERS: &[(u8, &[&str])] = &[
-        (8, &["server", "healthcheck"]),
+    const LAYERS: Layers<'static> = &[
+        (8, &["server", "healthcheck", "shell"]),
         (7, &["api"]),
         (6, &["app"]),
         (5, &["command", "files", "ports", "pty"]),
@@ -82,126 +83,20 @@ mod layering {
         ),
     ];
 
-    fn rank(module: &str) -> u8 {
-        LAYERS
-            .iter()
-            .find(|(_, ms)| ms.contains(&module))
-            .map(|(r, _)| *r)
-            .unwrap_or_else(|| panic!("module {module} is in no layer; add it to LAYERS"))
-    }
-
-    /// Each source file's module and its text without unit tests.
-    fn sources() -> Vec<(String, String, String)> {
-        let mut out = Vec::new();
-        let mut dirs = vec![Path::new(env!("CARGO_MANIFEST_DIR")).join("src")];
-        while let Some(dir) = dirs.pop() {
-            for entry in std::fs::read_dir(&dir).expect("read src") {
-                let path = entry.expect("entry").path();
-                if path.is_dir() {
-                    dirs.push(path);
-                    continue;
-                }
-                if path.extension().is_none_or(|e| e != "rs") {
-                    continue;
-                }
-                let rel = path
-                    .strip_prefix(Path::new(env!("CARGO_MANIFEST_DIR")).join("src"))
-                    .expect("under src")
-                    .to_string_lossy()
-                    .into_owned();
-                let module = rel
-                    .split('/')
-                    .next()
-                    .unwrap_or_default()
-                    .trim_end_matches(".rs")
-                    .to_string();
-                if module == "lib" || module == "main" {
-                    continue;
-                }
-                let text = std::fs::read_to_string(&path).expect("read file");
-                let code = text.split("#[cfg(test)]").next().unwrap_or_default();
-                out.push((rel, module, code.to_string()));
-            }
-        }
-        out
-    }
-
-    /// The top-level modules named after `crate::` in `code`.
-    fn uses(code: &str) -> BTreeSet<String> {
-        let mut found = BTreeSet::new();
-        for (i, _) in code.match_indices("crate::") {
-            let rest = &code[i + "crate::".len()..];
-            let names: Vec<&str> = if let Some(group) = rest.strip_prefix('{') {
-                group
-                    .split('}')
-                    .next()
-                    .unwrap_or_default()
-                    .split(',')
-                    .map(|p| p.trim().split("::").next().unwrap_or_default())
-                    .collect()
-            } else {
-                vec![
-                    rest.split(|c: char| !c.is_alphanumeric() && c != '_')
-                        .next()
-                        .unwrap_or_default(),
-                ]
-            };
-            found.extend(
-                names
-                    .into_iter()
-                    .filter(|n| !n.is_empty())
-                    .map(str::to_string),
-            );
-        }
-        found
+    fn graph() -> ModuleGraph {
+        ModuleGraph::read(&Path::new(env!("CARGO_MANIFEST_DIR")).join("src"))
     }
 
     #[test]
-    fn imports_run_downward_only_and_leaves_form_no_cycle() {
-        let mut edges: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-        for (file, module, code) in sources() {
-            for used in uses(&code) {
-                if used == module {
-                    continue;
-                }
-                let (from, to) = (rank(&module), rank(&used));
-                assert!(
-                    from > to || (from == 1 && to == 1),
-                    "{file} ({module}, layer {from}) uses crate::{used} (layer {to}): imports must run downward"
-                );
-                edges.entry(module.clone()).or_default().insert(used);
-            }
-        }
-        // No cycle among what remains (leaves may use leaves).
-        fn visit(
-            m: &str,
-            edges: &BTreeMap<String, BTreeSet<String>>,
-            path: &mut Vec<String>,
-            done: &mut BTreeSet<String>,
-        ) {
-            if done.contains(m) {
-                return;
-            }
-            assert!(
-                !path.iter().any(|p| p == m),
-                "import cycle: {path:?} -> {m}"
-            );
-            path.push(m.to_string());
-            for next in edges.get(m).into_iter().flatten() {
-                visit(next, edges, path, done);
-            }
-            path.pop();
-            done.insert(m.to_string());
-        }
-        let mut done = BTreeSet::new();
-        for m in edges.keys() {
-            visit(m, &edges, &mut Vec::new(), &mut done);
-        }
+    fn imports_run_downward_only() {
+        let upward = graph().upward_imports(LAYERS);
+        assert!(upward.is_empty(), "{}", upward.join("\n"));
     }
 
     #[test]
     fn bollard_stays_in_the_engine_and_the_http_layer_only_translates() {
-        for (file, module, code) in sources() {
+        for (module, file, code) in graph().sources() {
+            let module = module.split("::").next().unwrap_or_default();
             if module != "engine" {
                 assert!(!code.contains("bollard"), "{file} names bollard");
             }

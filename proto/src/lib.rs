@@ -722,6 +722,12 @@ mod tests {
     use super::*;
 
     #[test]
+    fn modules_form_no_import_cycle() {
+        let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+        assert_eq!(layering::ModuleGraph::read(&src).cycle(), None);
+    }
+
+    #[test]
     fn messages_round_trip() {
         let req = Request {
             id: 7,

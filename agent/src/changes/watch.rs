@@ -1,37 +1,11 @@
-//! What a command changed in the workspace: the files it created, modified
-//! and deleted by the time its own process ended. This module owns the
-//! watch of one command started with `changes` ([`Watch`]): a listing of
-//! the workspace's files at the start (names only, from the directory
-//! walk that also puts an inotify watch on every directory), the paths
-//! inotify named while the command ran, and the [`Report`] made from both
-//! at its end.
-//!
-//! Whether a path existed before is whether the start listing holds it;
-//! what is there now is an `lstat` at the end. So a file created then
-//! deleted is no change, and one deleted then created again is
-//! `modified`. Directories themselves are never changes (the files in
-//! them are); directories named in `ignore` are skipped at any depth.
-//!
-//! When inotify cannot be used (no instance or no watch left: the limits
-//! are per user, and the sandbox's code runs as the agent's user), or the
-//! workspace needs more watches than this sandbox's [`WatchBudget`] has
-//! left, the end is a second walk compared with the start listing
-//! (`Scan`): a file
-//! whose ctime is after the start counts as modified. When events were
-//! lost (the kernel's queue overflowed, a directory created later could
-//! not be watched, more paths than this module keeps), the end is the
-//! same walk, with what the events said on top. A file whose ctime is
-//! within [`CLOCK_MARGIN`] before the start may have changed just before
-//! or just after it (file times come from a coarse clock): it is listed as
-//! modified and the report says it is not `complete`.
-//!
-//! Everything is bounded: the paths kept (start listing and events
-//! together) by [`MAX_PATHS`] and [`MAX_PATH_BYTES`], the report by the
-//! `max` asked for (the rest is counted). It all runs on the agent's own
-//! thread, the events read as they come through the runtime.
+//! One command's watch of the workspace ([`Watch`]): the listing at the
+//! start (the walk that also puts a watch on every directory, within the
+//! sandbox's budget), the paths inotify names while the command runs, and
+//! the report made at the end from both, or from a second walk when
+//! inotify could not be used or events were lost. The paths kept are
+//! bounded by [`MAX_PATHS`] and [`MAX_PATH_BYTES`].
 
-use std::cell::Cell;
-use std::collections::{BinaryHeap, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 use std::ffi::OsStr;
 use std::mem::MaybeUninit;
 use std::os::fd::OwnedFd;
@@ -42,40 +16,21 @@ use std::rc::Rc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use rustix::fs::inotify::{self, CreateFlags, ReadFlags, WatchFlags};
-use sandboxd_proto::{Change, ChangeKind, ChangeMethod, ChangesSpec, MAX_CHANGE_PATH};
-use tokio::io::unix::AsyncFd;
-use tokio::sync::oneshot;
+use sandboxd_proto::{ChangeKind, ChangeMethod, ChangesSpec};
+
+use super::budget::WatchBudget;
+use super::inotify::{Inotify, at_limit, close_aside};
+use super::report::{Collected, Rel, Report};
 
 /// Most paths kept, the start listing and the paths events named together.
-const MAX_PATHS: usize = 250_000;
+pub(super) const MAX_PATHS: usize = 250_000;
 /// Most bytes of those paths.
-const MAX_PATH_BYTES: usize = 32 << 20;
+pub(super) const MAX_PATH_BYTES: usize = 32 << 20;
 /// How far file times may lag the clock read at the start (the kernel
 /// stamps files from a clock that ticks every few milliseconds).
-const CLOCK_MARGIN: Duration = Duration::from_millis(20);
+pub(super) const CLOCK_MARGIN: Duration = Duration::from_millis(20);
 /// Bytes read from the inotify descriptor at once.
 const EVENT_BUFFER: usize = 64 * 1024;
-/// How long events gather before they are read, the descriptor out of the
-/// runtime's poll set meanwhile: the agent shares the sandbox's CPU with
-/// the command, and a wake-up of its thread per event (epoll reports every
-/// event queued) made a command that writes 1,000 files a third slower.
-/// The kernel queues 16,384 events (and merges repeats of the same one),
-/// so this is far from overflowing it.
-const GATHER: Duration = Duration::from_millis(10);
-
-/// What a command changed, as the agent reports it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Report {
-    /// Sorted by path, at most the `max` asked for.
-    pub(crate) changes: Vec<Change>,
-    /// Changes beyond those.
-    pub(crate) more: u64,
-    pub(crate) method: ChangeMethod,
-    pub(crate) complete: bool,
-}
-
-/// A path relative to the workspace, as bytes ('/'-separated).
-type Rel = Vec<u8>;
 
 /// A file time in nanoseconds since the epoch.
 type Nanos = i128;
@@ -97,88 +52,7 @@ fn join(dir: &[u8], name: &[u8]) -> Rel {
     p
 }
 
-/// The inotify watches one sandbox's agent may hold at once, all its
-/// commands with `changes` together (`changes_watch_budget`). The
-/// kernel's limit on watches is per user, and every sandbox runs as the
-/// same user: without a bound of its own, one sandbox with a large
-/// workspace (or many commands at once) could take every watch, and
-/// every other sandbox's reports would be scans. A watch that does not
-/// fit is as one the kernel refused: at the start the command's report
-/// becomes a scan; later, events count as lost (the end is a walk).
-#[derive(Debug)]
-pub(crate) struct WatchBudget {
-    limit: Cell<usize>,
-    held: Cell<usize>,
-}
-
-impl WatchBudget {
-    pub(crate) fn new(limit: usize) -> WatchBudget {
-        WatchBudget {
-            limit: Cell::new(limit),
-            held: Cell::new(0),
-        }
-    }
-
-    /// A new limit (from sandboxd's Hello); watches held stay held.
-    pub(crate) fn set_limit(&self, limit: usize) {
-        self.limit.set(limit);
-    }
-
-    /// Takes one watch; false when none is left.
-    fn take(&self) -> bool {
-        if self.held.get() >= self.limit.get() {
-            return false;
-        }
-        self.held.set(self.held.get() + 1);
-        true
-    }
-
-    fn give_back(&self, n: usize) {
-        self.held.set(self.held.get().saturating_sub(n));
-    }
-}
-
-/// The inotify instance and which directory each watch is on.
-#[derive(Debug)]
-struct Inotify {
-    fd: OwnedFd,
-    dirs: HashMap<i32, Rel>,
-    /// Watches the kernel holds for this instance (each taken from the
-    /// budget): every watch descriptor added and not yet `IN_IGNORED`,
-    /// whether or not `dirs` still names it.
-    live: HashSet<i32>,
-}
-
-/// Closes an inotify descriptor on a thread of its own. Closing the last
-/// descriptor of an instance waits for the kernel's grace period before it
-/// returns (4 to 16 ms measured on the test machine), and the agent's one
-/// thread has this command's end to report and other requests to answer.
-/// The thread lives as long as the close; when it cannot start (the
-/// sandbox at its pids limit) the descriptor is closed here, as the
-/// closure that holds it is dropped.
-fn close_aside(fd: OwnedFd) {
-    let _ = std::thread::Builder::new()
-        .name("inotify-close".into())
-        .stack_size(64 * 1024)
-        .spawn(move || drop(fd));
-}
-
-/// Joins (a copy of) the inotify descriptor to the runtime's poll set,
-/// until it is dropped.
-#[expect(
-    deprecated,
-    reason = "tokio deprecated AsyncFd::new for inner types that do not own their descriptor; an OwnedFd owns it, so this is the sound case, and the replacement is unsafe, which this crate forbids"
-)]
-fn register(fd: OwnedFd) -> std::io::Result<AsyncFd<OwnedFd>> {
-    AsyncFd::new(fd)
-}
-
-/// Whether an error says a per-user inotify limit is reached.
-fn at_limit(e: rustix::io::Errno) -> bool {
-    e == rustix::io::Errno::NOSPC || e == rustix::io::Errno::MFILE
-}
-
-/// See the module docs.
+/// See [the module docs](super).
 #[derive(Debug)]
 pub(crate) struct Watch {
     root: PathBuf,
@@ -195,10 +69,10 @@ pub(crate) struct Watch {
     kept: usize,
     max_paths: usize,
     /// `None`: scanning (inotify could not be used).
-    inotify: Option<Inotify>,
+    pub(super) inotify: Option<Inotify>,
     budget: Rc<WatchBudget>,
     /// Events were lost: the end is a walk.
-    lost: bool,
+    pub(super) lost: bool,
     /// Something could not be known (a directory not readable, the start
     /// listing cut at the cap).
     incomplete: bool,
@@ -559,53 +433,6 @@ impl Watch {
             }
         }
     }
-
-    /// Reads events until `stop`, then concludes: the task that watches
-    /// while the command runs.
-    pub(crate) fn spawn(mut self) -> Watching {
-        let (stop, stopped) = oneshot::channel::<()>();
-        let (tx, report) = oneshot::channel();
-        tokio::task::spawn_local(async move {
-            tokio::pin!(stopped);
-            let mut stop_seen = false;
-            loop {
-                // Registered only while nothing is queued (a registration
-                // reports what is queued already).
-                let waiting = match &self.inotify {
-                    None => break,
-                    Some(ino) => ino.fd.try_clone().and_then(register),
-                };
-                let ready: Result<(), ()> = match &waiting {
-                    Ok(fd) => tokio::select! {
-                        _ = &mut stopped => {
-                            stop_seen = true;
-                            break;
-                        }
-                        ready = fd.readable() => ready.map(drop).map_err(drop),
-                    },
-                    Err(_) => Err(()),
-                };
-                drop(waiting);
-                if ready.is_err() {
-                    self.lost = true;
-                    break;
-                }
-                tokio::select! {
-                    _ = &mut stopped => {
-                        stop_seen = true;
-                        break;
-                    }
-                    _ = tokio::time::sleep(GATHER) => self.read_events(),
-                }
-            }
-            // Scanning, or inotify failed: nothing to read until the end.
-            if !stop_seen {
-                let _ = stopped.await;
-            }
-            let _ = tx.send(self.conclude());
-        });
-        Watching { stop, report }
-    }
 }
 
 impl Drop for Watch {
@@ -615,87 +442,6 @@ impl Drop for Watch {
         if let Some(fd) = self.release() {
             close_aside(fd);
         }
-    }
-}
-
-/// A watch running while its command runs.
-#[derive(Debug)]
-pub(crate) struct Watching {
-    stop: oneshot::Sender<()>,
-    report: oneshot::Receiver<Report>,
-}
-
-impl Watching {
-    /// The report, once the command's own process has ended.
-    pub(crate) async fn finish(self) -> Report {
-        let _ = self.stop.send(());
-        self.report.await.unwrap_or(Report {
-            changes: Vec::new(),
-            more: 0,
-            method: ChangeMethod::Scan,
-            complete: false,
-        })
-    }
-}
-
-/// The first `max` changes by path, and a count of the rest.
-struct Collected {
-    max: usize,
-    /// A max-heap: the largest path kept is the first to go.
-    kept: BinaryHeap<(Rel, KindOrd, Option<u64>)>,
-    more: u64,
-    /// A change may not be one (see [`CLOCK_MARGIN`]).
-    unsure: bool,
-}
-
-/// [`ChangeKind`] in a heap (paths are unique, so its order never decides).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-struct KindOrd(u8);
-
-impl Collected {
-    fn new(max: usize) -> Collected {
-        Collected {
-            max,
-            kept: BinaryHeap::new(),
-            more: 0,
-            unsure: false,
-        }
-    }
-
-    fn push(&mut self, path: Rel, kind: ChangeKind, size: Option<u64>) {
-        // A path too long for the protocol is counted, not listed.
-        if path.len() > MAX_CHANGE_PATH {
-            self.more += 1;
-            return;
-        }
-        let kind = KindOrd(match kind {
-            ChangeKind::Created => 0,
-            ChangeKind::Modified => 1,
-            ChangeKind::Deleted => 2,
-        });
-        self.kept.push((path, kind, size));
-        if self.kept.len() > self.max {
-            self.kept.pop();
-            self.more += 1;
-        }
-    }
-
-    fn finish(self) -> (Vec<Change>, u64) {
-        let changes = self
-            .kept
-            .into_sorted_vec()
-            .into_iter()
-            .map(|(path, kind, size)| Change {
-                path: String::from_utf8_lossy(&path).into_owned(),
-                kind: match kind.0 {
-                    0 => ChangeKind::Created,
-                    1 => ChangeKind::Modified,
-                    _ => ChangeKind::Deleted,
-                },
-                size,
-            })
-            .collect();
-        (changes, self.more)
     }
 }
 
@@ -912,15 +658,15 @@ mod tests {
         let b = budget(WORKSPACE_DIRS);
         let w = Watch::start(root, &spec, &b);
         assert!(w.inotify.is_some(), "the budget fits");
-        assert_eq!(b.held.get(), WORKSPACE_DIRS);
+        assert_eq!(b.held(), WORKSPACE_DIRS);
         let r = w.conclude();
-        assert_eq!((r.method, b.held.get()), (ChangeMethod::Inotify, 0));
+        assert_eq!((r.method, b.held()), (ChangeMethod::Inotify, 0));
         // One fewer: a scan from the start, with nothing held, and the
         // same exact list.
         let b = budget(WORKSPACE_DIRS - 1);
         let w = Watch::start(root, &spec, &b);
         assert!(w.inotify.is_none(), "past the budget");
-        assert_eq!(b.held.get(), 0, "what it took is given back");
+        assert_eq!(b.held(), 0, "what it took is given back");
         std::thread::sleep(CLOCK_MARGIN * 2);
         act(dir.path());
         let r = w.conclude();
@@ -937,11 +683,11 @@ mod tests {
         let first = Watch::start(root, &spec, &b);
         let second = Watch::start(root, &spec, &b);
         assert!(first.inotify.is_some() && second.inotify.is_none());
-        assert_eq!(b.held.get(), WORKSPACE_DIRS);
+        assert_eq!(b.held(), WORKSPACE_DIRS);
         drop(second);
         // A watch that ends without its report gives its watches back.
         drop(first);
-        assert_eq!(b.held.get(), 0);
+        assert_eq!(b.held(), 0);
         let third = Watch::start(root, &spec, &b);
         assert!(third.inotify.is_some(), "the budget is free again");
     }
@@ -960,11 +706,11 @@ mod tests {
         act(dir.path());
         w.read_events();
         assert!(w.lost, "a directory could not be watched");
-        assert!(b.held.get() <= WORKSPACE_DIRS + 1);
+        assert!(b.held() <= WORKSPACE_DIRS + 1);
         let r = w.conclude();
         assert_eq!(listed(&r), expected());
         assert_eq!((r.method, r.complete), (ChangeMethod::Inotify, true));
-        assert_eq!(b.held.get(), 0);
+        assert_eq!(b.held(), 0);
     }
 
     #[tokio::test]
@@ -976,30 +722,16 @@ mod tests {
             &spec(&[".git", "node_modules"], 1000),
             &b,
         );
-        assert_eq!(b.held.get(), WORKSPACE_DIRS);
+        assert_eq!(b.held(), WORKSPACE_DIRS);
         std::fs::remove_dir_all(dir.path().join("deep")).expect("rm");
         // IN_IGNORED comes after the removal; read until it has.
         let until = std::time::Instant::now() + Duration::from_secs(5);
-        while b.held.get() != WORKSPACE_DIRS - 1 && std::time::Instant::now() < until {
+        while b.held() != WORKSPACE_DIRS - 1 && std::time::Instant::now() < until {
             w.read_events();
             std::thread::sleep(Duration::from_millis(5));
         }
-        assert_eq!(b.held.get(), WORKSPACE_DIRS - 1);
+        assert_eq!(b.held(), WORKSPACE_DIRS - 1);
         drop(w);
-        assert_eq!(b.held.get(), 0);
-    }
-
-    #[test]
-    fn paths_too_long_for_the_protocol_are_counted_only() {
-        let mut c = Collected::new(10);
-        c.push(
-            vec![b'a'; MAX_CHANGE_PATH + 1],
-            ChangeKind::Created,
-            Some(0),
-        );
-        c.push(b"b".to_vec(), ChangeKind::Deleted, None);
-        let (changes, more) = c.finish();
-        assert_eq!(changes.len(), 1);
-        assert_eq!(more, 1);
+        assert_eq!(b.held(), 0);
     }
 }
