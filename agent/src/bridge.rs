@@ -10,11 +10,7 @@ use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr, UnixStream};
 use std::process::ExitCode;
 
-use crate::serve::socket_name;
-
-/// What the bridge asks its pipes to hold (the usual limit for a user,
-/// `/proc/sys/fs/pipe-max-size`).
-pub(crate) const PIPE_BYTES: usize = 1024 * 1024;
+use crate::transport::{PIPE_BYTES, socket_name};
 
 /// Copies until either side closes.
 pub(crate) fn run() -> ExitCode {

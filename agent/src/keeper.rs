@@ -588,31 +588,13 @@ fn watch(mut control: UnixStream, main: i32) -> std::io::Result<()> {
             // No signalfd: look for ends now and then.
             Duration::from_millis(50)
         };
-        let ts = rustix::event::Timespec {
-            tv_sec: timeout.as_secs() as i64,
-            tv_nsec: i64::from(timeout.subsec_nanos()),
-        };
-        let (control_ready, _) = {
-            let mut fds = Vec::with_capacity(2);
-            fds.push(PollFd::new(
-                &control,
-                if control_open {
-                    PollFlags::IN
-                } else {
-                    PollFlags::empty()
-                },
-            ));
-            if let Some(fd) = pidfd.as_ref().filter(|_| !main_done) {
-                fds.push(PollFd::new(fd, PollFlags::IN));
-            }
-            if let Some(fd) = &childfd {
-                fds.push(PollFd::new(fd, PollFlags::IN));
-            }
-            match rustix::event::poll(&mut fds, Some(&ts)) {
-                Ok(_) => (!fds[0].revents().is_empty(), ()),
-                Err(_) => (false, ()),
-            }
-        };
+        let control_ready = poll_events(
+            &control,
+            control_open,
+            pidfd.as_ref().filter(|_| !main_done),
+            childfd.as_ref(),
+            timeout,
+        );
         if let Some(fd) = &childfd {
             // Drain the signals; the reaping loop above does the work.
             while let Ok(Some(_)) = fd.read_signal() {}
@@ -655,6 +637,42 @@ fn watch(mut control: UnixStream, main: i32) -> std::io::Result<()> {
                 }
             }
         }
+    }
+}
+
+/// Waits up to `timeout` for something to happen to the keeper: a
+/// message on `control` (looked at only while it is `open`), the
+/// command's end (its `pidfd`, until it is reaped) or a child's end
+/// (`childfd`, the SIGCHLD signalfd). Returns whether `control` is ready.
+fn poll_events(
+    control: &UnixStream,
+    open: bool,
+    pidfd: Option<&OwnedFd>,
+    childfd: Option<&SignalFd>,
+    timeout: Duration,
+) -> bool {
+    let ts = rustix::event::Timespec {
+        tv_sec: timeout.as_secs() as i64,
+        tv_nsec: i64::from(timeout.subsec_nanos()),
+    };
+    let mut fds = Vec::with_capacity(2);
+    fds.push(PollFd::new(
+        control,
+        if open {
+            PollFlags::IN
+        } else {
+            PollFlags::empty()
+        },
+    ));
+    if let Some(fd) = pidfd {
+        fds.push(PollFd::new(fd, PollFlags::IN));
+    }
+    if let Some(fd) = childfd {
+        fds.push(PollFd::new(fd, PollFlags::IN));
+    }
+    match rustix::event::poll(&mut fds, Some(&ts)) {
+        Ok(_) => !fds[0].revents().is_empty(),
+        Err(_) => false,
     }
 }
 

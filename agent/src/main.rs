@@ -31,15 +31,18 @@ mod cgroup;
 mod changes;
 mod commands;
 mod egress;
+mod file_thread;
 mod files;
 mod keeper;
 mod log;
+mod ops;
 mod pty;
 mod relay;
 mod search;
 mod serve;
 mod shape;
 mod splice;
+mod transport;
 mod tree;
 
 use std::process::ExitCode;
@@ -59,5 +62,43 @@ fn main() -> ExitCode {
             );
             ExitCode::from(2)
         }
+    }
+}
+
+/// The layering rules, checked against the source with the `layering` dev
+/// crate (tools/layering): no import cycle among the agent's modules, and
+/// every import between top-level modules points at a lower layer: the
+/// process roles and the connection (`serve`, `bridge`), then the
+/// operations (`ops`), the parts they drive, and the process trees,
+/// readings and formats those stand on.
+#[cfg(test)]
+mod layering {
+    use std::path::Path;
+
+    use layering::{Layers, ModuleGraph};
+
+    /// Top-level modules by layer, highest first. Rank 1 is the leaves.
+    const LAYERS: Layers<'static> = &[
+        (7, &["serve", "bridge"]),
+        (6, &["ops"]),
+        (5, &["pty", "search", "file_thread"]),
+        (4, &["commands", "files", "relay", "egress"]),
+        (3, &["changes", "keeper", "log"]),
+        (1, &["tree", "shape", "splice", "cgroup", "transport"]),
+    ];
+
+    fn graph() -> ModuleGraph {
+        ModuleGraph::read(&Path::new(env!("CARGO_MANIFEST_DIR")).join("src"))
+    }
+
+    #[test]
+    fn imports_run_downward_only() {
+        let upward = graph().upward_imports(LAYERS);
+        assert!(upward.is_empty(), "{}", upward.join("\n"));
+    }
+
+    #[test]
+    fn modules_form_no_import_cycle() {
+        assert_eq!(graph().cycle(), None);
     }
 }

@@ -107,6 +107,11 @@ pub(crate) fn stop_and_kill_round(root: i32) -> usize {
     procs.len()
 }
 
+/// Reaps every child of this process that has ended (without waiting).
+pub(crate) fn reap() {
+    while let Ok(Some(_)) = rustix::process::wait(rustix::process::WaitOptions::NOHANG) {}
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

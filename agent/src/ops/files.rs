@@ -1,0 +1,88 @@
+//! The operations on the workspace's files: read one, write several (the
+//! content coming in pieces after the request), what paths are, a
+//! directory's entries, delete. Each runs on the agent's file thread.
+
+use std::sync::mpsc as std_mpsc;
+
+use bytes::Bytes;
+use sandboxd_proto::{ENTRIES_PER_CHUNK, Failure, FailureKind, NewFile, Reply};
+
+use super::{Agent, Answer};
+
+/// A file's content goes in pieces of this size: sandboxd hashes and
+/// encodes each while the next one is on its way, so what it does after
+/// the last byte arrives is one piece's worth.
+const READ_PIECE: usize = 256 * 1024;
+
+pub(crate) async fn read_file(agent: &Agent, path: String, max_bytes: u64, answer: Answer) {
+    let r = agent
+        .files
+        .call(move |ws| ws.read_file(&path, max_bytes))
+        .await;
+    match r {
+        Ok(content) => {
+            let parts = content.chunks(READ_PIECE).map(|p| Reply::Data(p.to_vec()));
+            if answer.parts(parts).await {
+                answer.last(Reply::Ok).await
+            }
+        }
+        Err(f) => answer.last(Reply::Error(f)).await,
+    }
+}
+
+/// `content` is where the connection routes the write's pieces.
+pub(crate) async fn write_files(
+    agent: &Agent,
+    files: Vec<NewFile>,
+    content: Option<std_mpsc::Receiver<Bytes>>,
+    answer: Answer,
+) {
+    let Some(mut content) = content else {
+        let f = Failure::new(FailureKind::Other, "a write without its content");
+        return answer.last(Reply::Error(f)).await;
+    };
+    let r = agent
+        .files
+        .call(move |ws| ws.write_files(files, &mut content))
+        .await;
+    let r = r.map(|failed| match failed.is_empty() {
+        true => Reply::Ok,
+        false => Reply::PreconditionFailed(failed),
+    });
+    answer.result(r).await
+}
+
+/// A piece of content: the connection routes each to its write, so one
+/// that comes here belongs to none.
+pub(crate) async fn write_data(answer: Answer) {
+    let stray = Failure::new(FailureKind::Other, "content with no write");
+    answer.result(Err(stray)).await;
+}
+
+pub(crate) async fn stat(agent: &Agent, paths: Vec<String>, sha256: bool, answer: Answer) {
+    let r = agent.files.call(move |ws| ws.stat(&paths, sha256)).await;
+    answer.result(r.map(Reply::Stats)).await
+}
+
+pub(crate) async fn list_dir(agent: &Agent, path: String, answer: Answer) {
+    let r = agent.files.call(move |ws| ws.list_dir(&path)).await;
+    match r {
+        Ok(entries) => {
+            let parts = entries
+                .chunks(ENTRIES_PER_CHUNK)
+                .map(|p| Reply::Entries(p.to_vec()));
+            if answer.parts(parts).await {
+                answer.last(Reply::Ok).await
+            }
+        }
+        Err(f) => answer.last(Reply::Error(f)).await,
+    }
+}
+
+pub(crate) async fn delete(agent: &Agent, paths: Vec<String>, recursive: bool, answer: Answer) {
+    let r = agent
+        .files
+        .call(move |ws| ws.delete(&paths, recursive))
+        .await;
+    answer.result(r.map(|()| Reply::Ok)).await
+}
