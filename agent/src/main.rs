@@ -73,8 +73,6 @@ fn main() -> ExitCode {
 /// readings and formats those stand on.
 #[cfg(test)]
 mod layering {
-    use std::path::Path;
-
     use layering::{Layers, ModuleGraph};
 
     /// Top-level modules by layer, highest first. Rank 1 is the leaves.
@@ -87,18 +85,8 @@ mod layering {
         (1, &["tree", "shape", "splice", "cgroup", "transport"]),
     ];
 
-    fn graph() -> ModuleGraph {
-        ModuleGraph::read(&Path::new(env!("CARGO_MANIFEST_DIR")).join("src"))
-    }
-
     #[test]
-    fn imports_run_downward_only() {
-        let upward = graph().upward_imports(LAYERS);
-        assert!(upward.is_empty(), "{}", upward.join("\n"));
-    }
-
-    #[test]
-    fn modules_form_no_import_cycle() {
-        assert_eq!(graph().cycle(), None);
+    fn imports_run_downward_without_cycles() {
+        ModuleGraph::of_crate(env!("CARGO_MANIFEST_DIR")).assert_layered(LAYERS);
     }
 }

@@ -84,6 +84,26 @@ impl ModuleGraph {
         graph
     }
 
+    /// The graph of the crate whose manifest is in `manifest_dir` (pass
+    /// `env!("CARGO_MANIFEST_DIR")`).
+    #[must_use]
+    pub fn of_crate(manifest_dir: &str) -> Self {
+        Self::read(&Path::new(manifest_dir).join("src"))
+    }
+
+    /// Fails, naming each, on an import that runs up `layers` and on an
+    /// import cycle.
+    ///
+    /// # Panics
+    /// That is the point: this is a test's assertion.
+    pub fn assert_layered(&self, layers: Layers<'_>) {
+        let upward = self.upward_imports(layers);
+        assert!(upward.is_empty(), "{}", upward.join("\n"));
+        if let Some(cycle) = self.cycle() {
+            panic!("import cycle: {}", cycle.join(" -> "));
+        }
+    }
+
     /// Every module with its file and non-test code, for checks on the text
     /// (which names may appear where).
     pub fn sources(&self) -> impl Iterator<Item = (&str, &str, &str)> {
