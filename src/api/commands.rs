@@ -1,6 +1,5 @@
 //! Command routes: start, run, list, wait, kill, and the NDJSON log stream.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use axum::body::Body;
@@ -9,160 +8,39 @@ use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use futures_util::StreamExt;
 use serde::Deserialize;
-use utoipa::{IntoParams, ToSchema};
+use utoipa::IntoParams;
 
 use super::dto;
 use super::error::ApiError;
 use super::extract::{Json, Path, Query};
 use crate::app::App;
-use crate::command::spec::{CommandRequest, OutputRequest};
-
-/// `POST …/commands` and `…/commands:run` bodies. Exactly one of `cmd` and
-/// `command` is required; the domain checks the rules and names the field.
-#[derive(Debug, Deserialize, ToSchema)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub(super) struct CommandBody {
-    /// A program; run with `args` as its argv, without re-parsing.
-    #[serde(default)]
-    cmd: Option<String>,
-    /// Only with `cmd`.
-    #[serde(default)]
-    args: Option<Vec<String>>,
-    /// A shell script, instead of `cmd`.
-    #[serde(default)]
-    command: Option<String>,
-    /// Default `bash`.
-    #[serde(default)]
-    shell: Option<String>,
-    /// Default `true`: a login shell.
-    #[serde(default)]
-    login: Option<bool>,
-    /// Workspace-relative or absolute under the workspace; created if missing.
-    #[serde(default)]
-    cwd: Option<String>,
-    #[serde(default)]
-    env: Option<BTreeMap<String, String>>,
-    /// Text the command reads as its stdin.
-    #[serde(default)]
-    stdin: Option<String>,
-    /// At least 1; capped to `max_timeout_ms` (the answer gives the
-    /// effective value).
-    #[serde(default)]
-    timeout_ms: Option<i64>,
-    /// Accepted and ignored: every command runs detached from the request.
-    #[serde(default)]
-    detached: Option<bool>,
-    /// Only used by `commands:run`: bytes of each stream's tail to return
-    /// (0–16777216).
-    #[serde(default)]
-    max_output_bytes: Option<i64>,
-    /// Each stream shaped for a model: in the `commands:run` answer and in
-    /// the `exit` record of the log. Not with `maxOutputBytes`.
-    #[serde(default)]
-    output: Option<OutputBody>,
-    /// Report the files the command created, modified and deleted in the
-    /// workspace by its end: in the `commands:run` answer and in the
-    /// `exit` record of its log.
-    #[serde(default)]
-    #[schema(value_type = Option<ChangesParam>)]
-    changes: Option<serde_json::Value>,
-}
-
-/// `output`: how to shape each stream.
-#[derive(Debug, Deserialize, ToSchema)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub(super) struct OutputBody {
-    /// Most characters of each shaped stream (256–1000000), the line that
-    /// says what was omitted included.
-    max_chars: i64,
-    /// Characters given to the head (0 to `maxChars` − 80); default a
-    /// quarter of `maxChars`.
-    #[serde(default)]
-    head_chars: Option<i64>,
-    /// Keep escape sequences and carriage returns; default `false`
-    /// (collapsed).
-    #[serde(default)]
-    raw: Option<bool>,
-}
-
-/// `changes`: `true` (ignore `.git`, `node_modules`, `__pycache__` and
-/// `.venv`, list up to 1000), `false` (the default: no report), or options.
-#[derive(Debug, ToSchema)]
-#[serde(untagged)]
-#[allow(
-    dead_code,
-    reason = "it describes the field; the domain parses it and names the field it refuses"
-)]
-enum ChangesParam {
-    On(bool),
-    With(ChangesOptions),
-}
-
-/// Options of `changes`; each left out keeps its default.
-#[derive(Debug, ToSchema)]
-#[serde(deny_unknown_fields)]
-#[allow(
-    dead_code,
-    reason = "it describes the field; the domain parses it and names the field it refuses"
-)]
-struct ChangesOptions {
-    /// Directory names (no `/`) whose trees are left out, at any depth: at
-    /// most 64, each 1–255 bytes. Replaces the default list.
-    ignore: Option<Vec<String>>,
-    /// Most changes listed, 1–10000 (default 1000); `more` counts the rest.
-    #[schema(minimum = 1, maximum = 10000)]
-    max: Option<u32>,
-}
-
-impl From<CommandBody> for CommandRequest {
-    fn from(b: CommandBody) -> Self {
-        CommandRequest {
-            cmd: b.cmd,
-            args: b.args,
-            command: b.command,
-            shell: b.shell,
-            login: b.login,
-            cwd: b.cwd,
-            env: b.env,
-            stdin: b.stdin,
-            timeout_ms: b.timeout_ms,
-            detached: b.detached,
-            max_output_bytes: b.max_output_bytes,
-            output: b.output.map(|o| OutputRequest {
-                max_chars: o.max_chars,
-                head_chars: o.head_chars,
-                raw: o.raw,
-            }),
-            changes: b.changes,
-        }
-    }
-}
+use crate::command::spec::CommandRequest;
 
 /// `POST /v1/sandboxes/{id}/commands`
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/commands", tags = ["commands", "compat"],
     extensions(("x-compat" = json!(true))),
-    summary = "Start a command", params(("id" = String, Path, description = "The sandboxId")), request_body = CommandBody,
+    summary = "Start a command", params(("id" = String, Path, description = "The sandboxId")), request_body = CommandRequest,
     responses((status = 200, description = "Started", body = dto::CommandStarted)))]
 pub(super) async fn start_command(
     State(app): State<Arc<App>>,
     Path(id): Path<String>,
-    Json(req): Json<CommandBody>,
+    Json(req): Json<CommandRequest>,
 ) -> Result<axum::Json<dto::CommandStarted>, ApiError> {
-    let cmd = app.commands.start(&id, req.into()).await?;
+    let cmd = app.commands.start(&id, req).await?;
     Ok(axum::Json(dto::CommandStarted::from(&*cmd)))
 }
 
 /// `POST /v1/sandboxes/{id}/commands:run`
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/commands:run", tags = ["commands"],
     summary = "Run a command and answer when it has ended", params(("id" = String, Path, description = "The sandboxId")),
-    request_body = CommandBody,
+    request_body = CommandRequest,
     responses((status = 200, description = "Ended, with the tails of its output", body = dto::CommandRun)))]
 pub(super) async fn run_command(
     State(app): State<Arc<App>>,
     Path(id): Path<String>,
-    Json(req): Json<CommandBody>,
+    Json(req): Json<CommandRequest>,
 ) -> Result<axum::Json<dto::CommandRun>, ApiError> {
-    let out = app.commands.run(&id, req.into(), &app.shutdown).await?;
+    let out = app.commands.run(&id, req, &app.shutdown).await?;
     Ok(axum::Json(out.into()))
 }
 
@@ -230,7 +108,7 @@ pub(super) struct LogsQuery {
     extensions(("x-compat" = json!(true))),
     summary = "A command's log: NDJSON records, replay then live, to the `exit` record",
     params(("id" = String, Path, description = "The sandboxId"), ("cid" = String, Path, description = "The commandId"), LogsQuery),
-    responses((status = 200, content_type = "application/x-ndjson", body = super::openapi::LogRecord,
+    responses((status = 200, content_type = "application/x-ndjson", body = dto::LogRecord,
         description = "One LogRecord per line; the stream ends after the `exit` record (unless `leftovers`)")))]
 pub(super) async fn stream_logs(
     State(app): State<Arc<App>>,

@@ -1,14 +1,16 @@
-//! `ApiError`: the one error type at the HTTP edge, and the one place where
-//! HTTP statuses are chosen. Clients get a sentence and a stable
-//! [`ErrorCode`]; internal details are logged, not sent.
+//! `ApiError`: the one error type at the HTTP edge, the body it answers
+//! with, and the one place where HTTP statuses are chosen. Clients get a
+//! sentence and a stable [`ErrorCode`]; internal details are logged, not
+//! sent.
 
 use axum::Json;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+use utoipa::ToSchema;
 
-use super::dto::ErrorBody;
 use crate::command::CommandError;
-use crate::files::FileError;
+use crate::files::{FileError, Mismatch};
 use crate::origin_policy::Refusal;
 use crate::ports::PortError;
 use crate::pty::PtyError;
@@ -76,13 +78,45 @@ error_codes! {
     InsufficientStorage = "insufficient_storage", INSUFFICIENT_STORAGE;
 }
 
+/// A file of a refused write (`precondition_failed`).
+#[derive(Debug, Clone, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct FailedFile {
+    /// As the request gave it.
+    path: String,
+    /// Lowercase hex SHA-256 of the file now; `null`: no file is there.
+    current_sha256: Option<String>,
+}
+
+impl From<Mismatch> for FailedFile {
+    fn from(m: Mismatch) -> Self {
+        FailedFile {
+            path: m.path,
+            current_sha256: m.current_sha256,
+        }
+    }
+}
+
+/// Every error answer: a sentence and a stable code.
+#[derive(Debug, Serialize, ToSchema)]
+pub(super) struct ErrorBody<'a> {
+    /// A human sentence; not stable.
+    pub(super) error: &'a str,
+    pub(super) code: ErrorCode,
+    /// `precondition_failed` only: each file whose `ifMatch` or
+    /// `ifNoneMatch` did not hold, with its hash now.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub(super) failed: Option<&'a [FailedFile]>,
+}
+
 /// An error answer: `{"error": message, "code": code}` with the code's status.
 #[derive(Debug, Clone)]
 pub struct ApiError {
     pub code: ErrorCode,
     pub message: String,
     /// `precondition_failed`: the files whose precondition did not hold.
-    pub failed: Option<Vec<super::dto::FailedFile>>,
+    pub failed: Option<Vec<FailedFile>>,
 }
 
 impl ApiError {

@@ -13,62 +13,8 @@ use utoipa::openapi::schema::{ObjectBuilder, Schema, Type};
 use utoipa::openapi::{RefOr, ResponseBuilder};
 use utoipa::{Modify, OpenApi, PartialSchema, ToSchema};
 
-use super::dto::{self, Usage, WorkspaceChanges};
-use super::error::ErrorCode;
-
-/// One line of a command's log stream (`application/x-ndjson`), told apart
-/// by `stream`. The domain renders the lines; this type describes them, and
-/// a test parses the domain's lines with it.
-#[derive(Debug, ToSchema)]
-#[cfg_attr(test, derive(serde::Deserialize))]
-#[serde(tag = "stream", rename_all = "lowercase", deny_unknown_fields)]
-#[allow(
-    dead_code,
-    reason = "it describes lines the domain renders and is never built here"
-)]
-pub(super) enum LogRecord {
-    /// A chunk of stdout as read from the pipe (not a line).
-    Stdout { data: String, seq: u64 },
-    /// A chunk of stderr as read from the pipe (not a line).
-    Stderr { data: String, seq: u64 },
-    /// Records this reader missed: `bytes` of raw output; `seq` is that of
-    /// the last record it stands for.
-    Dropped { bytes: u64, seq: u64 },
-    /// Nothing new for `log_heartbeat_ms`; `seq` is the stream's position.
-    Heartbeat { seq: u64 },
-    /// Something outside the command happened to it.
-    Error { message: String, seq: u64 },
-    /// The command ended; the stream ends here unless `leftovers=true`.
-    #[serde(rename_all = "camelCase")]
-    Exit {
-        exit_code: i64,
-        timed_out: bool,
-        killed: bool,
-        #[serde(default)]
-        #[schema(nullable = false)]
-        oom_killed: Option<bool>,
-        #[serde(default)]
-        #[schema(nullable = false)]
-        usage: Option<Usage>,
-        /// With `output` in the request: each stream shaped (see
-        /// `OutputShape`), when the agent still had them.
-        #[serde(default)]
-        #[schema(nullable = false)]
-        stdout: Option<String>,
-        #[serde(default)]
-        #[schema(nullable = false)]
-        stderr: Option<String>,
-        #[serde(default)]
-        #[schema(nullable = false)]
-        output: Option<Box<dto::OutputShapes>>,
-        /// For a command started with `changes`: what it changed in the
-        /// workspace (absent when the sandbox's agent could not say).
-        #[serde(default)]
-        #[schema(nullable = false)]
-        changes: Option<WorkspaceChanges>,
-        seq: u64,
-    },
-}
+use super::dto;
+use super::error::{ErrorBody, ErrorCode};
 
 /// The codes and their statuses come from [`ErrorCode::ALL`] itself (a
 /// derive cannot see through the macro that declares the enum).
@@ -129,7 +75,7 @@ impl ToSchema for ErrorCode {
         super::metrics,
         serve,
     ),
-    components(schemas(dto::ErrorBody, ErrorCode, LogRecord)),
+    components(schemas(ErrorBody, ErrorCode, dto::LogRecord)),
     modifiers(&Security, &Errors),
     security(("adminToken" = []), ("remcochatToken" = []), ("bearer" = [])),
     tags(
@@ -235,67 +181,5 @@ mod tests {
             copy == json(),
             "docs/openapi.json differs from the generated document; run `cargo run -q --bin sandboxd -- openapi > docs/openapi.json`"
         );
-    }
-
-    /// The lines the domain renders parse as [`LogRecord`]s, unknown
-    /// fields refused, so the schema lists every field they have.
-    #[test]
-    fn the_log_record_schema_reads_the_domain_lines() {
-        use crate::command::log;
-        let exit = log::ExitInfo {
-            exit_code: 0,
-            timed_out: false,
-            killed: false,
-        };
-        let shape = log::Shape {
-            total_chars: 10,
-            total_lines: 2,
-            total_bytes: 10,
-            omitted_chars: 4,
-            omitted_lines: 1,
-            omitted_bytes: 4,
-            head_chars: 2,
-            tail_chars: 2,
-            binary: false,
-            collapsed: false,
-            middle: Some(log::Middle {
-                command_id: "c".into(),
-                after: 1,
-                until: 2,
-                skip_chars: 0,
-                retained: true,
-            }),
-        };
-        let shaped = log::Shaped {
-            stdout: "a\n[…]\nb\n".into(),
-            stderr: String::new(),
-            shapes: log::Shapes {
-                stdout: shape.clone(),
-                stderr: log::Shape {
-                    middle: None,
-                    ..shape
-                },
-            },
-        };
-        let lines = [
-            log::heartbeat_line(3),
-            log::error_line("gone", 4),
-            log::exit_line(exit, None, None, None, 5),
-            log::exit_line(
-                exit,
-                Some(false),
-                Some(log::Usage {
-                    cpu_user_ms: 1,
-                    cpu_system_ms: 2,
-                    max_rss_kb: 3,
-                }),
-                Some(&shaped),
-                6,
-            ),
-        ];
-        lines.iter().for_each(|l| {
-            serde_json::from_slice::<LogRecord>(l)
-                .unwrap_or_else(|e| panic!("{}: {e}", String::from_utf8_lossy(l)));
-        });
     }
 }

@@ -4,92 +4,23 @@
 use std::sync::Arc;
 
 use axum::extract::State;
-use serde::Deserialize;
-use utoipa::ToSchema;
 
 use super::dto;
 use super::error::ApiError;
 use super::extract::{Json, Path};
 use crate::app::App;
-use crate::sandbox::spec::{CreateSandboxRequest, NetworkRequest, ResourcesRequest};
-
-/// `POST /v1/sandboxes` as the client sends it. Only `sessionKey` is
-/// required; ranges are checked by the domain, which names the field.
-#[derive(Debug, Deserialize, ToSchema)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub(super) struct CreateSandbox {
-    /// 1–256 characters; one sandbox per session key.
-    session_key: String,
-    /// A configured runtime name (`default`, `node24`, `python3.13`, …).
-    #[serde(default)]
-    runtime: Option<String>,
-    /// 10000–21600000.
-    #[serde(default)]
-    idle_ttl_ms: Option<i64>,
-    #[serde(default)]
-    resources: Option<CreateResources>,
-    #[serde(default)]
-    network: Option<CreateNetwork>,
-    /// Ports to allow (each 1–65535, at most `max_ports`).
-    #[serde(default)]
-    ports: Option<Vec<i64>>,
-}
-
-#[derive(Debug, Deserialize, ToSchema)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub(super) struct CreateResources {
-    /// 1–8.
-    #[serde(default)]
-    vcpus: Option<i64>,
-    /// 256–16384.
-    #[serde(default)]
-    memory_mb: Option<i64>,
-}
-
-#[derive(Debug, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub(super) struct CreateNetwork {
-    /// `default` (the server's `network_default`, out of the box
-    /// `internet`), `none`, `internet`, `allowlist`, or `open` where the
-    /// server enables it (`network_modes`).
-    #[serde(default)]
-    mode: Option<String>,
-    /// Mode `allowlist` only: at most 64 domains (`pypi.org`,
-    /// `*.npmjs.org`: any subdomain) and CIDRs (`203.0.113.0/24`, or one
-    /// address) the sandbox may reach.
-    #[serde(default)]
-    allow: Option<Vec<String>>,
-}
-
-impl From<CreateSandbox> for CreateSandboxRequest {
-    fn from(r: CreateSandbox) -> Self {
-        CreateSandboxRequest {
-            session_key: r.session_key,
-            runtime: r.runtime,
-            idle_ttl_ms: r.idle_ttl_ms,
-            resources: r.resources.map(|x| ResourcesRequest {
-                vcpus: x.vcpus,
-                memory_mb: x.memory_mb,
-            }),
-            network: r.network.map(|n| NetworkRequest {
-                mode: n.mode,
-                allow: n.allow,
-            }),
-            ports: r.ports,
-        }
-    }
-}
+use crate::sandbox::spec::CreateSandboxRequest;
 
 /// `POST /v1/sandboxes`
 #[utoipa::path(post, path = "/v1/sandboxes", tags = ["sandboxes", "compat"],
     extensions(("x-compat" = json!(true))),
-    summary = "Create the session's sandbox, or reconnect to it", request_body = CreateSandbox,
+    summary = "Create the session's sandbox, or reconnect to it", request_body = CreateSandboxRequest,
     responses((status = 200, description = "`created: false` when the session already had one", body = dto::SandboxCreated)))]
 pub(super) async fn create_sandbox(
     State(app): State<Arc<App>>,
-    Json(req): Json<CreateSandbox>,
+    Json(req): Json<CreateSandboxRequest>,
 ) -> Result<axum::Json<dto::SandboxCreated>, ApiError> {
-    let created = app.create_sandbox(req.into()).await?;
+    let created = app.create_sandbox(req).await?;
     Ok(axum::Json(created.into()))
 }
 

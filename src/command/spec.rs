@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use sandboxd_proto::{SHAPE_MARKER_CHARS as MARKER_CHARS, ShapeSpec};
 use serde::Deserialize;
+use utoipa::ToSchema;
 
 use crate::config::Config;
 use crate::field_error::FieldError;
@@ -19,52 +20,107 @@ pub const MAX_RUN_OUTPUT_BYTES: usize = 16 * 1024 * 1024;
 pub const MIN_SHAPED_CHARS: u32 = 256;
 pub const MAX_SHAPED_CHARS: u32 = 1_000_000;
 
-/// `output`: each stream shaped for a model (see docs/API.md).
-#[derive(Debug, Clone, Deserialize)]
+/// `output`: how to shape each stream.
+#[derive(Debug, Clone, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[schema(as = OutputBody)]
 pub struct OutputRequest {
+    /// Most characters of each shaped stream (256–1000000), the line that
+    /// says what was omitted included.
     pub max_chars: i64,
+    /// Characters given to the head (0 to `maxChars` − 80); default a
+    /// quarter of `maxChars`.
     #[serde(default)]
     pub head_chars: Option<i64>,
+    /// Keep escape sequences and carriage returns; default `false`
+    /// (collapsed).
     #[serde(default)]
     pub raw: Option<bool>,
 }
 
-/// `POST …/commands` and `…/commands:run` bodies.
-#[derive(Debug, Clone, Deserialize)]
+/// `POST …/commands` and `…/commands:run` bodies. Exactly one of `cmd` and
+/// `command` is required; the domain checks the rules and names the field.
+// Named `CommandBody` in the OpenAPI document, as it always was.
+#[derive(Debug, Clone, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[schema(as = CommandBody)]
 pub struct CommandRequest {
+    /// A program; run with `args` as its argv, without re-parsing.
     #[serde(default)]
     pub cmd: Option<String>,
+    /// Only with `cmd`.
     #[serde(default)]
     pub args: Option<Vec<String>>,
+    /// A shell script, instead of `cmd`.
     #[serde(default)]
     pub command: Option<String>,
+    /// Default `bash`.
     #[serde(default)]
     pub shell: Option<String>,
+    /// Default `true`: a login shell.
     #[serde(default)]
     pub login: Option<bool>,
+    /// Workspace-relative or absolute under the workspace; created if missing.
     #[serde(default)]
     pub cwd: Option<String>,
     #[serde(default)]
     pub env: Option<BTreeMap<String, String>>,
+    /// Text the command reads as its stdin.
     #[serde(default)]
     pub stdin: Option<String>,
+    /// At least 1; capped to `max_timeout_ms` (the answer gives the
+    /// effective value).
     #[serde(default)]
     pub timeout_ms: Option<i64>,
-    /// Sent by RemcoChat; every command runs detached from the request.
+    /// Accepted and ignored: every command runs detached from the request.
+    // RemcoChat sends it.
     #[serde(default)]
     pub detached: Option<bool>,
-    /// Only for `commands:run`: bytes of each stream's tail to return.
+    /// Only used by `commands:run`: bytes of each stream's tail to return
+    /// (0–16777216).
     #[serde(default)]
     pub max_output_bytes: Option<i64>,
-    /// Each stream shaped for a model, in the `run` answer and the `exit`
-    /// record.
+    /// Each stream shaped for a model: in the `commands:run` answer and in
+    /// the `exit` record of the log. Not with `maxOutputBytes`.
     #[serde(default)]
     pub output: Option<OutputRequest>,
-    /// `true`, `false` or options: see [`super::changes::parse`].
+    /// Report the files the command created, modified and deleted in the
+    /// workspace by its end: in the `commands:run` answer and in the
+    /// `exit` record of its log.
+    // Parsed by `super::changes::parse`, which names the field it refuses;
+    // `ChangesParam` only describes it.
     #[serde(default)]
+    #[schema(value_type = Option<ChangesParam>)]
     pub changes: Option<serde_json::Value>,
+}
+
+/// `changes`: `true` (ignore `.git`, `node_modules`, `__pycache__` and
+/// `.venv`, list up to 1000), `false` (the default: no report), or options.
+#[derive(Debug, ToSchema)]
+#[serde(untagged)]
+#[allow(
+    dead_code,
+    reason = "it describes the field; the domain parses it and names the field it refuses"
+)]
+enum ChangesParam {
+    On(bool),
+    With(ChangesOptions),
+}
+
+/// Options of `changes`; each left out keeps its default.
+#[derive(Debug, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[allow(
+    dead_code,
+    reason = "it describes the field; the domain parses it and names the field it refuses"
+)]
+struct ChangesOptions {
+    /// Directory names (no `/`) whose trees are left out, at any depth: at
+    /// most 64, each 1–255 bytes. Replaces the default list.
+    ignore: Option<Vec<String>>,
+    /// Most changes listed, 1–10000 (default 1000); `more` counts the rest.
+    #[schema(minimum = 1, maximum = 10000)]
+    max: Option<u32>,
 }
 
 /// What will run.

@@ -1,14 +1,18 @@
 //! Files into and out of containers through the engine's archive API:
-//! making a workspace volume's root belong to the sandbox user, and
-//! filling the volume that carries the agent. Only sandboxd's own data
-//! goes this way, into containers that are not running; what the sandbox
-//! reads and writes goes through the agent, as the sandbox user.
+//! making a workspace volume's root belong to the sandbox user, filling
+//! the volume that carries the agent, reading a file of a volume or the
+//! owner of a directory of an image. Only sandboxd's own data goes this
+//! way, through scratch containers made for it and never started; what
+//! the sandbox reads and writes goes through the agent, as the sandbox
+//! user.
+
+use std::collections::HashMap;
 
 use bollard::Docker;
 use bollard::query_parameters::{DownloadFromContainerOptions, UploadToContainerOptions};
 use futures_util::StreamExt;
 
-use super::{EngineError, EngineResult};
+use super::{Engine, EngineError, EngineResult, container_spec};
 
 /// One entry of an archive to upload.
 #[derive(Debug, Clone, Copy)]
@@ -169,6 +173,127 @@ pub(super) async fn dir_owner(
     let uid = header.uid().ok().and_then(|u| u32::try_from(u).ok());
     let gid = header.gid().ok().and_then(|g| u32::try_from(g).ok());
     Ok(uid.zip(gid))
+}
+
+/// Where a volume is mounted in a container made only to read or fill it.
+const VOLUME_USER_DIR: &str = "/volume";
+
+impl Engine {
+    /// Puts `entries` into `volume` (paths relative to the volume), through
+    /// a container of `image` that is created for it and never started.
+    pub async fn fill_volume(
+        &self,
+        volume: &str,
+        image: &str,
+        labels: HashMap<String, String>,
+        entries: &[Entry<'_>],
+    ) -> EngineResult<()> {
+        let docker = self.docker()?;
+        let name = format!("{volume}-fill-{}", scratch_suffix()?);
+        self.create_scratch(&docker, &name, Some(volume), image, labels)
+            .await?;
+        let moved: Vec<(String, Entry<'_>)> = entries
+            .iter()
+            .map(|e| match *e {
+                Entry::Dir { path, .. } | Entry::File { path, .. } => (
+                    format!("{VOLUME_USER_DIR}/{}", path.trim_start_matches('/')),
+                    *e,
+                ),
+            })
+            .collect();
+        let entries: Vec<Entry<'_>> = moved
+            .iter()
+            .map(|(path, e)| match *e {
+                Entry::Dir { uid, gid, .. } => Entry::Dir { path, uid, gid },
+                Entry::File { content, mode, .. } => Entry::File {
+                    path,
+                    content,
+                    mode,
+                },
+            })
+            .collect();
+        let uploaded = upload(&docker, &name, &entries).await;
+        let removed = self.remove_container(&name).await;
+        uploaded.and(removed)
+    }
+
+    /// The content of `path` in `volume` (at most `max` bytes), read
+    /// through a container of `image` created for it and never started.
+    pub async fn volume_file(
+        &self,
+        volume: &str,
+        image: &str,
+        labels: HashMap<String, String>,
+        path: &str,
+        max: usize,
+    ) -> EngineResult<Option<Vec<u8>>> {
+        let docker = self.docker()?;
+        let name = format!("{volume}-read-{}", scratch_suffix()?);
+        self.create_scratch(&docker, &name, Some(volume), image, labels)
+            .await?;
+        let full = format!("{VOLUME_USER_DIR}/{}", path.trim_start_matches('/'));
+        let read = download(&docker, &name, &full, max).await;
+        let removed = self.remove_container(&name).await;
+        let content = read?;
+        removed?;
+        Ok(content)
+    }
+
+    /// The owner (uid, gid) of directory `path` in `image`; `None` when
+    /// the image has no such directory. Read through a container created
+    /// for it and never started.
+    pub async fn image_dir_owner(
+        &self,
+        image: &str,
+        path: &str,
+        labels: HashMap<String, String>,
+    ) -> EngineResult<Option<(u32, u32)>> {
+        let docker = self.docker()?;
+        let name = format!(
+            "{}-probe-{}",
+            labels
+                .get("sandboxd.instance")
+                .map(String::as_str)
+                .unwrap_or("sandboxd"),
+            scratch_suffix()?
+        );
+        self.create_scratch(&docker, &name, None, image, labels)
+            .await?;
+        let owner = dir_owner(&docker, &name, path).await;
+        let removed = self.remove_container(&name).await;
+        let owner = owner?;
+        removed?;
+        Ok(owner)
+    }
+
+    /// A container only for the archive API, holding `volume` (if any) at
+    /// [`VOLUME_USER_DIR`]; never started.
+    async fn create_scratch(
+        &self,
+        docker: &Docker,
+        name: &str,
+        volume: Option<&str>,
+        image: &str,
+        labels: HashMap<String, String>,
+    ) -> EngineResult<()> {
+        let body =
+            container_spec::scratch_body(volume.map(|v| (v, VOLUME_USER_DIR)), image, labels);
+        docker
+            .create_container(
+                Some(bollard::query_parameters::CreateContainerOptions {
+                    name: Some(name.to_string()),
+                    platform: String::new(),
+                }),
+                body,
+            )
+            .await?;
+        Ok(())
+    }
+}
+
+/// A random suffix that keeps a scratch container's name unique.
+fn scratch_suffix() -> EngineResult<String> {
+    crate::id::random_hex(4).map_err(|e| EngineError::Failed(e.to_string()))
 }
 
 #[cfg(test)]

@@ -14,7 +14,7 @@ use bytes::Bytes;
 use futures_util::{Stream, StreamExt};
 use tokio::io::AsyncWrite;
 
-use super::{EngineError, EngineResult};
+use super::{Engine, EngineError, EngineResult};
 
 /// Biggest frame we ask bollard to buffer: large enough that a flood
 /// arrives in few, large chunks.
@@ -120,5 +120,20 @@ fn session(
             }
         })),
         stdin,
+    }
+}
+
+impl Engine {
+    /// Starts a process in a running container, attached.
+    pub async fn exec(&self, container: &str, req: &ExecRequest) -> EngineResult<ExecSession> {
+        let docker = self.docker()?;
+        start(&docker, container, req).await
+    }
+
+    /// Attaches to the stdio of a container's own process (see
+    /// `attach` below).
+    pub async fn attach(&self, container: &str) -> EngineResult<ExecSession> {
+        let docker = self.docker()?;
+        attach(&docker, container).await
     }
 }

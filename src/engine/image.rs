@@ -1,5 +1,6 @@
-//! Building an image from a Dockerfile held in memory, so a fresh install can
-//! make its runtime image on first use without a checkout of this repo.
+//! Images: whether the engine has one, its id, and building one from a
+//! Dockerfile held in memory, so a fresh install can make its runtime
+//! image on first use without a checkout of this repo.
 
 use std::collections::HashMap;
 
@@ -7,7 +8,45 @@ use bollard::Docker;
 use bollard::query_parameters::BuildImageOptions;
 use futures_util::StreamExt;
 
-use super::{EngineError, EngineResult};
+use super::{Engine, EngineError, EngineResult};
+
+impl Engine {
+    /// The id of a local image (`sha256:…`), `None` when the engine does not
+    /// have it.
+    pub async fn image_id(&self, image: &str) -> EngineResult<Option<String>> {
+        let docker = self.docker()?;
+        match docker.inspect_image(image).await {
+            Ok(info) => Ok(info.id),
+            Err(e) => match EngineError::from(e) {
+                EngineError::NotFound(_) => Ok(None),
+                other => Err(other),
+            },
+        }
+    }
+
+    /// True when the engine has the image locally.
+    pub async fn image_exists(&self, image: &str) -> EngineResult<bool> {
+        let docker = self.docker()?;
+        match docker.inspect_image(image).await {
+            Ok(_) => Ok(true),
+            Err(e) => match EngineError::from(e) {
+                EngineError::NotFound(_) => Ok(false),
+                other => Err(other),
+            },
+        }
+    }
+
+    /// Builds `tag` from a Dockerfile held in memory (a context of one file).
+    pub async fn build_image(
+        &self,
+        tag: &str,
+        dockerfile: &str,
+        build_args: HashMap<String, String>,
+    ) -> EngineResult<()> {
+        let docker = self.docker()?;
+        build(&docker, tag, dockerfile, build_args).await
+    }
+}
 
 /// Builds `tag` from `dockerfile` as the whole build context, logging each
 /// build step as it goes.

@@ -16,6 +16,7 @@ use super::registry::Sandbox;
 use super::spec::NetworkMode;
 use super::{Event, Sandboxes, labels};
 use crate::clock::now_ms;
+use crate::engine::{ContainerRecord, EngineResult};
 
 impl Sandboxes {
     /// Waits for the engine, then reconciles; returns true once done (false
@@ -40,38 +41,68 @@ impl Sandboxes {
         true
     }
 
-    async fn rehydrate(&self) -> Result<(), crate::engine::EngineError> {
+    async fn rehydrate(&self) -> EngineResult<()> {
         let instance = self.config().instance.clone();
         let mine = [(labels::INSTANCE, instance.as_str())];
-        let containers = self.engine().list_containers(&mine).await?;
+        let ByRole {
+            sandboxes,
+            proxies,
+            egresses,
+        } = self.containers_by_role(&mine).await?;
+        let claims = self.claims(&instance).await?;
+        let adopted = self.adopt_sandboxes(&instance, sandboxes, &claims).await?;
+        self.reconcile_proxies(proxies, &adopted).await?;
+        self.reconcile_egresses(egresses, &adopted).await?;
+        self.reconcile_link_networks(&mine, &adopted).await?;
+        self.restore_ways_out().await;
+        self.remove_orphan_volumes(&mine, &adopted).await?;
+        self.remove_stale_agent_volumes().await;
+        tracing::info!(sandboxes = adopted.len(), "rehydration done");
+        Ok(())
+    }
 
-        let mut sandboxes: Vec<_> = Vec::new();
-        let mut proxies = Vec::new();
-        let mut egresses = Vec::new();
-        for c in containers {
+    /// This instance's containers by role; one with no known role is
+    /// removed.
+    async fn containers_by_role(&self, mine: &[(&str, &str)]) -> EngineResult<ByRole> {
+        let mut by_role = ByRole::default();
+        for c in self.engine().list_containers(mine).await? {
             match c.labels.get(labels::ROLE).map(String::as_str) {
-                Some(labels::ROLE_SANDBOX) => sandboxes.push(c),
-                Some(labels::ROLE_PROXY) => proxies.push(c),
-                Some(labels::ROLE_EGRESS) => egresses.push(c),
+                Some(labels::ROLE_SANDBOX) => by_role.sandboxes.push(c),
+                Some(labels::ROLE_PROXY) => by_role.proxies.push(c),
+                Some(labels::ROLE_EGRESS) => by_role.egresses.push(c),
                 _ => {
                     tracing::warn!(container = %c.name, "container of this instance has no known role; removing it");
                     self.engine().remove_container(&c.name).await?;
                 }
             }
         }
+        Ok(by_role)
+    }
 
-        // Who claimed which pool member, by sandbox id.
-        let claims: HashMap<String, HashMap<String, String>> = self
+    /// Who claimed which pool member: the claim volumes' labels, by sandbox
+    /// id.
+    async fn claims(&self, instance: &str) -> EngineResult<Claims> {
+        Ok(self
             .engine()
             .list_volumes(&[
-                (labels::INSTANCE, instance.as_str()),
+                (labels::INSTANCE, instance),
                 (labels::ROLE, labels::ROLE_CLAIM),
             ])
             .await?
             .into_iter()
             .filter_map(|v| Some((v.labels.get(labels::SANDBOX_ID)?.clone(), v.labels)))
-            .collect();
+            .collect())
+    }
 
+    /// Adopts the sandbox containers whose labels read, one per session
+    /// key, each running this sandboxd's agent (recreated if not) and
+    /// started; the others are removed. Returns the ids adopted.
+    async fn adopt_sandboxes(
+        &self,
+        instance: &str,
+        sandboxes: Vec<ContainerRecord>,
+        claims: &Claims,
+    ) -> EngineResult<BTreeSet<String>> {
         // Oldest first, so if a session key somehow has two, the first wins.
         let mut records: Vec<_> = sandboxes
             .into_iter()
@@ -92,17 +123,12 @@ impl Sandboxes {
         for (record, c) in records {
             let mut record = match record {
                 Ok(r) => r,
-                Err(e) if labels::is_member(&c.labels) => {
-                    tracing::info!(container = %c.name, reason = %e, "pool member not adopted; removing it (the pool refills)");
-                    if let Some(id) = c.labels.get(labels::SANDBOX_ID) {
-                        self.remove_objects(id, Event::Removed, None).await;
-                    } else {
-                        self.engine().remove_container(&c.name).await?;
-                    }
-                    continue;
-                }
                 Err(e) => {
-                    tracing::warn!(container = %c.name, error = %e, "unreadable sandbox labels; removing it");
+                    if labels::is_member(&c.labels) {
+                        tracing::info!(container = %c.name, reason = %e, "pool member not adopted; removing it (the pool refills)");
+                    } else {
+                        tracing::warn!(container = %c.name, error = %e, "unreadable sandbox labels; removing it");
+                    }
                     if let Some(id) = c.labels.get(labels::SANDBOX_ID) {
                         self.remove_objects(id, Event::Removed, None).await;
                     } else {
@@ -116,44 +142,62 @@ impl Sandboxes {
                 self.remove_objects(&record.id, Event::Removed, None).await;
                 continue;
             }
-            // Made by another sandboxd version: it must run this agent.
-            if c.labels.get(labels::AGENT).map(String::as_str)
-                != Some(super::agent_delivery::AGENT_VERSION)
-            {
-                // Mode `open` (also what sandboxes made before egress
-                // policies had) that the configuration no longer allows:
-                // the new container gets the default mode, never more.
-                if record.network == NetworkMode::Open
-                    && !self.config().network_modes.iter().any(|m| m == "open")
-                    && let Some(mode) = NetworkMode::parse(&self.config().network_default)
-                {
-                    tracing::info!(sandbox_id = %record.id, mode = %self.config().network_default, "network mode open is not allowed any more; the recreated sandbox gets the default mode");
-                    record.network = mode;
-                }
-                match self.recreate(&record).await {
-                    Ok(()) => {
-                        tracing::info!(sandbox_id = %record.id, "sandbox recreated with this sandboxd's agent; its workspace is kept");
-                    }
-                    Err(e) => {
-                        tracing::warn!(sandbox_id = %record.id, error = %e, "sandbox could not be recreated with this agent; removing it");
-                        self.remove_objects(&record.id, Event::Removed, None).await;
-                        continue;
-                    }
-                }
-            } else if !c.running {
-                if let Err(e) = self.engine().start_container(&c.name).await {
-                    tracing::warn!(sandbox_id = %record.id, error = %e, "stopped sandbox would not start; removing it");
-                    self.remove_objects(&record.id, Event::Removed, None).await;
-                    continue;
-                }
+            if !self.make_current(&mut record, &c).await {
+                self.remove_objects(&record.id, Event::Removed, None).await;
+                continue;
             }
-            let sandbox = Arc::new(Sandbox::from_record(&instance, &record, now_ms()));
+            let sandbox = Arc::new(Sandbox::from_record(instance, &record, now_ms()));
             Event::Rehydrated.record(&record.id, &record.session_key);
             keys.insert(record.session_key.clone(), record.id.clone());
             adopted.insert(record.id.clone());
             self.registry().adopt(sandbox);
         }
+        Ok(adopted)
+    }
 
+    /// Makes a sandbox container fit to adopt: recreated when another
+    /// sandboxd version made it (it must run this agent), started when it
+    /// is stopped. False, with the reason logged, when that failed.
+    async fn make_current(&self, record: &mut labels::SandboxRecord, c: &ContainerRecord) -> bool {
+        if c.labels.get(labels::AGENT).map(String::as_str)
+            != Some(super::agent_delivery::AGENT_VERSION)
+        {
+            // Mode `open` (also what sandboxes made before egress
+            // policies had) that the configuration no longer allows:
+            // the new container gets the default mode, never more.
+            if record.network == NetworkMode::Open
+                && !self.config().network_modes.iter().any(|m| m == "open")
+                && let Some(mode) = NetworkMode::parse(&self.config().network_default)
+            {
+                tracing::info!(sandbox_id = %record.id, mode = %self.config().network_default, "network mode open is not allowed any more; the recreated sandbox gets the default mode");
+                record.network = mode;
+            }
+            match self.recreate(record).await {
+                Ok(()) => {
+                    tracing::info!(sandbox_id = %record.id, "sandbox recreated with this sandboxd's agent; its workspace is kept");
+                }
+                Err(e) => {
+                    tracing::warn!(sandbox_id = %record.id, error = %e, "sandbox could not be recreated with this agent; removing it");
+                    return false;
+                }
+            }
+        } else if !c.running
+            && let Err(e) = self.engine().start_container(&c.name).await
+        {
+            tracing::warn!(sandbox_id = %record.id, error = %e, "stopped sandbox would not start; removing it");
+            return false;
+        }
+        true
+    }
+
+    /// Port proxies: a running one of an adopted sandbox keeps its host
+    /// port; a stopped one goes (its port stays allowed); one of a sandbox
+    /// that is gone goes.
+    async fn reconcile_proxies(
+        &self,
+        proxies: Vec<ContainerRecord>,
+        adopted: &BTreeSet<String>,
+    ) -> EngineResult<()> {
         for p in proxies {
             let owner = p
                 .labels
@@ -188,8 +232,16 @@ impl Sandboxes {
                 }
             }
         }
-        // Egress proxies: one of another agent version or of a sandbox that
-        // is gone goes.
+        Ok(())
+    }
+
+    /// Egress proxies: one of another agent version or of a sandbox that
+    /// is gone goes.
+    async fn reconcile_egresses(
+        &self,
+        egresses: Vec<ContainerRecord>,
+        adopted: &BTreeSet<String>,
+    ) -> EngineResult<()> {
         for e in egresses {
             let owner = e.labels.get(labels::SANDBOX_ID);
             let current = e.labels.get(labels::AGENT).map(String::as_str)
@@ -199,9 +251,17 @@ impl Sandboxes {
                 self.engine().remove_container(&e.name).await?;
             }
         }
-        // Link networks: kept for adopted sandboxes, removed otherwise (their
-        // sandbox may have vanished while sandboxd was down).
-        for n in self.engine().list_networks(&mine).await? {
+        Ok(())
+    }
+
+    /// Link networks: kept for adopted sandboxes, removed otherwise (their
+    /// sandbox may have vanished while sandboxd was down).
+    async fn reconcile_link_networks(
+        &self,
+        mine: &[(&str, &str)],
+        adopted: &BTreeSet<String>,
+    ) -> EngineResult<()> {
+        for n in self.engine().list_networks(mine).await? {
             if !labels::is_link_network(&n.labels) {
                 continue;
             }
@@ -229,9 +289,12 @@ impl Sandboxes {
                 }
             }
         }
+        Ok(())
+    }
 
-        // Every sandbox behind an egress proxy gets its way out (the shared
-        // proxy is made again if missing, and joined to each).
+    /// Every sandbox behind an egress proxy gets its way out (the shared
+    /// proxy is made again if missing, and joined to each).
+    async fn restore_ways_out(&self) {
         for s in self.registry().list() {
             let Some(subnet) = s.ports().link_subnet.filter(|_| s.network.through_egress()) else {
                 continue;
@@ -243,8 +306,16 @@ impl Sandboxes {
                 tracing::warn!(sandbox_id = %s.id, error = %e, "could not give the sandbox its egress proxy back; its connections out fail until it is restarted");
             }
         }
+    }
 
-        for v in self.engine().list_volumes(&mine).await? {
+    /// Volumes of this instance without an adopted sandbox go (the
+    /// agent's volumes are kept; see `remove_stale_agent_volumes`).
+    async fn remove_orphan_volumes(
+        &self,
+        mine: &[(&str, &str)],
+        adopted: &BTreeSet<String>,
+    ) -> EngineResult<()> {
+        for v in self.engine().list_volumes(mine).await? {
             if v.labels.contains_key(labels::AGENT) {
                 continue;
             }
@@ -258,8 +329,17 @@ impl Sandboxes {
                 self.engine().remove_volume(&v.name).await?;
             }
         }
-        self.remove_stale_agent_volumes().await;
-        tracing::info!(sandboxes = adopted.len(), "rehydration done");
         Ok(())
     }
 }
+
+/// This instance's containers, by their role label.
+#[derive(Default)]
+struct ByRole {
+    sandboxes: Vec<ContainerRecord>,
+    proxies: Vec<ContainerRecord>,
+    egresses: Vec<ContainerRecord>,
+}
+
+/// The labels of each claim volume, by the id of the sandbox it claims.
+type Claims = HashMap<String, HashMap<String, String>>;

@@ -4,6 +4,7 @@
 use std::collections::BTreeSet;
 
 use serde::Deserialize;
+use utoipa::ToSchema;
 
 use crate::config::Config;
 use crate::field_error::FieldError;
@@ -14,38 +15,54 @@ const VCPUS: (u32, u32) = (1, 8);
 const MEMORY_MB: (u32, u32) = (256, 16_384);
 const SESSION_KEY_MAX_CHARS: usize = 256;
 
-/// `POST /v1/sandboxes` as the client sends it.
-#[derive(Debug, Clone, Deserialize)]
+/// `POST /v1/sandboxes` as the client sends it. Only `sessionKey` is
+/// required; ranges are checked by the domain, which names the field.
+// Named `CreateSandbox` in the OpenAPI document, as it always was.
+#[derive(Debug, Clone, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[schema(as = CreateSandbox)]
 pub struct CreateSandboxRequest {
+    /// 1–256 characters; one sandbox per session key.
     pub session_key: String,
+    /// A configured runtime name (`default`, `node24`, `python3.13`, …).
     #[serde(default)]
     pub runtime: Option<String>,
+    /// 10000–21600000.
     #[serde(default)]
     pub idle_ttl_ms: Option<i64>,
     #[serde(default)]
     pub resources: Option<ResourcesRequest>,
     #[serde(default)]
     pub network: Option<NetworkRequest>,
+    /// Ports to allow (each 1–65535, at most `max_ports`).
     #[serde(default)]
     pub ports: Option<Vec<i64>>,
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[schema(as = CreateResources)]
 pub struct ResourcesRequest {
+    /// 1–8.
     #[serde(default)]
     pub vcpus: Option<i64>,
+    /// 256–16384.
     #[serde(default)]
     pub memory_mb: Option<i64>,
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(as = CreateNetwork)]
 pub struct NetworkRequest {
+    /// `default` (the server's `network_default`, out of the box
+    /// `internet`), `none`, `internet`, `allowlist`, or `open` where the
+    /// server enables it (`network_modes`).
     #[serde(default)]
     pub mode: Option<String>,
-    /// Mode `allowlist` only: domains and CIDRs the sandbox may reach.
+    /// Mode `allowlist` only: at most 64 domains (`pypi.org`,
+    /// `*.npmjs.org`: any subdomain) and CIDRs (`203.0.113.0/24`, or one
+    /// address) the sandbox may reach.
     #[serde(default)]
     pub allow: Option<Vec<String>>,
 }
