@@ -28,7 +28,7 @@
 //! tunnel or forwarded exchange with no byte either way for a while is
 //! closed. What was turned away for a cap is counted and goes to stderr
 //! once a second at most. The global numbers are sized against the
-//! container's limits (`src/engine/container.rs`): see
+//! container's limits (`src/engine/container_spec.rs`): see
 //! [`MAX_CONNECTIONS`](limits::MAX_CONNECTIONS) and [`LOOKUP_THREADS`].
 //!
 //! One thread serves every connection (the work is waiting on sockets),
