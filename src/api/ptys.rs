@@ -3,7 +3,6 @@
 //! domain's viewer streams (binary frames are terminal bytes; text frames
 //! are JSON control messages); the domain serves it.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use axum::extract::State;
@@ -13,74 +12,29 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use futures_util::{SinkExt, StreamExt};
 use serde::Deserialize;
-use utoipa::{IntoParams, ToSchema};
+use utoipa::IntoParams;
 
 use super::auth;
 use super::dto;
 use super::error::{ApiError, ErrorCode};
 use super::extract::{Json, Path, Query};
 use crate::app::App;
-use crate::pty::{MAX_WINDOW, OUTPUT_CHUNK, PtyCommand, PtyRequest, ViewerEvent, ViewerInput};
+use crate::pty::{MAX_WINDOW, OUTPUT_CHUNK, PtyRequest, ViewerEvent, ViewerInput};
 
 /// Largest WebSocket message or frame a viewer may send.
 const MAX_VIEWER_MESSAGE: usize = 64 * 1024;
 
-/// What runs: a command line, or a program and its arguments.
-#[derive(Debug, Deserialize, ToSchema)]
-#[serde(untagged)]
-pub(super) enum CommandField {
-    /// Run as `bash -lc 'exec LINE'`.
-    Line(String),
-    /// Run as `bash -lc 'exec "$@"' sandboxd ARGV…`, without re-parsing.
-    Argv(Vec<String>),
-}
-
-/// `POST …/ptys` body.
-#[derive(Debug, Deserialize, ToSchema)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub(super) struct PtyBody {
-    /// None: the sandbox user's login shell, in login mode.
-    #[serde(default)]
-    command: Option<CommandField>,
-    /// Workspace-relative or absolute under the workspace; created if missing.
-    #[serde(default)]
-    cwd: Option<String>,
-    #[serde(default)]
-    env: Option<BTreeMap<String, String>>,
-    /// 1–1000, default 80.
-    #[serde(default)]
-    cols: Option<i64>,
-    /// 1–1000, default 24.
-    #[serde(default)]
-    rows: Option<i64>,
-}
-
-impl From<PtyBody> for PtyRequest {
-    fn from(b: PtyBody) -> Self {
-        PtyRequest {
-            command: b.command.map(|c| match c {
-                CommandField::Line(l) => PtyCommand::Line(l),
-                CommandField::Argv(a) => PtyCommand::Argv(a),
-            }),
-            cwd: b.cwd,
-            env: b.env,
-            cols: b.cols,
-            rows: b.rows,
-        }
-    }
-}
-
 /// `POST /v1/sandboxes/{id}/ptys`
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/ptys", tags = ["ptys"],
     summary = "Start a terminal session", params(("id" = String, Path, description = "The sandboxId")),
-    request_body = PtyBody,
+    request_body = PtyRequest,
     responses((status = 201, description = "Started", body = dto::PtyOpened)))]
 pub(super) async fn open_pty(
     State(app): State<Arc<App>>,
     Path(id): Path<String>,
-    Json(body): Json<PtyBody>,
+    Json(body): Json<PtyRequest>,
 ) -> Result<(StatusCode, axum::Json<dto::PtyOpened>), ApiError> {
-    let pty_id = app.ptys.open(&id, body.into()).await?;
+    let pty_id = app.ptys.open(&id, body).await?;
     Ok((StatusCode::CREATED, axum::Json(dto::PtyOpened { pty_id })))
 }
 

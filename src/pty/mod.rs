@@ -27,8 +27,10 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use futures_util::{Sink, SinkExt, Stream, StreamExt};
 use sandboxd_proto::{FailureKind, PtyEnded, PtyOpen, PtyOutput, PtyState};
+use serde::Deserialize;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
+use utoipa::ToSchema;
 
 use crate::agent_client::{AgentConn, AgentError};
 use crate::clock::now_ms;
@@ -79,25 +81,35 @@ impl From<AgentError> for PtyError {
 /// Result of session operations.
 pub type PtyResult<T> = Result<T, PtyError>;
 
-/// What runs in a new session.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// What runs: a command line, or a program and its arguments.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, ToSchema)]
+#[serde(untagged)]
+#[schema(as = CommandField)]
 pub enum PtyCommand {
-    /// A command line: run as `bash -lc 'exec LINE'`, so its first word
-    /// becomes the session's process.
+    /// Run as `bash -lc 'exec LINE'`.
     Line(String),
-    /// A program and its arguments, run through a login shell without
-    /// re-parsing (`bash -lc 'exec "$@"' sandboxd ARGV…`).
+    /// Run as `bash -lc 'exec "$@"' sandboxd ARGV…`, without re-parsing.
     Argv(Vec<String>),
 }
 
-/// A request for a new session, as the HTTP edge parsed it.
-#[derive(Debug, Clone, Default)]
+/// `POST …/ptys` body.
+#[derive(Debug, Clone, Default, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[schema(as = PtyBody)]
 pub struct PtyRequest {
-    /// None: the sandbox user's login shell.
+    /// None: the sandbox user's login shell, in login mode.
+    #[serde(default)]
     pub command: Option<PtyCommand>,
+    /// Workspace-relative or absolute under the workspace; created if missing.
+    #[serde(default)]
     pub cwd: Option<String>,
+    #[serde(default)]
     pub env: Option<BTreeMap<String, String>>,
+    /// 1–1000, default 80.
+    #[serde(default)]
     pub cols: Option<i64>,
+    /// 1–1000, default 24.
+    #[serde(default)]
     pub rows: Option<i64>,
 }
 
