@@ -287,7 +287,7 @@ async fn exit_codes_output_and_stdin() {
     let id = c.send(Op::Tail { command: cid(4) }).await;
     let parts = c.replies(id).await;
     assert!(
-        matches!(&parts[0], Reply::TailPart { text, .. } if text == "200000\nhi there\n"),
+        matches!(&parts[0], Reply::TailPart(p) if p.text == "200000\nhi there\n"),
         "{parts:?}"
     );
 }

@@ -488,35 +488,38 @@ pub struct Searched {
     pub timed_out: bool,
 }
 
+/// A piece of a stream's plain tail (see [`Op::Tail`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TailPart {
+    pub stream: Stream,
+    pub text: String,
+    /// Bytes of the stream left out before the tail.
+    pub cut_bytes: u64,
+}
+
+/// A piece of a stream's shaped text (see [`CommandMeta::shape`]); every
+/// piece carries the stream's [`ShapeInfo`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShapedPart {
+    pub stream: Stream,
+    pub text: String,
+    pub info: ShapeInfo,
+}
+
 /// What the agent answers.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Reply {
     Hello(HelloReply),
-    Spawned {
-        pid: u32,
-    },
+    Spawned { pid: u32 },
     Ok,
     Log(LogChunk),
     Ended(Ended),
     Commands(Vec<CommandState>),
-    TailPart {
-        stream: Stream,
-        text: String,
-        cut_bytes: u64,
-    },
-    /// A piece of a stream's shaped text (see [`CommandMeta::shape`]); every
-    /// piece carries the stream's [`ShapeInfo`].
-    Shaped {
-        stream: Stream,
-        text: String,
-        info: ShapeInfo,
-    },
+    TailPart(TailPart),
+    Shaped(ShapedPart),
     Data(#[serde(with = "serde_bytes")] Vec<u8>),
     Entries(Vec<DirEntry>),
-    Probed {
-        ready: bool,
-        recent_output: String,
-    },
+    Probed { ready: bool, recent_output: String },
     PtyOutput(PtyOutput),
     Ptys(Vec<PtyState>),
     PtyEnded(PtyEnded),

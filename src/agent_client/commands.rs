@@ -11,8 +11,8 @@
 use std::time::Duration;
 
 use sandboxd_proto::{
-    Change, ChangesSummary, CommandState, Ended, LogChunk, Op, ReadLog, Reply, ShapeInfo, Spawn,
-    Stream,
+    Change, ChangesSummary, CommandState, Ended, LogChunk, Op, ReadLog, Reply, ShapedPart, Spawn,
+    TailPart,
 };
 
 use super::{AgentConn, AgentResult, reply_name, unexpected};
@@ -22,17 +22,8 @@ use super::{AgentConn, AgentResult, reply_name, unexpected};
 /// for one started with a shape.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum TailPiece {
-    Plain {
-        stream: Stream,
-        text: String,
-        /// Bytes of the stream left out before the tail.
-        cut_bytes: u64,
-    },
-    Shaped {
-        stream: Stream,
-        text: String,
-        info: ShapeInfo,
-    },
+    Plain(TailPart),
+    Shaped(ShapedPart),
 }
 
 impl AgentConn {
@@ -94,16 +85,8 @@ impl AgentConn {
             command: command.to_string(),
         };
         self.call_parts_within(op, limit, |p| match p {
-            Reply::TailPart {
-                stream,
-                text,
-                cut_bytes,
-            } => part(TailPiece::Plain {
-                stream,
-                text,
-                cut_bytes,
-            }),
-            Reply::Shaped { stream, text, info } => part(TailPiece::Shaped { stream, text, info }),
+            Reply::TailPart(p) => part(TailPiece::Plain(p)),
+            Reply::Shaped(p) => part(TailPiece::Shaped(p)),
             other => Err(format!("{} in a tail", reply_name(&other))),
         })
         .await

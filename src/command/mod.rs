@@ -21,7 +21,8 @@ use std::time::{Duration, Instant};
 
 use dashmap::DashMap;
 use sandboxd_proto::{
-    CommandMeta, CommandState, Ended, FailureKind, ShapeInfo, ShapeSpec, Spawn, Stream,
+    CommandMeta, CommandState, Ended, FailureKind, ShapeInfo, ShapeSpec, ShapedPart, Spawn, Stream,
+    TailPart,
 };
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -243,20 +244,20 @@ async fn fetch_tails(conn: &AgentConn, cmd: &Command, limit: Duration) -> Tails 
     let got = conn
         .tail(&cmd.id, limit, |part| {
             let (stream, piece) = match part {
-                TailPiece::Plain {
+                TailPiece::Plain(TailPart {
                     stream,
                     text,
                     cut_bytes,
-                } if cmd.shape.is_none() => {
+                }) if cmd.shape.is_none() => {
                     cut[usize::from(stream == Stream::Stderr)] = cut_bytes;
                     (stream, text)
                 }
-                TailPiece::Shaped { stream, text, info } if cmd.shape.is_some() => {
+                TailPiece::Shaped(ShapedPart { stream, text, info }) if cmd.shape.is_some() => {
                     infos[usize::from(stream == Stream::Stderr)] = Some(info);
                     (stream, text)
                 }
-                TailPiece::Plain { .. } => return Err("a plain tail of a shaped command".into()),
-                TailPiece::Shaped { .. } => return Err("a shaped tail of a plain command".into()),
+                TailPiece::Plain(_) => return Err("a plain tail of a shaped command".into()),
+                TailPiece::Shaped(_) => return Err("a shaped tail of a plain command".into()),
             };
             let slot = &mut text[usize::from(stream == Stream::Stderr)];
             // A shaped character takes at most four bytes.

@@ -8,7 +8,8 @@ use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
 use sandboxd_proto::{
-    CHUNK, Change, ChangesSummary, Failure, FailureKind, LogChunk, ReadLog, Reply, Spawn, Stream,
+    CHUNK, Change, ChangesSummary, Failure, FailureKind, LogChunk, ReadLog, Reply, ShapedPart,
+    Spawn, Stream, TailPart,
 };
 
 use super::{Agent, Answer, frame_pieces};
@@ -126,10 +127,12 @@ pub(crate) async fn tail(agent: &Agent, command: String, answer: Answer) {
         .into_iter()
         .zip(shaped.into_iter().flatten())
     {
-        let parts = stream_pieces(&text).map(|piece| Reply::Shaped {
-            stream,
-            text: piece.to_string(),
-            info,
+        let parts = stream_pieces(&text).map(|piece| {
+            Reply::Shaped(ShapedPart {
+                stream,
+                text: piece.to_string(),
+                info,
+            })
         });
         if !answer.parts(parts).await {
             return;
@@ -140,10 +143,12 @@ pub(crate) async fn tail(agent: &Agent, command: String, answer: Answer) {
         .into_iter()
         .zip(tails.into_iter().flatten())
     {
-        let parts = stream_pieces(&text).map(|piece| Reply::TailPart {
-            stream,
-            text: piece.to_string(),
-            cut_bytes: cut,
+        let parts = stream_pieces(&text).map(|piece| {
+            Reply::TailPart(TailPart {
+                stream,
+                text: piece.to_string(),
+                cut_bytes: cut,
+            })
         });
         if !answer.parts(parts).await {
             return;
