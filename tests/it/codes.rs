@@ -330,24 +330,6 @@ async fn too_many_processes() {
     );
 }
 
-/// Removes an image reference when dropped, even if the test failed.
-struct TagGuard(bollard::Docker, String);
-
-impl Drop for TagGuard {
-    fn drop(&mut self) {
-        let (docker, image) = (self.0.clone(), self.1.clone());
-        harness::block_on_side(async move {
-            let _ = docker
-                .remove_image(
-                    &image,
-                    None::<bollard::query_parameters::RemoveImageOptions>,
-                    None,
-                )
-                .await;
-        });
-    }
-}
-
 /// A proxy image the engine lacks: the port's GET is answered
 /// `engine_error`, and it is the engine that failed (sandboxd's log has the
 /// engine's own "No such image" for that image). Positive control: once
@@ -399,7 +381,7 @@ async fn engine_error() {
         )
         .await
         .expect("tag the runtime image as the proxy image");
-    let _untag = TagGuard(server.docker.clone(), missing.clone());
+    let _untag = harness::ImageGuard(server.docker.clone(), missing.clone());
     let (s, v) = server.get(&format!("/v1/sandboxes/{sid}/ports/3000")).await;
     assert_eq!(
         (s, &v["found"]),

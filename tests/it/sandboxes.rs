@@ -352,24 +352,6 @@ async fn a_create_that_fails_half_way_leaves_nothing() {
     assert_eq!((status, list), (200, json!({"sandboxes": []})));
 }
 
-/// Removes an image when dropped, even if the test failed.
-struct ImageGuard(bollard::Docker, String);
-
-impl Drop for ImageGuard {
-    fn drop(&mut self) {
-        let (docker, image) = (self.0.clone(), self.1.clone());
-        harness::block_on_side(async move {
-            let _ = docker
-                .remove_image(
-                    &image,
-                    None::<bollard::query_parameters::RemoveImageOptions>,
-                    None,
-                )
-                .await;
-        });
-    }
-}
-
 #[tokio::test]
 async fn a_missing_runtime_image_is_built_once_from_the_embedded_dockerfile() {
     let docker = harness::docker().await;
@@ -384,7 +366,7 @@ async fn a_missing_runtime_image_is_built_once_from_the_embedded_dockerfile() {
         .await
         .expect("a base image (run sandbox-images/build.sh)");
     let image = format!("sbt-autobuild-{}:latest", std::process::id());
-    let _guard = ImageGuard(docker.clone(), image.clone());
+    let _guard = harness::ImageGuard(docker.clone(), image.clone());
     let server = TestServer::start_with(
         ServerOptions::default()
             .env("SANDBOXD_IMAGE", &image)

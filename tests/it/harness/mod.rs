@@ -60,6 +60,25 @@ pub(crate) fn block_on_side<F: std::future::Future<Output = ()> + Send + 'static
     .join();
 }
 
+/// Removes an image reference (a tag, or the image when it is the last)
+/// when dropped, even if the test failed.
+pub(crate) struct ImageGuard(pub(crate) bollard::Docker, pub(crate) String);
+
+impl Drop for ImageGuard {
+    fn drop(&mut self) {
+        let (docker, image) = (self.0.clone(), self.1.clone());
+        block_on_side(async move {
+            let _ = docker
+                .remove_image(
+                    &image,
+                    None::<bollard::query_parameters::RemoveImageOptions>,
+                    None,
+                )
+                .await;
+        });
+    }
+}
+
 /// A unique instance name per test server.
 pub(crate) fn unique_instance() -> String {
     static N: AtomicU32 = AtomicU32::new(0);
