@@ -5,6 +5,7 @@
 
 pub mod agent_delivery;
 mod agent_link;
+mod foreground;
 mod image;
 pub mod labels;
 pub mod network;
@@ -212,6 +213,8 @@ pub struct Sandboxes {
     workspace_owned: dashmap::DashMap<String, bool>,
     /// One start of the shared egress proxy at a time.
     egress_start: tokio::sync::Mutex<()>,
+    /// Creates a request waits for: background engine work yields to them.
+    foreground: foreground::Foreground,
     /// Warm sandboxes no session has claimed yet.
     pool: pool::Pool,
     /// The next `internet` sandbox's link network, made ahead.
@@ -231,6 +234,7 @@ impl Sandboxes {
             agent_volume_ready: tokio::sync::Mutex::new(false),
             workspace_owned: dashmap::DashMap::new(),
             egress_start: tokio::sync::Mutex::new(()),
+            foreground: foreground::Foreground::default(),
             pool: pool::Pool::default(),
             next_link: next_link::NextLink::default(),
         }
@@ -281,7 +285,9 @@ impl Sandboxes {
             }
         }
 
-        let _under_way = self.pool.create_started();
+        // Counted before the claim, so a burst's cold creates are counted
+        // before the refill its first claims wake could start.
+        let _under_way = self.foreground.enter();
         let mut reservation = self
             .registry
             .reserve()

@@ -105,6 +105,11 @@ pub async fn run_next_link(sandboxes: Arc<Sandboxes>, shutdown: CancellationToke
         if !sandboxes.next_link.is_ready() {
             tokio::select! {
                 _ = shutdown.cancelled() => return,
+                // A create a request waits for goes first.
+                _ = sandboxes.foreground.quiet() => {}
+            }
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
                 ok = sandboxes.prepare_link() => if !ok { wait = RETRY_AFTER },
             }
         }

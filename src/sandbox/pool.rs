@@ -72,22 +72,6 @@ struct PoolState {
     members: Vec<Member>,
     /// A member being made (the pool makes one at a time).
     filling: bool,
-    /// Creates for new sessions under way (claims and cold creates); the
-    /// pool does not start a fill meanwhile.
-    creates: usize,
-}
-
-/// Counts a create until dropped; see [`Pool::create_started`].
-#[derive(Debug)]
-pub(super) struct CreateUnderWay<'a>(&'a Pool);
-
-impl Drop for CreateUnderWay<'_> {
-    fn drop(&mut self) {
-        let mut st = self.0.lock();
-        st.creates = st.creates.saturating_sub(1);
-        drop(st);
-        self.0.wake.notify_one();
-    }
 }
 
 impl Pool {
@@ -143,8 +127,8 @@ impl Pool {
     }
 
     /// Starts making a member of `runtime` if it has fewer than `target`,
-    /// nothing else is being made, no create runs, and `room` (slots left
-    /// besides the pool's) takes one more.
+    /// nothing else is being made, and `room` (slots left besides the
+    /// pool's) takes one more.
     fn start_fill(&self, runtime: &str, target: usize, room: usize) -> bool {
         let mut st = self.lock();
         let have = st
@@ -152,7 +136,7 @@ impl Pool {
             .iter()
             .filter(|m| m.sandbox.runtime == runtime)
             .count();
-        if st.filling || st.creates > 0 || have >= target || st.members.len() >= room {
+        if st.filling || have >= target || st.members.len() >= room {
             return false;
         }
         st.filling = true;
@@ -171,14 +155,6 @@ impl Pool {
         } else {
             Some(m)
         }
-    }
-
-    /// Counts a create for a new session until the guard drops. Taken
-    /// before the claim, so a burst's cold creates are counted before the
-    /// refill its first claims wake could start.
-    pub(super) fn create_started(&self) -> CreateUnderWay<'_> {
-        self.lock().creates += 1;
-        CreateUnderWay(self)
     }
 
     /// Lets the pool look again.
@@ -207,6 +183,8 @@ pub async fn run_pool(sandboxes: Arc<Sandboxes>, shutdown: CancellationToken) {
         tokio::select! {
             _ = shutdown.cancelled() => return,
             _ = sandboxes.pool.wake.notified() => {}
+            // A create ended: the pool may fill now.
+            _ = sandboxes.foreground.changed() => {}
             _ = tick.tick() => {
                 tokio::select! {
                     _ = shutdown.cancelled() => return,
@@ -330,7 +308,9 @@ impl Sandboxes {
             {
                 continue;
             }
-            while self.pool.start_fill(&runtime, target, self.pool_room()) {
+            while !self.foreground.is_busy()
+                && self.pool.start_fill(&runtime, target, self.pool_room())
+            {
                 let started = Instant::now();
                 let made = self.make_member(&runtime).await;
                 let made = match made {
@@ -514,15 +494,6 @@ mod tests {
         // Sessions took the last slot meanwhile.
         assert!(pool.end_fill(Some(member("default")), 0).is_some());
         assert_eq!(pool.room_taken(), 0);
-    }
-
-    #[test]
-    fn no_fill_while_a_create_runs() {
-        let pool = Pool::default();
-        let cold = pool.create_started();
-        assert!(!pool.start_fill("default", 2, 10));
-        drop(cold);
-        assert!(pool.start_fill("default", 2, 10));
     }
 
     #[test]

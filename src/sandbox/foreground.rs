@@ -1,0 +1,80 @@
+//! The user's work in flight: creates for new sessions that a request is
+//! waiting for. Background engine work (pool refills, link networks made
+//! ahead, teardown after a stop's answer) asks [`Foreground::is_busy`]
+//! before it starts and [`Foreground::quiet`] to wait its turn, so on a
+//! machine with few cores the engine serves the request first.
+
+use tokio::sync::watch;
+
+/// Counts the creates under way; see the module docs.
+#[derive(Debug)]
+pub(super) struct Foreground {
+    creates: watch::Sender<usize>,
+}
+
+impl Default for Foreground {
+    fn default() -> Self {
+        Foreground {
+            creates: watch::channel(0).0,
+        }
+    }
+}
+
+/// Counts one create until dropped; see [`Foreground::enter`].
+#[derive(Debug)]
+pub(super) struct UserCreate<'a>(&'a Foreground);
+
+impl Drop for UserCreate<'_> {
+    fn drop(&mut self) {
+        self.0.creates.send_modify(|n| *n = n.saturating_sub(1));
+    }
+}
+
+impl Foreground {
+    /// Counts a create for a new session until the guard drops.
+    pub(super) fn enter(&self) -> UserCreate<'_> {
+        self.creates.send_modify(|n| *n += 1);
+        UserCreate(self)
+    }
+
+    /// Whether a create is under way.
+    pub(super) fn is_busy(&self) -> bool {
+        *self.creates.borrow() > 0
+    }
+
+    /// Returns once no create is under way.
+    pub(super) async fn quiet(&self) {
+        let mut rx = self.creates.subscribe();
+        // The sender lives as long as `self`: the wait cannot fail.
+        let _ = rx.wait_for(|n| *n == 0).await;
+    }
+
+    /// Returns when the count next changes (a create started or ended).
+    pub(super) async fn changed(&self) {
+        let mut rx = self.creates.subscribe();
+        let _ = rx.changed().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn quiet_waits_for_every_create_to_end() {
+        let fg = Foreground::default();
+        assert!(!fg.is_busy());
+        fg.quiet().await;
+        let a = fg.enter();
+        let b = fg.enter();
+        assert!(fg.is_busy());
+        drop(a);
+        assert!(fg.is_busy(), "one is still under way");
+        let waiting = fg.quiet();
+        drop(b);
+        tokio::time::timeout(std::time::Duration::from_secs(1), waiting)
+            .await
+            .expect("quiet once both ended");
+        assert!(!fg.is_busy());
+    }
+}
