@@ -18,15 +18,18 @@
 //! lines measure; ratio = sandboxd / floor column): `core` (round trips,
 //! log stream, background server, files, kill, create/reconnect/stop, port
 //! publish, the agent, sandboxd's memory; then in the same sandboxd
-//! `gvisor`, `egress`, `pty` and `changes`), `shaping` and `pool`. The
+//! `gvisor`, `egress`, `pty` and `changes`), `shaping`, `pool` and `burst`
+//! (new sessions one after another, at a rate and all at once, each on
+//! sandboxds of its own; then `density`, 100 idle sandboxes). The
 //! engine floor is bench/floor.rs, the requests every section makes
 //! bench/requests.rs, the table and the JSON bench/report.rs.
 //!
 //! `--profile` also prints where the time of an exec round trip goes.
-//! `--only core` (every line but the shaping and pool sections), `egress`,
-//! `gvisor`, `pty`, `pool`, `shaping` or `changes` measures that alone (for
-//! looking into one figure; the other lines say "not measured", and the
-//! JSON file's name carries the section).
+//! `--only core` (every line but the shaping, pool, burst and density
+//! sections), `egress`, `gvisor`, `pty`, `pool`, `shaping`, `changes`,
+//! `burst` (with density) or `density` measures that alone (for looking
+//! into one figure; the other lines say "not measured", and the JSON
+//! file's name carries the section).
 //! Not part of `cargo test`.
 
 use std::path::PathBuf;
@@ -47,7 +50,7 @@ mod fakenet;
 use floor::Floor;
 use report::RunFigures;
 use sections::Section;
-use support::{Res, Server, cleanup};
+use support::{Instance, Res};
 
 fn main() -> std::process::ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -63,7 +66,7 @@ fn main() -> std::process::ExitCode {
             Some(section) => Some(section),
             None => {
                 eprintln!(
-                    "bench: --only takes core, egress, gvisor, pty, pool, shaping or changes, not {name:?}"
+                    "bench: --only takes core, egress, gvisor, pty, pool, shaping, changes, burst or density, not {name:?}"
                 );
                 return std::process::ExitCode::FAILURE;
             }
@@ -131,19 +134,20 @@ async fn run(
     for r in 1..=runs {
         println!("\nrun {r} of {runs}");
         let instance = format!("bench-{}-{r}", std::process::id());
-        let config = std::env::temp_dir().join(format!("{instance}.toml"));
-        std::fs::write(
-            &config,
-            format!(
+        let own = Instance::start(
+            &docker,
+            &instance,
+            &format!(
                 "network_modes = [\"none\", \"internet\", \"allowlist\", \"open\"]\n\
                  egress_dns = [\"{}\"]\n\
                  pool_size = 0\n\
                  [runtimes.gvisor]\noci_runtime = \"runsc\"\n",
                 fakenet::DNS
             ),
-        )?;
-        let server = Server::start(&instance, Some(&config)).await?;
-        println!("sandboxd log: {}", server.log.display());
+            100,
+        )
+        .await?;
+        println!("sandboxd log: {}", own.server.log.display());
         let floor = Floor {
             docker: docker.clone(),
             instance: instance.clone(),
@@ -152,7 +156,7 @@ async fn run(
         let mut figures = RunFigures::default();
         let result = sections::measure(
             only,
-            &server,
+            &own.server,
             &floor,
             &mut figures,
             profile,
@@ -160,9 +164,7 @@ async fn run(
             idle_secs,
         )
         .await;
-        drop(server);
-        cleanup(&docker, &instance).await;
-        let _ = std::fs::remove_file(&config);
+        drop(own);
         if let Err(e) = result {
             return Err(format!("run {r}: {e}").into());
         }

@@ -9,7 +9,7 @@ use std::path::PathBuf;
 
 use serde_json::{Value, json};
 
-use crate::sections::{changes, core, egress, gvisor, pool, pty, shaping};
+use crate::sections::{burst, changes, core, density, egress, gvisor, pool, pty, shaping};
 use crate::support::{self, Res, median, pct};
 
 /// A MB in the lines measured in binary units (the agent's binary, a pool
@@ -18,7 +18,7 @@ pub(crate) const MIB: f64 = 1024.0 * 1024.0;
 
 /// The table, section by section in the order it prints them; the gVisor
 /// lines stand next to the runc lines they compare with.
-const TABLE: [&[Line]; 10] = [
+const TABLE: [&[Line]; 12] = [
     core::EXEC_LINES,
     gvisor::EXEC_LINES,
     core::LOG_LINES,
@@ -28,6 +28,8 @@ const TABLE: [&[Line]; 10] = [
     pty::LINES,
     changes::LINES,
     pool::LINES,
+    burst::LINES,
+    density::LINES,
     shaping::LINES,
 ];
 
@@ -63,11 +65,21 @@ impl RunFigures {
     }
 
     pub(crate) fn p95(&mut self, key: &'static str, samples: &[f64], floor_samples: &[f64]) {
+        self.percentile(key, samples, floor_samples, 0.95);
+    }
+
+    pub(crate) fn p99(&mut self, key: &'static str, samples: &[f64], floor_samples: &[f64]) {
+        self.percentile(key, samples, floor_samples, 0.99);
+    }
+
+    /// A line whose figure is the sample at rank `p` of `samples` (floor:
+    /// of `floor_samples`, when there are any).
+    fn percentile(&mut self, key: &'static str, samples: &[f64], floor_samples: &[f64], p: f64) {
         self.lines.insert(
             key,
             Figure {
-                value: pct(samples, 0.95),
-                floor: (!floor_samples.is_empty()).then(|| pct(floor_samples, 0.95)),
+                value: pct(samples, p),
+                floor: (!floor_samples.is_empty()).then(|| pct(floor_samples, p)),
                 samples: samples.to_vec(),
                 floor_samples: floor_samples.to_vec(),
             },
@@ -95,6 +107,7 @@ impl RunFigures {
 pub(crate) type Check = fn(f64, Option<f64>) -> bool;
 
 /// A line of the table: key, target, check (none: reported only).
+#[derive(Clone, Copy)]
 pub(crate) struct Line {
     pub(crate) key: &'static str,
     pub(crate) target: &'static str,

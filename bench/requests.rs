@@ -1,11 +1,15 @@
 //! What every section asks the sandboxd it measures, the same way each
-//! time: create a sandbox, run a command to its end, wait, read a log
-//! stream to its end, write a file, read a metric, and wait for the
-//! machine to settle or for sandboxd's next link network before a timed
-//! request.
+//! time: create a sandbox (and run its first command), run a command to
+//! its end, wait, read a log stream to its end, write a file, look up a
+//! port, stop, read a metric (the pool's members and claims), and wait for
+//! the machine to settle, for sandboxd's next link network or for a full
+//! pool before a timed request.
 
+use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
+use bollard::Docker;
+use bollard::query_parameters::{ListContainersOptions, ListNetworksOptions, ListVolumesOptions};
 use futures_util::StreamExt;
 use serde_json::{Value, json};
 
@@ -134,21 +138,112 @@ pub(crate) async fn read_logs(
     Ok(read)
 }
 
-/// One series of `server`'s metrics (0 when absent).
-pub(crate) async fn metric(server: &Server, series: &str) -> Res<f64> {
-    let text = server
+/// `server`'s metrics, as text.
+async fn metrics_text(server: &Server) -> Res<String> {
+    Ok(server
         .client
         .get(format!("{}/metrics", server.base))
         .send()
         .await?
         .text()
-        .await?;
+        .await?)
+}
+
+/// One series of `server`'s metrics (0 when absent).
+pub(crate) async fn metric(server: &Server, series: &str) -> Res<f64> {
+    let text = metrics_text(server).await?;
     let prefix = format!("{series} ");
     Ok(text
         .lines()
         .find_map(|l| l.strip_prefix(prefix.as_str()))
         .and_then(|v| v.trim().parse().ok())
         .unwrap_or(0.0))
+}
+
+/// Every series of the metric `name` in `text`: its labels and its value.
+fn series_of(text: &str, name: &str) -> Vec<(Vec<(String, String)>, f64)> {
+    let mut out = Vec::new();
+    for l in text.lines() {
+        let Some(rest) = l.strip_prefix(name) else {
+            continue;
+        };
+        let (labels, value) = match rest.strip_prefix('{') {
+            Some(r) => match r.split_once("} ") {
+                Some((labels, value)) => (labels, value),
+                None => continue,
+            },
+            None if rest.starts_with(' ') => ("", rest),
+            // Another metric whose name starts with `name`.
+            None => continue,
+        };
+        let Ok(value) = value.trim().parse::<f64>() else {
+            continue;
+        };
+        // Label values here are names and states: no commas or quotes in them.
+        let labels = labels
+            .split(',')
+            .filter_map(|kv| kv.split_once('='))
+            .map(|(k, v)| (k.trim().to_string(), v.trim().trim_matches('"').to_string()))
+            .collect();
+        out.push((labels, value));
+    }
+    out
+}
+
+/// The sum of the series of `name` that carry every label of `with` (0
+/// when none does): independent of the order of labels and of labels the
+/// caller does not name.
+fn sum_where(text: &str, name: &str, with: &[(&str, &str)]) -> f64 {
+    series_of(text, name)
+        .into_iter()
+        .filter(|(labels, _)| {
+            with.iter()
+                .all(|(k, v)| labels.iter().any(|(lk, lv)| lk == k && lv == v))
+        })
+        .map(|(_, v)| v)
+        .sum()
+}
+
+/// Members ready in `server`'s pool for the `default` runtime:
+/// `sandboxd_pool_members{runtime="default"}`, or, where that gauge is
+/// split by state, its `state="ready"` series.
+pub(crate) async fn pool_members(server: &Server) -> Res<usize> {
+    let text = metrics_text(server).await?;
+    let name = "sandboxd_pool_members";
+    let by_state = series_of(&text, name)
+        .iter()
+        .any(|(labels, _)| labels.iter().any(|(k, _)| k == "state"));
+    let with: &[(&str, &str)] = if by_state {
+        &[("runtime", "default"), ("state", "ready")]
+    } else {
+        &[("runtime", "default")]
+    };
+    Ok(sum_where(&text, name, with) as usize)
+}
+
+/// Waits (polling every 10 ms, at most `limit`) until `server`'s pool holds
+/// `n` ready members; returns how long that took (ms).
+pub(crate) async fn pool_full(server: &Server, n: usize, limit: Duration) -> Res<f64> {
+    let t = Instant::now();
+    while pool_members(server).await? < n {
+        if t.elapsed() > limit {
+            return Err(format!("the pool did not reach {n} members in {limit:?}").into());
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    Ok(ms(t.elapsed()))
+}
+
+/// `server`'s creates so far that were claims from the pool, and those that
+/// were not (`sandboxd_pool_claims_total` by `outcome`, summed over any
+/// other label).
+pub(crate) async fn claims(server: &Server) -> Res<(f64, f64)> {
+    let text = metrics_text(server).await?;
+    let name = "sandboxd_pool_claims_total";
+    Ok((
+        sum_where(&text, name, &[("outcome", "hit")]),
+        sum_where(&text, name, &[("outcome", "miss")]),
+    ))
 }
 
 /// Waits (polling every 10 ms, at most 10 s) until `server` has the next
@@ -166,6 +261,82 @@ pub(crate) async fn link_ready(server: &Server) -> Res<()> {
     Ok(())
 }
 
+/// How long nothing may change before [`quiet`] counts the machine quiet.
+const QUIET_FOR: Duration = Duration::from_secs(1);
+
+/// Waits (polling every 100 ms, at most 120 s) until `server` has its next
+/// link network made and neither the engine objects of `instance`
+/// (containers and their states, volumes, networks) nor its pool's ready
+/// members have changed for [`QUIET_FOR`]: the work a stop or a claim
+/// leaves behind (a removal, a refill, a network made ahead) is done, and
+/// whatever is timed next does not share the machine with it.
+pub(crate) async fn quiet(server: &Server, docker: &Docker, instance: &str) -> Res<()> {
+    link_ready(server).await?;
+    let t = Instant::now();
+    let state = || async {
+        Ok::<_, Box<dyn std::error::Error>>((
+            engine_objects(docker, instance).await?,
+            pool_members(server).await?,
+        ))
+    };
+    let mut last = state().await?;
+    let mut since = Instant::now();
+    while since.elapsed() < QUIET_FOR {
+        if t.elapsed() > Duration::from_secs(120) {
+            return Err(format!("{instance} did not become quiet in 120 s").into());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let now = state().await?;
+        if now != last {
+            last = now;
+            since = Instant::now();
+        }
+    }
+    Ok(())
+}
+
+/// The engine objects labelled with `instance`: each container with its
+/// state, each volume and each network, sorted.
+async fn engine_objects(docker: &Docker, instance: &str) -> Res<Vec<String>> {
+    let filters = Some(HashMap::from([(
+        "label".to_string(),
+        vec![format!("sandboxd.instance={instance}")],
+    )]));
+    let mut objects = Vec::new();
+    for c in docker
+        .list_containers(Some(ListContainersOptions {
+            all: true,
+            filters: filters.clone(),
+            ..Default::default()
+        }))
+        .await?
+    {
+        objects.push(format!(
+            "container {} {:?}",
+            c.id.unwrap_or_default(),
+            c.state
+        ));
+    }
+    for v in docker
+        .list_volumes(Some(ListVolumesOptions {
+            filters: filters.clone(),
+        }))
+        .await?
+        .volumes
+        .unwrap_or_default()
+    {
+        objects.push(format!("volume {}", v.name));
+    }
+    for n in docker
+        .list_networks(Some(ListNetworksOptions { filters }))
+        .await?
+    {
+        objects.push(format!("network {}", n.id.unwrap_or_default()));
+    }
+    objects.sort();
+    Ok(objects)
+}
+
 /// Creates a sandbox (`body`: the create request); its id.
 pub(crate) async fn create_sandbox(server: &Server, body: Value) -> Res<String> {
     id_of(&server.post("/v1/sandboxes", body).await?, "sandboxId")
@@ -176,6 +347,50 @@ pub(crate) async fn timed_create(server: &Server, body: Value) -> Res<(f64, Stri
     let t = Instant::now();
     let v = server.post("/v1/sandboxes", body).await?;
     Ok((ms(t.elapsed()), id_of(&v, "sandboxId")?))
+}
+
+/// What a new session waits for before its first result: a create
+/// (`body`), then `exec true` (start + wait) in it. The create's time, the
+/// time to first command (both ms, from sending the create) and the id.
+pub(crate) async fn first_command(server: &Server, body: Value) -> Res<FirstCommand> {
+    let t = Instant::now();
+    let (create, id) = timed_create(server, body).await?;
+    run_cmd(server, &id, json!({"cmd": "true", "login": false})).await?;
+    Ok(FirstCommand {
+        create,
+        first: ms(t.elapsed()),
+        id,
+    })
+}
+
+/// What [`first_command`] measured.
+pub(crate) struct FirstCommand {
+    pub(crate) create: f64,
+    pub(crate) first: f64,
+    pub(crate) id: String,
+}
+
+/// `POST …:stop` of `id`.
+pub(crate) async fn stop(server: &Server, id: &str) -> Res<()> {
+    server
+        .post(&format!("/v1/sandboxes/{id}:stop"), json!(null))
+        .await?;
+    Ok(())
+}
+
+/// A `GET …/ports/3000` of sandbox `id` (made with `"ports": [3000]`),
+/// timed to its answer, which must give the port's host port: the first
+/// one after a create or a claim is where the publish work shows.
+pub(crate) async fn port_get(server: &Server, id: &str) -> Res<f64> {
+    let t = Instant::now();
+    let v = server
+        .get(&format!("/v1/sandboxes/{id}/ports/3000"))
+        .await?;
+    let took = ms(t.elapsed());
+    if v["found"] != json!(true) || v["hostPort"].as_u64().is_none() {
+        return Err(format!("port lookup answered {v}").into());
+    }
+    Ok(took)
 }
 
 /// FILE_BYTES of random bytes as base64: the content of a timed write,

@@ -21,10 +21,21 @@ pub struct Server {
 
 impl Server {
     /// Starts target/release/sandboxd as `instance`, with `config` as its
-    /// configuration file if given. It logs at its default level (no
-    /// RUST_LOG) to a file in the temporary directory; no SANDBOXD_*
-    /// variable of the caller's environment reaches it.
+    /// configuration file if given and room for 100 sandboxes. It logs at
+    /// its default level (no RUST_LOG) to a file in the temporary
+    /// directory; no SANDBOXD_* variable of the caller's environment
+    /// reaches it.
     pub async fn start(instance: &str, config: Option<&Path>) -> Res<Server> {
+        Self::start_capped(instance, config, 100).await
+    }
+
+    /// [`Server::start`] with `max_concurrent` sandboxes (its environment
+    /// variable, which wins over the file).
+    pub async fn start_capped(
+        instance: &str,
+        config: Option<&Path>,
+        max_concurrent: usize,
+    ) -> Res<Server> {
         let exe = std::env::current_exe()?;
         let bin = exe
             .parent()
@@ -44,7 +55,7 @@ impl Server {
         cmd.env_remove("RUST_LOG")
             .env("SANDBOXD_PORT", port.to_string())
             .env("SANDBOXD_INSTANCE", instance)
-            .env("SANDBOXD_MAX_CONCURRENT", "100")
+            .env("SANDBOXD_MAX_CONCURRENT", max_concurrent.to_string())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::from(std::fs::File::create(&log)?));
@@ -153,6 +164,64 @@ impl Drop for Server {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+/// A sandboxd of the bench's own, started from a configuration of its own:
+/// when dropped, even by a panic, the process is killed, every engine
+/// object of its instance removed and its configuration file deleted.
+pub struct Instance {
+    /// Dropped first: no sandboxd makes objects while they are removed.
+    pub server: Server,
+    _objects: InstanceObjects,
+}
+
+/// What [`Instance`] removes when dropped.
+struct InstanceObjects {
+    docker: bollard::Docker,
+    name: String,
+    config: PathBuf,
+}
+
+impl Instance {
+    /// Starts sandboxd as instance `name` with `config` (TOML) as its file
+    /// and room for `max_concurrent` sandboxes.
+    pub async fn start(
+        docker: &bollard::Docker,
+        name: &str,
+        config: &str,
+        max_concurrent: usize,
+    ) -> Res<Instance> {
+        let path = std::env::temp_dir().join(format!("{name}.toml"));
+        let objects = InstanceObjects {
+            docker: docker.clone(),
+            name: name.to_string(),
+            config: path.clone(),
+        };
+        std::fs::write(&path, config)?;
+        let server = Server::start_capped(name, Some(&path), max_concurrent).await?;
+        Ok(Instance {
+            server,
+            _objects: objects,
+        })
+    }
+}
+
+impl Drop for InstanceObjects {
+    fn drop(&mut self) {
+        let (docker, name) = (self.docker.clone(), self.name.clone());
+        // Drop may run inside the bench's runtime: the cleanup gets a
+        // runtime of its own on a thread of its own.
+        let _ = std::thread::spawn(move || {
+            if let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                rt.block_on(cleanup(&docker, &name));
+            }
+        })
+        .join();
+        let _ = std::fs::remove_file(&self.config);
     }
 }
 

@@ -3,8 +3,10 @@
 //! them. Each section's file declares its lines of the table (key, target,
 //! check) and measures them.
 
+pub(crate) mod burst;
 pub(crate) mod changes;
 pub(crate) mod core;
+pub(crate) mod density;
 pub(crate) mod egress;
 pub(crate) mod gvisor;
 pub(crate) mod pool;
@@ -18,7 +20,7 @@ use crate::support::{Res, Server};
 /// A section `--only` measures alone.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Section {
-    /// Every line but the shaping and pool sections.
+    /// Every line but the shaping, pool, burst and density sections.
     Core,
     Egress,
     Gvisor,
@@ -26,6 +28,9 @@ pub(crate) enum Section {
     Pool,
     Shaping,
     Changes,
+    /// The burst lines, then the density lines.
+    Burst,
+    Density,
 }
 
 impl Section {
@@ -39,13 +44,15 @@ impl Section {
             "pool" => Some(Section::Pool),
             "shaping" => Some(Section::Shaping),
             "changes" => Some(Section::Changes),
+            "burst" => Some(Section::Burst),
+            "density" => Some(Section::Density),
             _ => None,
         }
     }
 }
 
 /// One run's measurements on `server`: `only` that section, or (`None`)
-/// core, then shaping, then pool.
+/// core, then shaping, then pool, then burst (with density).
 pub(crate) async fn measure(
     only: Option<Section>,
     server: &Server,
@@ -59,7 +66,8 @@ pub(crate) async fn measure(
         None => {
             core::measure(server, floor, fig, profile, runsc).await?;
             shaping::measure(server, fig).await?;
-            pool::measure(server, floor, fig, idle_secs).await
+            pool::measure(server, floor, fig, idle_secs).await?;
+            burst::measure(server, floor, fig).await
         }
         Some(Section::Core) => core::measure(server, floor, fig, profile, runsc).await,
         Some(Section::Shaping) => shaping::measure(server, fig).await,
@@ -68,5 +76,7 @@ pub(crate) async fn measure(
         Some(Section::Gvisor) => gvisor::measure(server, floor, fig).await,
         Some(Section::Pty) => pty::measure(server, fig).await,
         Some(Section::Changes) => changes::measure(server, fig).await,
+        Some(Section::Burst) => burst::measure(server, floor, fig).await,
+        Some(Section::Density) => density::measure(floor, fig).await,
     }
 }

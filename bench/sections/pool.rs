@@ -17,7 +17,7 @@
 //! in a session sandbox that idled as long, measured first after the idle
 //! time (after three `GET /v1/sandboxes`).
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bollard::Docker;
 use serde_json::json;
@@ -25,9 +25,10 @@ use serde_json::json;
 use crate::floor::Floor;
 use crate::report::{Line, MIB, RunFigures, line, ratio_at_most};
 use crate::requests::{
-    id_of, link_ready, metric, random_file_content, run_cmd, timed_create, write_file,
+    claims, first_command, id_of, link_ready, pool_full, port_get, random_file_content, run_cmd,
+    timed_create, write_file,
 };
-use crate::support::{Res, Server, cleanup, median, ms};
+use crate::support::{Instance, Res, Server, median, ms};
 
 const POOL_COLD: &str = "pool: cold create p50, sandboxd without a pool (ms)";
 const POOL_HIT: &str = "pool: create p50, a claim (ms)";
@@ -43,6 +44,9 @@ const POOL_FIRST_WRITE: &str = "pool: first 4 MiB write after a claim p50 (ms)";
 const POOL_PUBLISH: &str = "pool: port publish, first GET right after a claim p50 (ms)";
 const POOL_MEMBER_CGROUP: &str = "pool: idle member, its memory cgroup (MB)";
 const POOL_MEMBER_SHIM: &str = "pool: idle member, the engine's shim on the host, RSS (MB)";
+
+/// How long the pool of 2 may take to fill.
+const FILL: Duration = Duration::from_secs(60);
 
 pub(crate) const LINES: &[Line] = &[
     line(
@@ -93,11 +97,9 @@ pub(crate) async fn measure(
     idle_secs: u64,
 ) -> Res<()> {
     let instance = format!("{}-pool", floor.instance);
-    let warm = Server::start(&instance, None).await?;
-    let result = pool_lines(cold, &warm, floor, &instance, fig, idle_secs).await;
-    drop(warm);
-    cleanup(&floor.docker, &instance).await;
-    result
+    // Its file is empty: sandboxd's defaults.
+    let warm = Instance::start(&floor.docker, &instance, "", 100).await?;
+    pool_lines(cold, &warm.server, floor, &instance, fig, idle_secs).await
 }
 
 /// Every pool line, in the order they are measured: on `cold` (no pool)
@@ -119,18 +121,15 @@ async fn pool_lines(
 /// Cold creates against the engine floor, and claims against the cold
 /// creates: create, and create + `exec true`; claims with more resources.
 async fn creates(cold: &Server, warm: &Server, floor: &Floor, fig: &mut RunFigures) -> Res<()> {
-    let plain = json!({"cmd": "true", "login": false});
     // Cold, on the sandboxd without a pool, against the engine floor:
     // create, and create + `exec true`.
     let (mut cold_create, mut cold_first, mut fcreate) = (vec![], vec![], vec![]);
     timed_create(cold, json!({"sessionKey": "pool-warmup"})).await?;
     for i in 0..8 {
         link_ready(cold).await?;
-        let t = Instant::now();
-        let (c, id) = timed_create(cold, json!({"sessionKey": format!("cold-{i}")})).await?;
-        run_cmd(cold, &id, plain.clone()).await?;
-        cold_first.push(ms(t.elapsed()));
-        cold_create.push(c);
+        let f = first_command(cold, json!({"sessionKey": format!("cold-{i}")})).await?;
+        cold_first.push(f.first);
+        cold_create.push(f.create);
         link_ready(cold).await?;
         let name = format!("{}-poolfloor{i}", floor.instance);
         fcreate.push(ms(floor.create(&name).await?));
@@ -139,29 +138,27 @@ async fn creates(cold: &Server, warm: &Server, floor: &Floor, fig: &mut RunFigur
     fig.p50(POOL_COLD, &cold_create, &fcreate);
 
     // Claims, each from a full pool: create, and create + `exec true`.
-    pool_full(warm, 2).await?;
+    pool_full(warm, 2, FILL).await?;
     let (mut hit, mut first, mut refill) = (vec![], vec![], vec![]);
     for i in 0..8 {
-        pool_full(warm, 2).await?;
-        let t = Instant::now();
-        let (c, id) = timed_create(warm, json!({"sessionKey": format!("hit-{i}")})).await?;
-        run_cmd(warm, &id, plain.clone()).await?;
-        first.push(ms(t.elapsed()));
-        hit.push(c);
-        refill.push(pool_full(warm, 2).await?);
+        pool_full(warm, 2, FILL).await?;
+        let f = first_command(warm, json!({"sessionKey": format!("hit-{i}")})).await?;
+        first.push(f.first);
+        hit.push(f.create);
+        refill.push(pool_full(warm, 2, FILL).await?);
     }
     fig.p50(POOL_HIT, &hit, &cold_create);
     fig.p50(POOL_FIRST, &first, &cold_first);
     fig.p50(POOL_REFILL, &refill, &[]);
     let mut resized = vec![];
     for i in 0..5 {
-        pool_full(warm, 2).await?;
+        pool_full(warm, 2, FILL).await?;
         let body =
             json!({"sessionKey": format!("big-{i}"), "resources": {"vcpus": 2, "memoryMb": 2048}});
         resized.push(timed_create(warm, body).await?.0);
     }
     fig.p50(POOL_HIT_RESIZED, &resized, &[]);
-    let hits = metric(warm, "sandboxd_pool_claims_total{outcome=\"hit\"}").await?;
+    let (hits, _) = claims(warm).await?;
     if hits < 13.0 {
         fig.note(format!("pool: only {hits} of 13 creates were claims"));
     }
@@ -175,19 +172,17 @@ async fn first_work(warm: &Server, fig: &mut RunFigures) -> Res<()> {
     let content = random_file_content()?;
     let (mut first_write, mut warm_write, mut publish) = (vec![], vec![], vec![]);
     for i in 0..5 {
-        pool_full(warm, 2).await?;
+        pool_full(warm, 2, FILL).await?;
         let (_, id) = timed_create(warm, json!({"sessionKey": format!("write-{i}")})).await?;
         first_write.push(write_file(warm, &id, "first.bin", &content).await?);
         warm_write.push(write_file(warm, &id, "second.bin", &content).await?);
-        pool_full(warm, 2).await?;
+        pool_full(warm, 2, FILL).await?;
         let (_, id) = timed_create(
             warm,
             json!({"sessionKey": format!("port-{i}"), "ports": [3000]}),
         )
         .await?;
-        let t = Instant::now();
-        warm.get(&format!("/v1/sandboxes/{id}/ports/3000")).await?;
-        publish.push(ms(t.elapsed()));
+        publish.push(port_get(warm, &id).await?);
     }
     fig.p50(POOL_FIRST_WRITE, &first_write, &warm_write);
     fig.p50(POOL_PUBLISH, &publish, &[]);
@@ -206,10 +201,10 @@ async fn burst_and_members(
     // A burst of 10 creates for new keys: with the pool of 2 full, against
     // the same burst on the sandboxd without a pool.
     let no_pool = burst(cold, "burst-cold", 10).await?;
-    pool_full(warm, 2).await?;
-    let before = metric(warm, "sandboxd_pool_claims_total{outcome=\"hit\"}").await?;
+    pool_full(warm, 2, FILL).await?;
+    let (before, _) = claims(warm).await?;
     let with_pool = burst(warm, "burst", 10).await?;
-    let claimed = metric(warm, "sandboxd_pool_claims_total{outcome=\"hit\"}").await? - before;
+    let claimed = claims(warm).await?.0 - before;
     fig.value(POOL_BURST, with_pool, Some(no_pool));
     fig.value(POOL_BURST_HITS, claimed, None);
 
@@ -223,7 +218,7 @@ async fn burst_and_members(
         warm.post(&format!("/v1/sandboxes/{id}:stop"), json!(null))
             .await?;
     }
-    pool_full(warm, 2).await?;
+    pool_full(warm, 2, FILL).await?;
     match member_memory(docker, instance).await? {
         (Some(cgroup), shim) => {
             fig.value(POOL_MEMBER_CGROUP, cgroup, None);
@@ -248,11 +243,11 @@ async fn idle_members(warm: &Server, fig: &mut RunFigures, idle_secs: u64) -> Re
     // at once).
     let mut fresh = vec![];
     for i in 0..4 {
-        pool_full(warm, 2).await?;
+        pool_full(warm, 2, FILL).await?;
         for j in 0..2 {
             timed_create(warm, json!({"sessionKey": format!("drain-{i}-{j}")})).await?;
         }
-        pool_full(warm, 2).await?;
+        pool_full(warm, 2, FILL).await?;
         let (_, id) = timed_create(warm, json!({"sessionKey": format!("fresh-{i}")})).await?;
         fresh.push(run_cmd(warm, &id, plain.clone()).await?.0);
     }
@@ -260,7 +255,7 @@ async fn idle_members(warm: &Server, fig: &mut RunFigures, idle_secs: u64) -> Re
     // idle time does to any sandbox, pooled or not.
     let (_, control) = timed_create(warm, json!({"sessionKey": "idle-control"})).await?;
     run_cmd(warm, &control, plain.clone()).await?;
-    pool_full(warm, 2).await?;
+    pool_full(warm, 2, FILL).await?;
     println!("pool: leaving the members idle for {idle_secs} s");
     tokio::time::sleep(Duration::from_secs(idle_secs)).await;
     // The session sandbox's command goes first: whatever the first work
@@ -277,31 +272,13 @@ async fn idle_members(warm: &Server, fig: &mut RunFigures, idle_secs: u64) -> Re
     // member, so the second claim still takes the one that sat idle.
     let mut idle = vec![];
     for i in 0..2 {
-        pool_full(warm, 2).await?;
+        pool_full(warm, 2, FILL).await?;
         let (_, id) = timed_create(warm, json!({"sessionKey": format!("idle-{i}")})).await?;
         idle.push(run_cmd(warm, &id, plain.clone()).await?.0);
     }
     fig.value(POOL_IDLE_SESSION, session, None);
     fig.p50(POOL_IDLE_FIRST, &idle, &fresh);
     Ok(())
-}
-
-/// Members the pool of `server` reports ready for `default`.
-async fn pool_members(server: &Server) -> Res<usize> {
-    Ok(metric(server, "sandboxd_pool_members{runtime=\"default\"}").await? as usize)
-}
-
-/// Waits (polling every 10 ms, at most 60 s) until the pool holds `n`;
-/// returns how long that took.
-async fn pool_full(server: &Server, n: usize) -> Res<f64> {
-    let t = Instant::now();
-    while pool_members(server).await? < n {
-        if t.elapsed() > Duration::from_secs(60) {
-            return Err(format!("the pool did not reach {n} members").into());
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    Ok(ms(t.elapsed()))
 }
 
 /// `n` creates for new keys at once; the slowest answer (ms).
@@ -318,8 +295,8 @@ async fn burst(server: &Server, prefix: &str, n: usize) -> Res<f64> {
 }
 
 /// Memory of each idle member of `instance`: its memory cgroup's usage and
-/// the RSS of the engine's shim process for it on the host (MB each;
-/// `None` where this host does not show them: cgroup v1 cgroupfs paths).
+/// the RSS of the engine's shim process for it on the host (MB each, the
+/// median over the members; `None` where this host does not show them).
 async fn member_memory(docker: &Docker, instance: &str) -> Res<(Option<f64>, Option<f64>)> {
     let filter = std::collections::HashMap::from([(
         "label".to_string(),
@@ -335,29 +312,38 @@ async fn member_memory(docker: &Docker, instance: &str) -> Res<(Option<f64>, Opt
         }))
         .await?;
     let (mut cgroup, mut shim) = (vec![], vec![]);
-    for c in list {
-        let Some(id) = c.id else { continue };
-        if let Ok(v) = std::fs::read_to_string(format!(
-            "/sys/fs/cgroup/memory/docker/{id}/memory.usage_in_bytes"
-        )) && let Ok(bytes) = v.trim().parse::<f64>()
-        {
-            cgroup.push(bytes / MIB);
-        }
-        for p in std::fs::read_dir("/proc")?.flatten() {
-            let cmdline = std::fs::read(p.path().join("cmdline")).unwrap_or_default();
-            let cmdline = String::from_utf8_lossy(&cmdline);
-            if cmdline.starts_with("/usr/bin/containerd-shim") && cmdline.contains(id.as_str()) {
-                let status = std::fs::read_to_string(p.path().join("status")).unwrap_or_default();
-                if let Some(kb) = status
-                    .lines()
-                    .find_map(|l| l.strip_prefix("VmRSS:"))
-                    .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
-                {
-                    shim.push(kb / 1024.0);
-                }
-            }
-        }
+    for id in list.into_iter().filter_map(|c| c.id) {
+        let (c, s) = host_memory(&id)?;
+        cgroup.extend(c);
+        shim.extend(s);
     }
     let med = |v: &[f64]| (!v.is_empty()).then(|| median(v));
     Ok((med(&cgroup), med(&shim)))
+}
+
+/// What the container `id` (its full id) costs on the host: its memory
+/// cgroup's usage and the RSS of the engine's shim process for it (MB
+/// each; `None` where this host does not show them: cgroup v1 cgroupfs
+/// paths, a `containerd-shim` process naming the id).
+pub(crate) fn host_memory(id: &str) -> Res<(Option<f64>, Option<f64>)> {
+    let cgroup = std::fs::read_to_string(format!(
+        "/sys/fs/cgroup/memory/docker/{id}/memory.usage_in_bytes"
+    ))
+    .ok()
+    .and_then(|v| v.trim().parse::<f64>().ok())
+    .map(|bytes| bytes / MIB);
+    let mut shim = None;
+    for p in std::fs::read_dir("/proc")?.flatten() {
+        let cmdline = std::fs::read(p.path().join("cmdline")).unwrap_or_default();
+        let cmdline = String::from_utf8_lossy(&cmdline);
+        if cmdline.starts_with("/usr/bin/containerd-shim") && cmdline.contains(id) {
+            let status = std::fs::read_to_string(p.path().join("status")).unwrap_or_default();
+            shim = status
+                .lines()
+                .find_map(|l| l.strip_prefix("VmRSS:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+                .map(|kb| kb / 1024.0);
+        }
+    }
+    Ok((cgroup, shim))
 }
