@@ -43,6 +43,29 @@ pub fn pool_claim(hit: bool) {
     counter!("sandboxd_pool_claims_total", "outcome" => outcome).increment(1);
 }
 
+/// A create waited for a pool member being made: it was handed the member
+/// (`claimed`, counted as a hit too), or its fill failed or ran late and
+/// the create was made cold (`cold`, counted as a miss too).
+pub fn pool_handoff(claimed: bool) {
+    let outcome = if claimed { "claimed" } else { "cold" };
+    counter!("sandboxd_pool_handoffs_total", "outcome" => outcome).increment(1);
+}
+
+/// What the pool gauges show of one runtime.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PoolGauge {
+    /// Members ready to be claimed.
+    pub ready: usize,
+    /// Members being made.
+    pub filling: usize,
+    /// The size the pool aims for.
+    pub target: usize,
+    /// What set the target: one of `reasons`.
+    pub reason: &'static str,
+    /// Every reason there is (each gets a series, 1 for `reason`).
+    pub reasons: &'static [&'static str],
+}
+
 /// How long making one warm pool member took.
 pub fn pool_filled(started: Instant) {
     histogram!("sandboxd_pool_refill_duration_seconds").record(started.elapsed().as_secs_f64());
@@ -79,20 +102,29 @@ pub fn engine_error(kind: &'static str) {
     counter!("sandboxd_engine_errors_total", "kind" => kind).increment(1);
 }
 
-/// Current gauges, set just before a scrape renders them; `pool` is the
-/// members ready per runtime, `next_link` whether the next `internet`
-/// sandbox's link network is made.
+/// Current gauges, set just before a scrape renders them; `pool` is each
+/// pooled runtime's members and target, `next_link` whether the next
+/// `internet` sandbox's link network is made.
 pub fn set_gauges(
     sandboxes: usize,
     running_commands: usize,
-    pool: &std::collections::BTreeMap<String, usize>,
+    pool: &std::collections::BTreeMap<String, PoolGauge>,
     next_link: bool,
 ) {
     gauge!("sandboxd_sandboxes", "state" => "running").set(sandboxes as f64);
     gauge!("sandboxd_link_networks_ready").set(f64::from(u8::from(next_link)));
     gauge!("sandboxd_commands_running").set(running_commands as f64);
-    for (runtime, members) in pool {
-        gauge!("sandboxd_pool_members", "runtime" => runtime.clone()).set(*members as f64);
+    for (runtime, p) in pool {
+        for (state, n) in [("ready", p.ready), ("filling", p.filling)] {
+            gauge!("sandboxd_pool_members", "runtime" => runtime.clone(), "state" => state)
+                .set(n as f64);
+        }
+        gauge!("sandboxd_pool_target", "runtime" => runtime.clone()).set(p.target as f64);
+        for reason in p.reasons {
+            let holds = f64::from(u8::from(*reason == p.reason));
+            gauge!("sandboxd_pool_target_reason", "runtime" => runtime.clone(), "reason" => *reason)
+                .set(holds);
+        }
     }
 }
 

@@ -164,8 +164,17 @@ settings! {
     // --- Capacity and idle expiry ---
     /// Most sandboxes alive at once.
     max_concurrent: usize = 20, key "max_concurrent", check |v| at_least(1)(v);
-    /// Warm sandboxes kept ready for new sessions of the `default` runtime.
+    /// Warm sandboxes kept ready for new sessions of the `default` runtime
+    /// at least (the floor; the pool grows above it with demand).
     pool_size: usize = 2, key "pool_size", check |v| within(0, MAX_POOL_SIZE)(v);
+    /// Most warm sandboxes of all runtimes together the pool grows to;
+    /// `pool_size` floors are kept even above it.
+    pool_max: usize = 8, key "pool_max", check |v| within(0, MAX_POOL_SIZE)(v);
+    /// Host memory the pool's growth above the floors may take, at 32 MB
+    /// per idle member.
+    pool_memory_mb: u64 = 512, key "pool_memory_mb", check |v| within(0, 1_048_576)(v);
+    /// Half-life of the arrival rate of new sessions the pool follows.
+    pool_rate_halflife_secs: u64 = 60, key "pool_rate_halflife_secs", check |v| within(1, 3600)(v);
     /// Idle time after which a sandbox without running work is stopped.
     default_idle_ttl: Duration = Duration::from_secs(15 * 60), key "default_idle_ttl_ms",
         check |v| ms_within(10_000, 21_600_000)(v);

@@ -3,23 +3,47 @@
 //! resources are set live (cold under gVisor); the claim survives a crash
 //! of sandboxd and nothing a sandbox writes moves it; a stopped session's
 //! sandbox never comes back; bursts, capacity and a rebuilt image behave as
-//! docs/API.md ("Warm pool") says.
+//! docs/API.md ("Warm pool") says; a create is handed the member being
+//! made; the pool grows with demand and shrinks after quiet; fifty
+//! concurrent creates from a pool of fifty are fifty claims.
 
-use std::time::Duration;
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
 
 use bollard::query_parameters::InspectContainerOptions;
 use serde_json::{Value, json};
 
 use crate::harness::{self, ServerOptions, TestServer, eventually};
 
-/// What the pool's gauge says of `runtime`: members ready.
-pub(crate) async fn members(server: &TestServer, runtime: &str) -> usize {
+/// The value of one series (`name{labels}`) in the metrics; 0 when absent.
+async fn metric(server: &TestServer, series: &str) -> f64 {
     let text = server.metrics_text().await;
-    let series = format!("sandboxd_pool_members{{runtime=\"{runtime}\"}} ");
+    let series = format!("{series} ");
     text.lines()
         .find_map(|l| l.strip_prefix(series.as_str()))
         .and_then(|v| v.trim().parse::<f64>().ok())
-        .map_or(0, |v| v as usize)
+        .unwrap_or(0.0)
+}
+
+/// What the pool's gauge says of `runtime`: members ready.
+pub(crate) async fn members(server: &TestServer, runtime: &str) -> usize {
+    let series = format!("sandboxd_pool_members{{runtime=\"{runtime}\",state=\"ready\"}}");
+    metric(server, &series).await as usize
+}
+
+/// The pool's target for `runtime`, and whether `reason` is what set it.
+async fn target(server: &TestServer, runtime: &str, reason: &str) -> (usize, bool) {
+    let size = metric(
+        server,
+        &format!("sandboxd_pool_target{{runtime=\"{runtime}\"}}"),
+    )
+    .await;
+    let holds = metric(
+        server,
+        &format!("sandboxd_pool_target_reason{{runtime=\"{runtime}\",reason=\"{reason}\"}}"),
+    )
+    .await;
+    (size as usize, holds == 1.0)
 }
 
 /// Waits until `runtime` has `n` members ready.
@@ -433,4 +457,202 @@ async fn member_images(server: &TestServer) -> Vec<(String, String)> {
             (!claimed.contains(&name)).then_some((name, c.image_id?))
         })
         .collect()
+}
+
+#[tokio::test]
+async fn a_create_during_a_refill_is_handed_the_member_being_made() {
+    let server = with_pool(1, ServerOptions::default()).await;
+    wait_for_members(&server, "default", 1).await;
+    let first = server.create(json!({"sessionKey": "first"})).await;
+    // At once, while the pool makes the member that replaces the one
+    // claimed: the create waits for that member instead of making a
+    // sandbox of its own beside it.
+    let second = server.create(json!({"sessionKey": "second"})).await;
+    assert!(from_pool(&server, &first), "the first create was a claim");
+    assert!(
+        from_pool(&server, &second),
+        "the second was handed the member being made"
+    );
+    assert_ne!(first, second);
+    let text = server.metrics_text().await;
+    for series in [
+        "sandboxd_pool_claims_total{outcome=\"hit\"} 2",
+        "sandboxd_pool_handoffs_total{outcome=\"claimed\"} 1",
+    ] {
+        assert!(text.contains(series), "{series} in\n{text}");
+    }
+    assert!(!text.contains("outcome=\"miss\""), "no cold create: {text}");
+    let r = server
+        .sh(&second, "echo ok; ls -A /workspace | wc -l")
+        .await;
+    assert_eq!(r["stdout"], "ok\n0\n", "it works and starts empty: {r}");
+    let (s, v) = server.get(&format!("/v1/sandboxes/{second}")).await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(v["sessionKey"], "second", "{v}");
+}
+
+#[tokio::test]
+async fn an_adaptive_pool_grows_under_a_burst_and_shrinks_after_quiet() {
+    let server = with_pool(
+        1,
+        ServerOptions::default()
+            .env("SANDBOXD_POOL_MAX", "3")
+            .env("SANDBOXD_POOL_RATE_HALFLIFE_SECS", "4")
+            // Mode none: the cheapest sandboxes, members and creates alike.
+            .env("SANDBOXD_NETWORK_DEFAULT", "none")
+            .env("SANDBOXD_MAX_CONCURRENT", "100"),
+    )
+    .await;
+    wait_for_members(&server, "default", 1).await;
+    assert_eq!(
+        target(&server, "default", "floor").await,
+        (1, true),
+        "before the burst: the floor"
+    );
+    // The burst: three clients create new sessions back to back for two
+    // half-lives.
+    let until = Instant::now() + Duration::from_secs(8);
+    let clients = (0..3).map(|c| {
+        let server = &server;
+        async move {
+            let mut n = 0;
+            while Instant::now() < until {
+                server
+                    .create(json!({"sessionKey": format!("burst-{c}-{n}")}))
+                    .await;
+                n += 1;
+            }
+            n
+        }
+    });
+    let made: usize = futures_util::future::join_all(clients)
+        .await
+        .into_iter()
+        .sum();
+    eprintln!("{made} creates in the burst");
+    eventually(
+        Duration::from_secs(30),
+        "the pool grows above its floor",
+        || async { members(&server, "default").await >= 2 },
+    )
+    .await;
+    // Why, in the log: the rule's inputs with the target they gave.
+    let log = server.log_text();
+    let grew = log
+        .lines()
+        .find(|l| {
+            l.contains("pool target changed")
+                && (l.contains("reason=\"demand\"") || l.contains("reason=\"ceiling\""))
+        })
+        .unwrap_or_else(|| panic!("no growth logged in\n{log}"));
+    eprintln!("{grew}");
+    for input in [
+        "rate_per_sec=",
+        "refill_ms=",
+        "floor=1",
+        "ceiling=3",
+        "memory_budget_mb=512",
+        "member_cost_mb=32",
+        "room=",
+        "target=",
+    ] {
+        assert!(grew.contains(input), "{input} in {grew}");
+    }
+    // Quiet: the rate decays, the target falls back to the floor and the
+    // members above it go.
+    eventually(
+        Duration::from_secs(60),
+        "the pool shrinks back to its floor",
+        || async {
+            target(&server, "default", "floor").await == (1, true)
+                && members(&server, "default").await == 1
+        },
+    )
+    .await;
+    let log = server.log_text();
+    assert!(
+        log.contains("the pool shrank to its target"),
+        "a member was removed for the lower target"
+    );
+}
+
+#[tokio::test]
+async fn fifty_concurrent_creates_from_a_pool_of_fifty_are_fifty_distinct_claims() {
+    let server = with_pool(
+        50,
+        ServerOptions::default()
+            .env("SANDBOXD_MAX_CONCURRENT", "50")
+            // Mode none keeps filling fifty members light on the engine;
+            // claims are the same in every mode.
+            .env("SANDBOXD_NETWORK_DEFAULT", "none"),
+    )
+    .await;
+    eventually(Duration::from_secs(300), "a pool of 50", || async {
+        members(&server, "default").await == 50
+    })
+    .await;
+    let pooled: BTreeSet<String> = member_images(&server)
+        .await
+        .into_iter()
+        .map(|(name, _)| name)
+        .collect();
+    assert_eq!(pooled.len(), 50, "{pooled:?}");
+    let keys: Vec<String> = (0..50).map(|i| format!("many-{i}")).collect();
+    let server = &server;
+    let answers = futures_util::future::join_all(keys.iter().map(|k| async move {
+        let started = Instant::now();
+        let answer = server.post("/v1/sandboxes", json!({"sessionKey": k})).await;
+        (answer, started.elapsed())
+    }))
+    .await;
+    let mut ids = BTreeSet::new();
+    let mut took: Vec<Duration> = Vec::new();
+    for (key, ((s, v), t)) in keys.iter().zip(&answers) {
+        assert_eq!(*s, 200, "{key}: {v}");
+        assert_eq!(v["created"], true, "{v}");
+        let sid = v["sandboxId"].as_str().expect("id").to_string();
+        assert!(from_pool(server, &sid), "{key} claimed");
+        assert!(
+            pooled.contains(&server.container_name(&sid)),
+            "{key} got one of the members"
+        );
+        ids.insert(sid);
+        took.push(*t);
+    }
+    assert_eq!(ids.len(), 50, "fifty distinct sandboxes");
+    took.sort();
+    eprintln!(
+        "50 concurrent claims: p50 {:?}, p99 {:?}",
+        took[24], took[49]
+    );
+    let text = server.metrics_text().await;
+    assert!(
+        text.contains("sandboxd_pool_claims_total{outcome=\"hit\"} 50"),
+        "{text}"
+    );
+    assert!(!text.contains("outcome=\"miss\""), "no cold create: {text}");
+    for (key, ((_, v), _)) in keys.iter().zip(&answers) {
+        let sid = v["sandboxId"].as_str().expect("id");
+        let (s, info) = server.get(&format!("/v1/sandboxes/{sid}")).await;
+        assert_eq!(s, 200, "{info}");
+        assert_eq!(info["sessionKey"], json!(key), "each its own: {info}");
+    }
+    // Clean up: every session stopped, nothing of theirs left.
+    let stops = futures_util::future::join_all(ids.iter().map(|sid| async move {
+        server
+            .post(&format!("/v1/sandboxes/{sid}:stop"), json!({}))
+            .await
+    }))
+    .await;
+    for (s, v) in stops {
+        assert_eq!(s, 200, "{v}");
+    }
+    let left: Vec<String> = server
+        .containers_with("sandboxd.role", "sandbox")
+        .await
+        .into_iter()
+        .filter_map(|c| c.names?.first().cloned())
+        .filter(|n| ids.iter().any(|id| n.contains(id.as_str())))
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
 }
