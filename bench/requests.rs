@@ -205,20 +205,11 @@ fn sum_where(text: &str, name: &str, with: &[(&str, &str)]) -> f64 {
 }
 
 /// Members ready in `server`'s pool for the `default` runtime:
-/// `sandboxd_pool_members{runtime="default"}`, or, where that gauge is
-/// split by state, its `state="ready"` series.
+/// `sandboxd_pool_members{runtime="default",state="ready"}`.
 pub(crate) async fn pool_members(server: &Server) -> Res<usize> {
     let text = metrics_text(server).await?;
-    let name = "sandboxd_pool_members";
-    let by_state = series_of(&text, name)
-        .iter()
-        .any(|(labels, _)| labels.iter().any(|(k, _)| k == "state"));
-    let with: &[(&str, &str)] = if by_state {
-        &[("runtime", "default"), ("state", "ready")]
-    } else {
-        &[("runtime", "default")]
-    };
-    Ok(sum_where(&text, name, with) as usize)
+    let with = [("runtime", "default"), ("state", "ready")];
+    Ok(sum_where(&text, "sandboxd_pool_members", &with) as usize)
 }
 
 /// Waits (polling every 10 ms, at most `limit`) until `server`'s pool holds
