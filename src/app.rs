@@ -100,7 +100,8 @@ impl App {
                 drop(after);
             });
         }
-        if created.ports_added {
+        // A new sandbox also gives back a spare port proxy it has no port for.
+        if created.ports_added || created.created {
             let ports = Arc::clone(&self.ports);
             let id = created.sandbox_id.clone();
             let shutdown = self.shutdown.clone();

@@ -1,6 +1,6 @@
 //! Containers: creating sandbox, proxy and egress containers from their
-//! hardened specs (`container_spec`), starting, restarting, removing,
-//! inspecting and listing them, changing their limits, and telling
+//! hardened specs (`container_spec`), starting, restarting, renaming,
+//! removing, inspecting and listing them, changing their limits, and telling
 //! whether the memory limit ended one.
 
 use std::collections::HashMap;
@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use bollard::query_parameters::{
     EventsOptions, InspectContainerOptions, ListContainersOptions, RemoveContainerOptions,
-    RestartContainerOptions, StartContainerOptions,
+    RenameContainerOptions, RestartContainerOptions, StartContainerOptions,
 };
 use futures_util::StreamExt;
 
@@ -31,6 +31,14 @@ pub struct ContainerRecord {
     pub running: bool,
     /// (container port, host port) of published TCP ports.
     pub published: Vec<(u16, u16)>,
+}
+
+/// A proxy container as found (see [`Engine::proxy_state`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProxyState {
+    /// The host port it publishes, while it runs (a stopped one lost it).
+    pub host_port: Option<u16>,
+    pub labels: HashMap<String, String>,
 }
 
 /// A container's state as far as the domain cares.
@@ -299,21 +307,48 @@ impl Engine {
         Ok(())
     }
 
-    /// The host port a running container publishes `port/tcp` on.
-    pub async fn published_port(&self, container: &str, port: u16) -> EngineResult<Option<u16>> {
+    /// A proxy container found by name, `None` when there is none: the
+    /// host port it publishes `port/tcp` on while it runs, and its labels.
+    pub async fn proxy_state(
+        &self,
+        container: &str,
+        port: u16,
+    ) -> EngineResult<Option<ProxyState>> {
         let docker = self.docker()?;
-        let info = docker
+        let info = match docker
             .inspect_container(container, None::<InspectContainerOptions>)
-            .await?;
-        if !info.state.and_then(|s| s.running).unwrap_or(false) {
-            return Ok(None);
-        }
-        Ok(info
-            .network_settings
-            .and_then(|n| n.ports)
-            .and_then(|mut p| p.remove(&format!("{port}/tcp")))
-            .flatten()
-            .and_then(|b| b.into_iter().find_map(|b| b.host_port?.parse().ok())))
+            .await
+        {
+            Ok(info) => info,
+            Err(e) => {
+                return match EngineError::from(e) {
+                    EngineError::NotFound(_) => Ok(None),
+                    other => Err(other),
+                };
+            }
+        };
+        let labels = info.config.and_then(|c| c.labels).unwrap_or_default();
+        let host_port = if info.state.and_then(|s| s.running).unwrap_or(false) {
+            info.network_settings
+                .and_then(|n| n.ports)
+                .and_then(|mut p| p.remove(&format!("{port}/tcp")))
+                .flatten()
+                .and_then(|b| b.into_iter().find_map(|b| b.host_port?.parse().ok()))
+        } else {
+            None
+        };
+        Ok(Some(ProxyState { host_port, labels }))
+    }
+
+    /// Renames a container, running or not: one engine call, atomic (of two
+    /// renames of one container, one finds it gone); `NotFound` when there
+    /// is no `from`, `Conflict` when `to` is taken.
+    pub async fn rename_container(&self, from: &str, to: &str) -> EngineResult<()> {
+        let options = RenameContainerOptions {
+            name: to.to_string(),
+        };
+        self.docker()?.rename_container(from, options).await?;
+        Ok(())
     }
 
     /// Creates a proxy container and starts it.

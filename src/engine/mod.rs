@@ -35,7 +35,7 @@ pub use archive::Entry;
 pub use container_spec::{
     EgressContainer, ProxyContainer, SandboxContainer, sandbox_container_body,
 };
-pub use containers::{ContainerRecord, ContainerStatus};
+pub use containers::{ContainerRecord, ContainerStatus, ProxyState};
 use discovery::DiscoveryInputs;
 pub use error::{EngineError, EngineResult};
 pub use exec::{ExecOutput, ExecRequest, ExecSession, OutputStream};

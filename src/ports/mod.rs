@@ -11,8 +11,9 @@
 //! proxies (/28 for the default four; see `subnet::link_prefix`), so they
 //! do not use up the engine's address pools. The ports a sandbox allowlists
 //! are published in the background right after create (or a reconnect that
-//! adds some), so the first GET of a port is a quick check, not a container
-//! start.
+//! adds some), the first on the spare proxy made ahead (see
+//! `sandbox::port_proxy`), so the first GET of a port is a quick check, not
+//! a container start. A proxy's relay port is read from its label.
 
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -22,13 +23,12 @@ use dashmap::DashMap;
 
 use crate::agent_client::{AgentError, Probed};
 use crate::config::Config;
-use crate::engine::{EngineError, ProxyContainer};
+use crate::engine::{EngineError, ProxyState};
 use crate::sandbox::network::{LINK_ALIAS, link_name};
+use crate::sandbox::port_proxy::{PROXY_LISTEN_PORT, proxy_name, relay_port_of};
 use crate::sandbox::spec::NetworkMode;
-use crate::sandbox::{Sandbox, SandboxError, Sandboxes, labels};
+use crate::sandbox::{Sandbox, SandboxError, Sandboxes};
 
-/// The port a proxy listens on inside its own container.
-const PROXY_LISTEN_PORT: u16 = 8080;
 /// Longest `waitMs` honoured.
 pub const MAX_WAIT_MS: u64 = 60_000;
 /// Bytes of recent output returned when a server did not come up.
@@ -195,59 +195,50 @@ impl Ports {
 
     async fn ensure_published(&self, sandbox: &Arc<Sandbox>, port: u16) -> Result<u16, PortError> {
         let subnet = self.ensure_link(sandbox).await?;
-        let relay = relay_port(port);
+        let engine = self.sandboxes.engine();
         let name = proxy_name(&self.config.instance, &sandbox.id, port);
-        if let Some(host) = self
-            .sandboxes
-            .engine()
-            .published_port(&name, PROXY_LISTEN_PORT)
-            .await
-            .or_else(|e| match e {
-                EngineError::NotFound(_) => Ok(None),
-                e => Err(e),
-            })?
+        let mut proxy = engine.proxy_state(&name, PROXY_LISTEN_PORT).await?;
+        let mut from_spare = false;
+        if proxy.is_none() && self.sandboxes.take_spare_proxy(&sandbox.id, port).await? {
+            from_spare = true;
+            proxy = engine.proxy_state(&name, PROXY_LISTEN_PORT).await?;
+        }
+        if let Some(ProxyState {
+            host_port: Some(host),
+            labels,
+        }) = proxy
         {
+            // Its label says where it forwards: a spare's relay port is
+            // not its port's own.
+            let relay = relay_port_of(&labels).unwrap_or_else(|| relay_port(port));
             self.ensure_relay(sandbox, port, relay, &subnet).await?;
             sandbox.set_published(port, Some(host));
+            if from_spare {
+                tracing::info!(event = "port_published", sandbox_id = %sandbox.id, session_key = %sandbox.session_key, port, host_port = host, relay, "port published on the spare proxy");
+            }
             return Ok(host);
         }
         // Missing, or there but stopped (its host port is gone with it).
-        self.sandboxes.engine().remove_container(&name).await?;
-        let mut labels = labels::instance_only(&self.config.instance);
-        labels.insert(labels::ROLE.into(), labels::ROLE_PROXY.into());
-        labels.insert(labels::SANDBOX_ID.into(), sandbox.id.clone());
-        labels.insert(labels::SESSION_KEY.into(), sandbox.session_key.clone());
-        labels.insert(labels::PORT.into(), port.to_string());
-        let spec = ProxyContainer {
-            name: name.clone(),
-            image: self
-                .config
-                .proxy_image
-                .clone()
-                .unwrap_or_else(|| self.config.image.clone()),
-            user: self.config.sandbox_user.clone(),
-            network: self.config.network_name().to_string(),
-            link_network: link_name(&self.config.instance, &sandbox.id),
-            publish_ip: self.config.publish_host_ip.to_string(),
-            listen_port: PROXY_LISTEN_PORT,
-            target_host: LINK_ALIAS.to_string(),
-            target_port: relay,
-            labels,
-        };
+        engine.remove_container(&name).await?;
+        let relay = relay_port(port);
+        let spec = self.sandboxes.proxy_spec(
+            &sandbox.id,
+            Some((port, sandbox.session_key.as_str())),
+            relay,
+        );
         // The relay and the proxy do not depend on each other: start both.
         let (relay_ok, proxy_ok) = tokio::join!(
             self.ensure_relay(sandbox, port, relay, &subnet),
-            self.sandboxes.engine().start_proxy(&spec)
+            engine.start_proxy(&spec)
         );
         if let Err(e) = proxy_ok.map_err(PortError::from).and(relay_ok) {
-            let _ = self.sandboxes.engine().remove_container(&name).await;
+            let _ = engine.remove_container(&name).await;
             return Err(e);
         }
-        let host = self
-            .sandboxes
-            .engine()
-            .published_port(&name, PROXY_LISTEN_PORT)
+        let host = engine
+            .proxy_state(&name, PROXY_LISTEN_PORT)
             .await?
+            .and_then(|p| p.host_port)
             .ok_or_else(|| PortError::Failed("the proxy started but publishes no port".into()))?;
         sandbox.set_published(port, Some(host));
         tracing::info!(event = "port_published", sandbox_id = %sandbox.id, session_key = %sandbox.session_key, port, host_port = host, "port published");
@@ -255,10 +246,12 @@ impl Ports {
     }
 
     /// Publishes, in the background, every port a sandbox allowlisted: the
-    /// allowlist is known at create, and a proxy container takes about as
-    /// long to start as the engine needs for any container with a port, so
-    /// doing it before anyone asks makes the first GET a quick check.
-    /// Failures only cost that speed: they are logged, and the GET retries.
+    /// allowlist is known at create, so doing it before anyone asks makes
+    /// the first GET a quick check. The first port takes the sandbox's
+    /// spare proxy (see `sandbox::port_proxy`): a rename and a relay, not
+    /// a container start. A spare left over (a new sandbox that allowlists
+    /// no port) is given back. Failures only cost that speed: they are
+    /// logged, and the GET retries.
     pub async fn prepare(&self, sandbox_id: &str) {
         let Some(sandbox) = self.sandboxes.registry().get(sandbox_id) else {
             return;
@@ -283,6 +276,7 @@ impl Ports {
                 return;
             }
         }
+        self.sandboxes.give_back_spare_proxy(sandbox_id).await;
     }
 
     /// Makes sure the sandbox is on its link network (made for it at
@@ -396,11 +390,6 @@ impl Drop for PortLock<'_> {
     }
 }
 
-/// Engine name of a port's proxy container.
-pub fn proxy_name(instance: &str, sandbox_id: &str, port: u16) -> String {
-    format!("{instance}-{sandbox_id}-port-{port}")
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -438,6 +427,12 @@ mod tests {
             assert_ne!(r, p);
             assert_eq!(r, relay_port(p));
         }
+    }
+
+    #[test]
+    fn no_port_s_own_relay_port_is_the_spare_s() {
+        use crate::sandbox::port_proxy::SPARE_RELAY_PORT;
+        assert!((1..=u16::MAX).all(|p| relay_port(p) != SPARE_RELAY_PORT));
     }
 
     #[test]

@@ -48,8 +48,13 @@ pub const ROLE_PROXY: &str = "proxy";
 pub const ROLE_LINK: &str = "link";
 /// `sandboxd.role` of an egress proxy container.
 pub const ROLE_EGRESS: &str = "egress";
-/// Label on proxies: the sandbox port they publish.
+/// Label on proxies made for a port: the sandbox port they publish. A
+/// spare proxy is made before its port is known, and labels never change:
+/// once it is a port's proxy, its name says the port (see `port_proxy`).
 pub const PORT: &str = "sandboxd.port";
+/// Label on proxies: the port inside the sandbox they forward to, where
+/// the agent's relay listens.
+pub const RELAY_PORT: &str = "sandboxd.relay_port";
 /// Label on egress proxies: a fingerprint of what they were started with
 /// (command line with the policy, name servers, image); one that differs
 /// from what sandboxd would start now is replaced.

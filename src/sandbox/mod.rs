@@ -11,6 +11,7 @@ pub mod labels;
 pub mod network;
 mod next_link;
 mod pool;
+pub mod port_proxy;
 mod reaper;
 pub mod registry;
 mod rehydrate;

@@ -5,7 +5,9 @@
 //! kept ready under the id the next such sandbox takes, so a cold create
 //! makes only its volume and container. It is refilled in the background
 //! after each use; when the link pool has no other free block, whoever
-//! needs one takes this one's (see `Sandboxes::link_network`). It holds no
+//! needs one takes this one's (see `Sandboxes::link_network`). It comes
+//! with a spare port proxy (see `port_proxy`), so the new sandbox's first
+//! port does not wait for a container start either. It holds no
 //! state of any session: a restart of sandboxd removes it like any link
 //! network without a sandbox (see `rehydrate`), and makes a new one.
 
@@ -148,6 +150,9 @@ impl Sandboxes {
                 return false;
             }
         };
+        // Its spare port proxy before it is handed out: a create that took
+        // it earlier would publish its first port the slow way.
+        self.make_spare_proxy(&id, NetworkMode::Internet).await;
         let link = PreparedLink {
             id: id.clone(),
             subnet: subnet.clone(),
@@ -172,9 +177,11 @@ impl Sandboxes {
         self.next_link.take()
     }
 
-    /// Removes a prepared link network no sandbox took.
+    /// Removes a prepared link network no sandbox took, and its spare
+    /// port proxy (which holds an endpoint on it).
     pub(super) async fn release_link(&self, id: &str) {
         let name = super::network::link_name(&self.config.instance, id);
+        self.remove_spare_proxy(id).await;
         let removed = async {
             self.detach_shared_egress(&name).await?;
             self.engine.remove_network(&name).await?;

@@ -1,8 +1,8 @@
 //! Startup reconciliation: rebuild the registry from this instance's labelled
 //! engine objects, so a restart of sandboxd loses no session. Running
 //! sandboxes are adopted; stopped ones are started again or, failing that,
-//! removed; proxies without a sandbox and volumes without a container are
-//! removed; every sandbox behind the egress proxy gets its way out again.
+//! removed; proxies without a sandbox, spare proxies and volumes without a
+//! container are removed; every sandbox behind the egress proxy gets its way out again.
 //! A warm pool member is adopted only as the session its claim volume names
 //! (see `labels`); one without a claim is removed, and the pool refills.
 //! Objects of other instances are never looked at.
@@ -14,7 +14,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::registry::Sandbox;
 use super::spec::NetworkMode;
-use super::{Event, Sandboxes, labels};
+use super::{Event, Sandboxes, labels, port_proxy};
 use crate::clock::now_ms;
 use crate::engine::{ContainerRecord, EngineResult};
 
@@ -204,10 +204,13 @@ impl Sandboxes {
                 .get(labels::SANDBOX_ID)
                 .cloned()
                 .unwrap_or_default();
+            // A spare that became a port's proxy says its port by its name
+            // only; one still spare says none.
             let port = p
                 .labels
                 .get(labels::PORT)
-                .and_then(|v| v.parse::<u16>().ok());
+                .and_then(|v| v.parse::<u16>().ok())
+                .or_else(|| port_proxy::port_of_proxy(&self.config().instance, &owner, &p.name));
             let sandbox = self
                 .registry()
                 .get(&owner)
@@ -224,6 +227,12 @@ impl Sandboxes {
                 // A stopped one lost its host port; the next GET makes a new one.
                 (Some(s), Some(port), _) => {
                     let _ = s.allow_ports(&BTreeSet::from([port]), usize::MAX);
+                    self.engine().remove_container(&p.name).await?;
+                }
+                // A spare no port took before the restart: the first port
+                // makes its own proxy.
+                (Some(_), None, _) => {
+                    tracing::info!(container = %p.name, sandbox_id = %owner, "removing an unused spare port proxy");
                     self.engine().remove_container(&p.name).await?;
                 }
                 _ => {

@@ -459,13 +459,15 @@ async fn no_container_has_ipv6_or_forwards_and_the_egress_address_stays_free() {
         server.container_name(&sid),
         format!("{}-egress", server.instance),
     ];
+    // The sandbox's port proxy (the next sandbox's spare is not counted).
     names.extend(
         server
-            .containers_with("sandboxd.role", "proxy")
+            .containers_with("sandboxd.sandbox_id", &sid)
             .await
             .into_iter()
             .filter_map(|c| c.names.and_then(|n| n.into_iter().next()))
-            .map(|n| n.trim_start_matches('/').to_string()),
+            .map(|n| n.trim_start_matches('/').to_string())
+            .filter(|n| n.contains("-port-")),
     );
     assert_eq!(
         names.len(),

@@ -1,5 +1,7 @@
 //! Ports: a server in a sandbox becomes a URL that works from the host;
-//! publishing in the background after create, the allowlist, network none,
+//! publishing in the background after create, the first port taking the
+//! spare proxy made ahead (cold and claimed) and a sandbox without ports
+//! giving it back, the allowlist, network none,
 //! concurrent lookups, `waitMs`, restarts of sandboxd and of the sandbox, a
 //! stopped proxy, a taken relay port, cleanup (stop, idle expiry), proxy
 //! hardening, and isolation between sandboxes.
@@ -67,6 +69,46 @@ async fn proxies(server: &TestServer, sid: &str) -> Vec<bollard::models::Contain
         .collect()
 }
 
+/// Sandbox `sid`'s proxy of port `p`, found by its name: a proxy made
+/// for the port has the label `sandboxd.port`, a spare that became the
+/// port's proxy (made before its port was known) only the name.
+async fn proxy_of(
+    server: &TestServer,
+    sid: &str,
+    p: u16,
+) -> Option<bollard::models::ContainerInspectResponse> {
+    server
+        .docker
+        .inspect_container(
+            &format!("{}-{sid}-port-{p}", server.instance),
+            None::<InspectContainerOptions>,
+        )
+        .await
+        .ok()
+}
+
+/// The instance's spare proxies: (the sandbox id each is for, its
+/// container id).
+async fn spares(server: &TestServer) -> Vec<(String, String)> {
+    server
+        .containers_with("sandboxd.role", "proxy")
+        .await
+        .into_iter()
+        .filter(|c| c.names.iter().flatten().any(|n| n.ends_with("-port-spare")))
+        .filter_map(|c| Some((c.labels?.get("sandboxd.sandbox_id")?.clone(), c.id?)))
+        .collect()
+}
+
+/// A label of an inspected container.
+fn label<'a>(info: &'a bollard::models::ContainerInspectResponse, key: &str) -> Option<&'a str> {
+    info.config
+        .as_ref()?
+        .labels
+        .as_ref()?
+        .get(key)
+        .map(String::as_str)
+}
+
 #[tokio::test]
 async fn a_loopback_server_becomes_a_url_that_works_from_the_host() {
     let server = TestServer::start().await;
@@ -115,28 +157,39 @@ async fn a_loopback_server_becomes_a_url_that_works_from_the_host() {
     let (s, _) = port(&server, "0123456789abcdef01234567", 3000, "").await;
     assert_eq!(s, 404);
 
-    // The proxy: hardened like a sandbox, bound to the publish address.
-    // (Allowlisted ports are published ahead of time, so 4000 has one too.)
-    let list: Vec<_> = proxies(&server, &sid)
-        .await
-        .into_iter()
-        .filter(|c| {
-            c.labels
-                .as_ref()
-                .and_then(|l| l.get("sandboxd.port"))
-                .map(String::as_str)
-                == Some("3000")
-        })
-        .collect();
-    assert_eq!(list.len(), 1);
-    let name = list[0].names.clone().unwrap_or_default()[0]
-        .trim_start_matches('/')
-        .to_string();
-    let info = server
-        .docker
-        .inspect_container(&name, None::<InspectContainerOptions>)
-        .await
-        .expect("inspect");
+    // The proxies: hardened like a sandbox, bound to the publish address.
+    // (Allowlisted ports are published ahead of time, so 4000 has one too;
+    // one of the two was the spare made ahead, made from the same spec.)
+    assert_eq!(proxies(&server, &sid).await.len(), 2);
+    for p in [3000, 4000] {
+        let info = proxy_of(&server, &sid, p).await.expect("the port's proxy");
+        assert_proxy_hardened(&server, &sid, info);
+    }
+
+    stop_leaves_nothing(&server, &sid).await;
+    assert_eq!(fetch(&url).await, None);
+}
+
+/// `:stop` answers 200 and removes the sandbox's proxies (a spare too),
+/// its container and its link network.
+async fn stop_leaves_nothing(server: &TestServer, sid: &str) {
+    let (s, _) = server
+        .post(&format!("/v1/sandboxes/{sid}:stop"), json!(null))
+        .await;
+    assert_eq!(s, 200);
+    let left = server.containers_with("sandboxd.sandbox_id", sid).await;
+    assert!(left.is_empty(), "containers of {sid} left: {left:?}");
+    let nets = server.networks_with("sandboxd.sandbox_id", sid).await;
+    assert!(nets.is_empty(), "link network of {sid} left: {nets:?}");
+}
+
+/// A port proxy as docs/API.md describes it: hardened like a sandbox,
+/// bound to the publish address, labelled with its sandbox.
+fn assert_proxy_hardened(
+    server: &TestServer,
+    sid: &str,
+    info: bollard::models::ContainerInspectResponse,
+) {
     let hc = info.host_config.expect("host config");
     assert_eq!(hc.readonly_rootfs, Some(true));
     assert_eq!(hc.cap_drop, Some(vec!["ALL".to_string()]));
@@ -166,27 +219,12 @@ async fn a_loopback_server_becomes_a_url_that_works_from_the_host() {
         labels.get("sandboxd.role").map(String::as_str),
         Some("proxy")
     );
+    assert!(labels.contains_key("sandboxd.relay_port"), "{labels:?}");
     assert_eq!(
-        labels.get("sandboxd.port").map(String::as_str),
-        Some("3000")
+        labels.get("sandboxd.sandbox_id").map(String::as_str),
+        Some(sid)
     );
-    assert_eq!(labels.get("sandboxd.sandbox_id"), Some(&sid));
     assert_eq!(labels.get("sandboxd.instance"), Some(&server.instance));
-
-    // :stop removes proxies and the link network.
-    let (s, _) = server
-        .post(&format!("/v1/sandboxes/{sid}:stop"), json!(null))
-        .await;
-    assert_eq!(s, 200);
-    assert!(
-        server
-            .containers_with("sandboxd.sandbox_id", &sid)
-            .await
-            .is_empty()
-    );
-    let nets = server.networks_with("sandboxd.sandbox_id", &sid).await;
-    assert!(nets.is_empty(), "link network removed: {nets:?}");
-    assert_eq!(fetch(&url).await, None);
 }
 
 /// A stop that lands while the allowlisted ports are still being published
@@ -446,14 +484,10 @@ async fn allowlisted_ports_are_published_after_create_without_a_get() {
         Duration::from_secs(20),
         "a running proxy for port 3000",
         || async {
-            proxies(&server, &sid).await.iter().any(|c| {
-                c.state == Some(bollard::models::ContainerSummaryStateEnum::RUNNING)
-                    && c.labels
-                        .as_ref()
-                        .and_then(|l| l.get("sandboxd.port"))
-                        .map(String::as_str)
-                        == Some("3000")
-            })
+            proxy_of(&server, &sid, 3000)
+                .await
+                .and_then(|i| i.state?.running)
+                == Some(true)
         },
     )
     .await;
@@ -557,6 +591,12 @@ async fn a_taken_relay_port_is_port_publish_failed() {
         },
     )
     .await;
+    // The spare proxy made ahead went back after the create (no ports): the
+    // port cannot take it and its relay port, and makes its own.
+    eventually(Duration::from_secs(20), "no spare left", || async {
+        proxies(&server, &sid).await.is_empty()
+    })
+    .await;
     // A reconnect adds the port to the allowlist (its background publish
     // fails and is only logged).
     let (s, v) = server
@@ -641,4 +681,170 @@ async fn idle_expiry_removes_the_proxies_and_the_link_network() {
     )
     .await;
     assert_eq!(server.get(&format!("/v1/sandboxes/{sid}")).await.0, 404);
+}
+
+/// Waits until the link network made ahead (with its spare proxy) is
+/// ready, and returns the spare: (the id the next sandbox takes, its
+/// container id).
+async fn spare_made_ahead(server: &TestServer) -> (String, String) {
+    eventually(
+        Duration::from_secs(30),
+        "the link network made ahead",
+        || server.link_ready(),
+    )
+    .await;
+    let list = spares(server).await;
+    assert_eq!(list.len(), 1, "one spare, the next sandbox's: {list:?}");
+    list[0].clone()
+}
+
+/// A cold create on the link network made ahead: its first port takes the
+/// spare proxy made with it (the same container, renamed, forwarding to
+/// the spare's relay port), whose URL serves the moment the `GET` answers;
+/// a second port gets a proxy of its own; both URLs survive a restart of
+/// sandboxd; stop removes them all.
+#[tokio::test]
+async fn a_cold_create_s_first_port_takes_the_spare_made_ahead() {
+    let mut server = TestServer::start().await;
+    let (next_id, spare_id) = spare_made_ahead(&server).await;
+    let sid = server
+        .create(json!({"sessionKey": "spare", "ports": [3000, 4000]}))
+        .await;
+    assert_eq!(sid, next_id, "the create took the link network made ahead");
+    start_server(&server, &sid, &server_script(3000, "first")).await;
+    start_server(&server, &sid, &server_script(4000, "second")).await;
+    let mut urls = Vec::new();
+    for (p, body) in [(3000, "first\n"), (4000, "second\n")] {
+        let (s, v) = port(&server, &sid, p, "?waitMs=10000").await;
+        assert_eq!((s, v["ready"].clone()), (200, json!(true)), "{v}");
+        let url = v["url"].as_str().expect("url").to_string();
+        assert_eq!(fetch(&url).await.as_deref(), Some(body), "port {p}");
+        urls.push((p, url, body));
+    }
+    let first = proxy_of(&server, &sid, 3000).await.expect("3000's proxy");
+    assert_eq!(first.id.as_ref(), Some(&spare_id), "3000 took the spare");
+    assert_eq!(label(&first, "sandboxd.relay_port"), Some("49151"));
+    let second = proxy_of(&server, &sid, 4000).await.expect("4000's proxy");
+    assert_ne!(second.id.as_ref(), Some(&spare_id));
+    let own_relay = sandboxd::ports::relay_port(4000).to_string();
+    assert_eq!(
+        label(&second, "sandboxd.relay_port"),
+        Some(own_relay.as_str())
+    );
+    assert_eq!(label(&second, "sandboxd.port"), Some("4000"));
+    assert_proxy_hardened(&server, &sid, first);
+    assert_eq!(proxies(&server, &sid).await.len(), 2, "no spare left over");
+
+    // After a restart, each proxy is adopted for its own port (the spare's
+    // by its name) and relays to the right one.
+    server.restart().await;
+    for (p, url, body) in &urls {
+        let (s, v) = port(&server, &sid, *p, "").await;
+        assert_eq!((s, v["url"].clone()), (200, json!(url)), "{v}");
+        assert_eq!(fetch(url).await.as_deref(), Some(*body), "port {p}");
+    }
+    // A sandbox restart ends the relays; the next GET brings the spare's
+    // relay port back for 3000, read from its proxy's label.
+    let (s, _) = server
+        .post(&format!("/v1/sandboxes/{sid}:restart"), json!(null))
+        .await;
+    assert_eq!(s, 200);
+    start_server(&server, &sid, &server_script(3000, "again")).await;
+    let (s, v) = port(&server, &sid, 3000, "?waitMs=10000").await;
+    assert_eq!((s, v["url"].clone()), (200, json!(urls[0].1)), "{v}");
+    serves_eventually(
+        &urls[0].1,
+        "again\n",
+        "the spare's URL after a sandbox restart",
+        Duration::from_secs(10),
+    )
+    .await;
+
+    stop_leaves_nothing(&server, &sid).await;
+    for (_, url, _) in &urls {
+        assert_eq!(fetch(url).await, None);
+    }
+}
+
+/// A claimed pool member's first port takes the spare made with the
+/// member; a member claimed without ports, like a cold create without
+/// them, gives its spare back once settled; stop leaves nothing.
+#[tokio::test]
+async fn a_claim_s_first_port_takes_the_member_s_spare_and_no_ports_keep_none() {
+    let server = TestServer::start_with(
+        crate::harness::ServerOptions::default().env("SANDBOXD_POOL_SIZE", "1"),
+    )
+    .await;
+    crate::pool::wait_for_members(&server, "default", 1).await;
+    let before = spares(&server).await;
+    let sid = server
+        .create(json!({"sessionKey": "claimed-port", "ports": [3000]}))
+        .await;
+    assert!(
+        crate::pool::from_pool(&server, &sid),
+        "the create was a claim"
+    );
+    let spare_id = before
+        .iter()
+        .find(|(owner, _)| *owner == sid)
+        .map(|(_, id)| id.clone())
+        .unwrap_or_else(|| panic!("the member {sid} had a spare: {before:?}"));
+    start_server(&server, &sid, &server_script(3000, "claimed")).await;
+    let (s, v) = port(&server, &sid, 3000, "?waitMs=10000").await;
+    assert_eq!((s, v["ready"].clone()), (200, json!(true)), "{v}");
+    let url = v["url"].as_str().expect("url").to_string();
+    assert_eq!(fetch(&url).await.as_deref(), Some("claimed\n"));
+    let proxy = proxy_of(&server, &sid, 3000).await.expect("3000's proxy");
+    assert_eq!(proxy.id.as_ref(), Some(&spare_id), "3000 took the spare");
+
+    // Claimed without ports: the member had a spare (the control), and
+    // gives it back.
+    crate::pool::wait_for_members(&server, "default", 1).await;
+    let before = spares(&server).await;
+    let bare = server.create(json!({"sessionKey": "claimed-bare"})).await;
+    assert!(
+        crate::pool::from_pool(&server, &bare),
+        "the create was a claim"
+    );
+    assert!(
+        before.iter().any(|(owner, _)| *owner == bare),
+        "the member {bare} had a spare: {before:?}"
+    );
+    eventually(
+        Duration::from_secs(20),
+        "the claimed member without ports gave its spare back",
+        || async { proxies(&server, &bare).await.is_empty() },
+    )
+    .await;
+
+    for id in [&sid, &bare] {
+        stop_leaves_nothing(&server, id).await;
+    }
+    assert_eq!(fetch(&url).await, None);
+}
+
+/// A cold create without ports on the link network made ahead gives the
+/// spare made with it back once settled.
+#[tokio::test]
+async fn a_cold_create_without_ports_gives_the_spare_back() {
+    let server = TestServer::start().await;
+    let (next_id, _) = spare_made_ahead(&server).await;
+    let sid = server.create(json!({"sessionKey": "bare"})).await;
+    assert_eq!(
+        sid, next_id,
+        "the create took the link network (and spare) made ahead"
+    );
+    eventually(
+        Duration::from_secs(20),
+        "the sandbox without ports gave its spare back",
+        || async { proxies(&server, &sid).await.is_empty() },
+    )
+    .await;
+    // Its way out is untouched: the sandbox is still on its link network.
+    assert!(
+        !server
+            .networks_with("sandboxd.sandbox_id", &sid)
+            .await
+            .is_empty()
+    );
 }

@@ -257,6 +257,7 @@ impl Sandboxes {
         let made = async {
             self.launch(&sandbox, &spec, labels, None).await?;
             self.agent(&sandbox).await?;
+            self.make_spare_proxy(&sandbox.id, network).await;
             let status = self.engine.container_status(&sandbox.container).await?;
             status
                 .map(|s| s.image_id)

@@ -603,13 +603,20 @@ impl TestServer {
 
     /// Every container of this instance but the egress proxy `internet`
     /// sandboxes share (it belongs to none of them and stays; a sandbox's
-    /// own egress proxy is listed).
+    /// own egress proxy is listed) and spare port proxies (made ahead for
+    /// the next sandbox, or given back by one without ports; a spare that
+    /// became a port's proxy is listed).
     pub(crate) async fn containers(&self) -> Vec<bollard::models::ContainerSummary> {
         let shared = format!("/{}-egress", self.instance);
         self.containers_with(INSTANCE_LABEL, &self.instance.clone())
             .await
             .into_iter()
-            .filter(|c| !c.names.iter().flatten().any(|n| *n == shared))
+            .filter(|c| {
+                !c.names
+                    .iter()
+                    .flatten()
+                    .any(|n| *n == shared || n.ends_with("-port-spare"))
+            })
             .collect()
     }
 
