@@ -173,7 +173,8 @@ async fn a_loopback_server_becomes_a_url_that_works_from_the_host() {
     assert_eq!(labels.get("sandboxd.sandbox_id"), Some(&sid));
     assert_eq!(labels.get("sandboxd.instance"), Some(&server.instance));
 
-    // :stop removes proxies and the link network.
+    // :stop removes proxies before it answers, and the link network
+    // right after, in the background.
     let (s, _) = server
         .post(&format!("/v1/sandboxes/{sid}:stop"), json!(null))
         .await;
@@ -184,8 +185,13 @@ async fn a_loopback_server_becomes_a_url_that_works_from_the_host() {
             .await
             .is_empty()
     );
-    let nets = server.networks_with("sandboxd.sandbox_id", &sid).await;
-    assert!(nets.is_empty(), "link network removed: {nets:?}");
+    eventually(Duration::from_secs(20), "link network removed", || async {
+        server
+            .networks_with("sandboxd.sandbox_id", &sid)
+            .await
+            .is_empty()
+    })
+    .await;
     assert_eq!(fetch(&url).await, None);
 }
 

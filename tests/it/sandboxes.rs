@@ -520,14 +520,15 @@ async fn get_list_stop_and_unknown_ids() {
             .is_empty(),
         "container removed"
     );
-    assert!(
+    // The volume goes right after the answer, in the background.
+    eventually(Duration::from_secs(20), "volume removed", || async {
         server
             .volumes()
             .await
             .iter()
-            .all(|v| v.labels.get("sandboxd.sandbox_id") != Some(&a)),
-        "volume removed"
-    );
+            .all(|v| v.labels.get("sandboxd.sandbox_id") != Some(&a))
+    })
+    .await;
     let (status, _) = server.get(&format!("/v1/sandboxes/{a}")).await;
     assert_eq!(status, 404);
     // Idempotent, and fine for ids never seen.
@@ -817,14 +818,19 @@ async fn out_of_band_removal_is_404_and_a_stopped_container_comes_back() {
         .expect("rm -f");
     let (status, body) = server.get(&format!("/v1/sandboxes/{gone}")).await;
     assert_eq!(status, 404, "{body}");
-    assert!(
-        server
-            .volumes()
-            .await
-            .iter()
-            .all(|v| v.labels.get("sandboxd.sandbox_id") != Some(&gone)),
-        "its volume is cleaned up"
-    );
+    // Its volume goes in the background.
+    eventually(
+        Duration::from_secs(20),
+        "its volume is cleaned up",
+        || async {
+            server
+                .volumes()
+                .await
+                .iter()
+                .all(|v| v.labels.get("sandboxd.sandbox_id") != Some(&gone))
+        },
+    )
+    .await;
     let (status, body) = server
         .post(
             "/v1/sandboxes",
