@@ -306,3 +306,33 @@ impl Sandboxes {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn the_queue_holds_each_id_once_in_order_and_wakes_its_drainer() {
+        let q = Teardowns::default();
+        let waiting = tokio::spawn({
+            let mut rx = q.queue.subscribe();
+            async move { rx.wait_for(|q| !q.is_empty()).await.map(|_| ()) }
+        });
+        q.push("a");
+        q.push("b");
+        q.push("a");
+        assert_eq!(q.len(), 2, "a second push of an id adds nothing");
+        tokio::time::timeout(Duration::from_secs(1), waiting)
+            .await
+            .expect("woken by the push")
+            .expect("task")
+            .expect("sender alive");
+        q.push("c");
+        q.take("b");
+        let order: Vec<String> = std::iter::from_fn(|| q.pop()).map(|p| p.id).collect();
+        assert_eq!(order, ["a", "c"], "b was taken out");
+        tokio::time::timeout(Duration::from_millis(50), q.pending())
+            .await
+            .expect_err("nothing pending");
+    }
+}
