@@ -1,8 +1,8 @@
 //! Running the service: bind, start the background tasks (engine connector,
-//! rehydration, idle reaper), serve, and on SIGTERM/SIGINT stop accepting,
-//! cancel the tasks and wait for them, and for the engine calls under way
-//! that make something. Containers are left running: labels and
-//! rehydration bring them back on the next start.
+//! rehydration, idle reaper, teardown of removed sandboxes), serve, and on
+//! SIGTERM/SIGINT stop accepting, cancel the tasks and wait for them, and
+//! for the engine calls under way that make something. Containers are left
+//! running: labels and rehydration bring them back on the next start.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -60,6 +60,10 @@ pub async fn run(config: Config) -> std::io::Result<()> {
         shutdown.clone(),
     ));
     tasks.spawn(sandbox::run_next_link(
+        Arc::clone(&app.sandboxes),
+        shutdown.clone(),
+    ));
+    tasks.spawn(sandbox::run_teardown(
         Arc::clone(&app.sandboxes),
         shutdown.clone(),
     ));

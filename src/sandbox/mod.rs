@@ -16,8 +16,9 @@ mod reaper;
 pub mod registry;
 mod rehydrate;
 pub mod spec;
+mod teardown;
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -34,9 +35,10 @@ use crate::field_error::FieldError;
 pub use next_link::{RefillAfter, run_next_link};
 pub use pool::run_pool;
 pub use reaper::run_reaper;
+use registry::is_sandbox_id;
 pub use registry::{Sandbox, SandboxRegistry};
-use registry::{container_name, is_sandbox_id, volume_name};
 use spec::{CreateSandboxRequest, NetworkMode, SandboxSpec};
+pub use teardown::run_teardown;
 
 /// How long a request waits for startup reconciliation before giving up.
 const READY_WAIT: Duration = Duration::from_secs(30);
@@ -220,6 +222,8 @@ pub struct Sandboxes {
     pool: pool::Pool,
     /// The next `internet` sandbox's link network, made ahead.
     next_link: next_link::NextLink,
+    /// Volumes and link networks of removed sandboxes, still to go.
+    teardown: teardown::Teardowns,
 }
 
 impl Sandboxes {
@@ -238,6 +242,7 @@ impl Sandboxes {
             foreground: foreground::Foreground::default(),
             pool: pool::Pool::default(),
             next_link: next_link::NextLink::default(),
+            teardown: teardown::Teardowns::default(),
         }
     }
 
@@ -811,9 +816,11 @@ impl Sandboxes {
             .collect())
     }
 
-    /// Removes a sandbox's container, proxies and volume. Idempotent: an
-    /// unknown id is fine, and engine leftovers of a known-format id are
-    /// swept too, so a retried stop finishes what a failed one started.
+    /// Removes a sandbox: answers once its containers (its own and its
+    /// proxies) are gone; its volumes and link network go right after, in
+    /// the background (see `teardown`). Idempotent: an unknown id is fine,
+    /// and engine leftovers of a known-format id are removed before the
+    /// answer, so a retried stop finishes what an earlier one left.
     pub async fn stop(&self, id: &str) -> SandboxResult<()> {
         if !is_sandbox_id(id) {
             return Ok(());
@@ -824,12 +831,12 @@ impl Sandboxes {
             Some(s) => Some(self.registry.lock_key(&s.session_key).await),
             None => None,
         };
-        let removed = self.registry.remove(id);
-        self.remove_objects_checked(id).await?;
-        if let Some(s) = removed {
-            Event::Stopped.record(&s.id, &s.session_key);
-            self.pool.wake();
-        }
+        let Some(s) = self.registry.remove(id) else {
+            return self.finish_teardown(id).await;
+        };
+        self.remove_containers_then_queue(id).await?;
+        Event::Stopped.record(&s.id, &s.session_key);
+        self.pool.wake();
         Ok(())
     }
 
@@ -865,72 +872,6 @@ impl Sandboxes {
             self.registry.remove(&s.id);
             self.remove_objects(&s.id, Event::Expired, Some(&s)).await;
         }
-    }
-
-    /// Removes everything of sandbox `id`, logging failures.
-    async fn remove_objects(&self, id: &str, why: Event, s: Option<&Arc<Sandbox>>) {
-        if let Err(e) = self.remove_objects_checked(id).await {
-            tracing::warn!(sandbox_id = %id, error = %e, "could not remove all engine objects");
-        }
-        why.record(id, s.map(|s| s.session_key.as_str()).unwrap_or(""));
-        // Its slot may be the pool's now, its link block the next link's.
-        self.pool.wake();
-        self.next_link.wake();
-    }
-
-    /// Removes proxies, container, volume and link network of `id`, found
-    /// by label as well as by name so nothing of ours is left. A port being
-    /// published meanwhile can attach a proxy to the link network after the
-    /// containers were listed: the network then has active endpoints, and
-    /// another round removes the newcomer (its publisher sweeps after
-    /// itself too, see `Ports::prepare`).
-    async fn remove_objects_checked(&self, id: &str) -> SandboxResult<()> {
-        const ROUNDS: usize = 5;
-        for round in 1.. {
-            match self.remove_objects_once(id).await {
-                Err(SandboxError::Engine(EngineError::Failed(m)))
-                    if m.contains("active endpoints") && round < ROUNDS =>
-                {
-                    tracing::debug!(sandbox_id = %id, round, "a proxy joined the link network meanwhile");
-                }
-                other => return other,
-            }
-        }
-        Ok(())
-    }
-
-    async fn remove_objects_once(&self, id: &str) -> SandboxResult<()> {
-        let inst = self.config.instance.as_str();
-        let filter = [(labels::INSTANCE, inst), (labels::SANDBOX_ID, id)];
-        let mut containers: BTreeSet<String> = self
-            .engine
-            .list_containers(&filter)
-            .await?
-            .into_iter()
-            .map(|c| c.name)
-            .collect();
-        containers.insert(container_name(inst, id));
-        for name in &containers {
-            self.engine.remove_container(name).await?;
-        }
-        let mut volumes: BTreeSet<String> = self
-            .engine
-            .list_volumes(&filter)
-            .await?
-            .into_iter()
-            .map(|v| v.name)
-            .collect();
-        volumes.insert(volume_name(inst, id));
-        for name in &volumes {
-            self.engine.remove_volume(name).await?;
-        }
-        // Link networks, once no container holds them (the shared egress
-        // proxy leaves first).
-        for n in self.engine.list_networks(&filter).await? {
-            self.detach_shared_egress(&n.name).await?;
-            self.engine.remove_network(&n.name).await?;
-        }
-        Ok(())
     }
 
     /// The registry: lookups without touching, for other domain modules.

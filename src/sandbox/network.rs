@@ -214,10 +214,16 @@ fn local_ipv6(if_inet6: &str) -> Vec<IpAddr> {
 
 impl Sandboxes {
     /// The subnet of sandbox `id`'s link network: found by label, or made
-    /// with a free block of `link_subnet_pool`; when no block is free but
-    /// the link network made ahead for the next sandbox holds one, that one
-    /// is given back first.
+    /// with a free block of `link_subnet_pool`. When no block is free,
+    /// blocks held by link networks of removed sandboxes are given back
+    /// first (their teardowns are finished), then the block of the link
+    /// network made ahead for the next sandbox.
     pub async fn link_network(&self, sandbox_id: &str) -> SandboxResult<String> {
+        match self.make_link_network(sandbox_id).await {
+            Err(SandboxError::NoLinkBlock { .. }) => {}
+            other => return other,
+        }
+        self.finish_teardowns().await;
         match self.make_link_network(sandbox_id).await {
             Err(e @ SandboxError::NoLinkBlock { .. }) => {
                 match self.take_link_for_its_block().await {

@@ -1,8 +1,10 @@
 //! Startup reconciliation: rebuild the registry from this instance's labelled
 //! engine objects, so a restart of sandboxd loses no session. Running
 //! sandboxes are adopted; stopped ones are started again or, failing that,
-//! removed; proxies without a sandbox, spare proxies and volumes without a
-//! container are removed; every sandbox behind the egress proxy gets its way out again.
+//! removed; proxies (spare proxies too), volumes and link networks without
+//! an adopted sandbox are removed (so is whatever a stop's teardown left
+//! when sandboxd was killed before finishing it: see `teardown`); every
+//! sandbox behind the egress proxy gets its way out again.
 //! A warm pool member is adopted only as the session its claim volume names
 //! (see `labels`); one without a claim is removed, and the pool refills.
 //! Objects of other instances are never looked at.

@@ -249,11 +249,16 @@ async fn a_stopped_sessions_sandbox_is_never_handed_out_again() {
         .post(&format!("/v1/sandboxes/{first}:stop"), json!({}))
         .await;
     assert_eq!(s, 200, "{v}");
-    let volumes: Vec<String> = server.volumes().await.into_iter().map(|v| v.name).collect();
-    assert!(
-        !volumes.iter().any(|v| v.contains(&first)),
-        "its workspace and claim are gone: {volumes:?}"
-    );
+    // They go right after the answer, in the background.
+    eventually(
+        Duration::from_secs(20),
+        "its workspace and claim are gone",
+        || async {
+            let volumes = server.volumes().await;
+            !volumes.iter().any(|v| v.name.contains(&first))
+        },
+    )
+    .await;
     for key in ["k2", "k1", "k3"] {
         wait_for_members(&server, "default", 1).await;
         let sid = server.create(json!({"sessionKey": key})).await;

@@ -520,14 +520,11 @@ async fn get_list_stop_and_unknown_ids() {
             .is_empty(),
         "container removed"
     );
-    assert!(
-        server
-            .volumes()
-            .await
-            .iter()
-            .all(|v| v.labels.get("sandboxd.sandbox_id") != Some(&a)),
-        "volume removed"
-    );
+    // The volume goes right after the answer, in the background.
+    eventually(Duration::from_secs(20), "volume removed", || {
+        no_volume_of(&server, &a)
+    })
+    .await;
     let (status, _) = server.get(&format!("/v1/sandboxes/{a}")).await;
     assert_eq!(status, 404);
     // Idempotent, and fine for ids never seen.
@@ -817,14 +814,11 @@ async fn out_of_band_removal_is_404_and_a_stopped_container_comes_back() {
         .expect("rm -f");
     let (status, body) = server.get(&format!("/v1/sandboxes/{gone}")).await;
     assert_eq!(status, 404, "{body}");
-    assert!(
-        server
-            .volumes()
-            .await
-            .iter()
-            .all(|v| v.labels.get("sandboxd.sandbox_id") != Some(&gone)),
-        "its volume is cleaned up"
-    );
+    // Its volume goes in the background.
+    eventually(Duration::from_secs(20), "its volume is cleaned up", || {
+        no_volume_of(&server, &gone)
+    })
+    .await;
     let (status, body) = server
         .post(
             "/v1/sandboxes",
@@ -1112,4 +1106,14 @@ async fn restart_ends_commands_without_sigterm_and_their_log_says_why() {
         records[records.len() - 2]["message"],
         "the sandbox was restarted or stopped while the command ran"
     );
+}
+
+/// Whether no workspace volume of this instance belongs to sandbox `sid`
+/// (a removed sandbox's goes right after the answer, in the background).
+async fn no_volume_of(server: &TestServer, sid: &str) -> bool {
+    server
+        .volumes()
+        .await
+        .iter()
+        .all(|v| v.labels.get("sandboxd.sandbox_id").map(String::as_str) != Some(sid))
 }

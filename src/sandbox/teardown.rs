@@ -1,0 +1,338 @@
+//! Removing a sandbox's engine objects, in two steps. Its containers (the
+//! sandbox's own, its port proxies, an `allowlist` sandbox's egress proxy)
+//! go before a stop, an expiry or an eviction is done, so nothing of the
+//! session runs after it. The rest (its workspace and claim volumes, and
+//! its link network, which the shared egress proxy leaves first) holds no
+//! process and only takes engine time: it goes to [`Teardowns`], a queue
+//! that [`run_teardown`] drains in the background, yielding to the creates
+//! a user waits for (for a bounded time).
+//!
+//! Nothing is lost: a retried stop of an id finishes its teardown at once;
+//! a create that finds no free link block finishes every pending teardown
+//! before it gives up (their link networks hold blocks); at shutdown the
+//! queue is finished within a bound, and whatever sandboxd did not finish
+//! (killed, or past the bound) is swept by the next start's reconciliation,
+//! which removes volumes and link networks of sandboxes it does not adopt
+//! (see `rehydrate`).
+
+use std::collections::{BTreeSet, VecDeque};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use super::registry::{Sandbox, container_name, volume_name};
+use super::{Event, SandboxError, SandboxResult, Sandboxes, labels};
+use crate::engine::EngineError;
+
+/// The longest a teardown waits for the user's creates to end: under a
+/// steady stream of them, teardowns still progress one at a time.
+const YIELD_AT_MOST: Duration = Duration::from_secs(2);
+/// How often one teardown is tried before it is left to the next start's
+/// reconciliation.
+const ATTEMPTS: u32 = 5;
+/// The pause after a failed teardown (the engine may be restarting).
+const AFTER_FAILURE: Duration = Duration::from_secs(1);
+/// How long shutdown waits for the pending teardowns: well inside the
+/// 10 s a supervisor gives sandboxd before SIGKILL, next to the engine
+/// calls under way that it also waits for (see `server`).
+const AT_SHUTDOWN: Duration = Duration::from_secs(3);
+
+/// One pending teardown.
+#[derive(Debug)]
+struct Pending {
+    id: String,
+    /// Failed tries so far.
+    failures: u32,
+}
+
+/// Sandboxes whose containers are gone and whose volumes and link network
+/// are still to go; see the module docs.
+#[derive(Debug)]
+pub(super) struct Teardowns {
+    queue: watch::Sender<VecDeque<Pending>>,
+    /// Held while a teardown runs: whoever must see one finished (a
+    /// retried stop, a create short of a link block) waits for the one
+    /// under way, and two never remove the same objects at once.
+    running: tokio::sync::Mutex<()>,
+}
+
+impl Default for Teardowns {
+    fn default() -> Self {
+        Teardowns {
+            queue: watch::channel(VecDeque::new()).0,
+            running: tokio::sync::Mutex::new(()),
+        }
+    }
+}
+
+impl Teardowns {
+    /// Queues sandbox `id`'s teardown (once).
+    fn push(&self, id: &str) {
+        self.queue.send_if_modified(|q| {
+            if q.iter().any(|p| p.id == id) {
+                return false;
+            }
+            q.push_back(Pending {
+                id: id.to_string(),
+                failures: 0,
+            });
+            true
+        });
+    }
+
+    fn requeue(&self, pending: Pending) {
+        self.queue.send_modify(|q| q.push_back(pending));
+    }
+
+    fn pop(&self) -> Option<Pending> {
+        let mut first = None;
+        self.queue.send_if_modified(|q| {
+            first = q.pop_front();
+            first.is_some()
+        });
+        first
+    }
+
+    /// Takes `id`'s teardown out of the queue, if it is there.
+    fn take(&self, id: &str) {
+        self.queue.send_if_modified(|q| {
+            let before = q.len();
+            q.retain(|p| p.id != id);
+            q.len() != before
+        });
+    }
+
+    /// How many are pending.
+    fn len(&self) -> usize {
+        self.queue.borrow().len()
+    }
+
+    /// Returns once one is pending.
+    async fn pending(&self) {
+        let mut rx = self.queue.subscribe();
+        // The sender lives as long as `self`: the wait cannot fail.
+        let _ = rx.wait_for(|q| !q.is_empty()).await;
+    }
+}
+
+/// Drains the teardown queue until `shutdown`, then finishes it within a
+/// bound (see the module docs).
+pub async fn run_teardown(sandboxes: Arc<Sandboxes>, shutdown: CancellationToken) {
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => break,
+            _ = sandboxes.teardown.pending() => {}
+        }
+        tokio::select! {
+            _ = shutdown.cancelled() => break,
+            // A create a request waits for goes first, for a while.
+            _ = tokio::time::timeout(YIELD_AT_MOST, sandboxes.foreground.quiet()) => {}
+        }
+        if !sandboxes.tear_down_next().await {
+            tokio::select! {
+                _ = shutdown.cancelled() => break,
+                _ = tokio::time::sleep(AFTER_FAILURE) => {}
+            }
+        }
+    }
+    if tokio::time::timeout(AT_SHUTDOWN, sandboxes.finish_teardowns())
+        .await
+        .is_err()
+    {
+        tracing::info!(
+            pending = sandboxes.teardown.len(),
+            "teardowns left at shutdown; the next start removes what they leave"
+        );
+    }
+}
+
+impl Sandboxes {
+    /// Removes sandbox `id` (dropped from the registry by the caller):
+    /// its containers now, the rest after (see the module docs). Records
+    /// `why`; failures are logged, and the queued teardown tries again.
+    pub(super) async fn remove_objects(&self, id: &str, why: Event, s: Option<&Arc<Sandbox>>) {
+        if let Err(e) = self.remove_containers_then_queue(id).await {
+            tracing::warn!(sandbox_id = %id, error = %e, "could not remove the sandbox's containers; its teardown tries again");
+        }
+        why.record(id, s.map(|s| s.session_key.as_str()).unwrap_or(""));
+        // Its slot may be the pool's now.
+        self.pool.wake();
+    }
+
+    /// Removes `id`'s containers, then queues the removal of the rest.
+    /// The teardown is queued even when the removal failed: it removes
+    /// whatever container is left too.
+    pub(super) async fn remove_containers_then_queue(&self, id: &str) -> SandboxResult<()> {
+        let removed = self.remove_containers(id).await;
+        self.teardown.push(id);
+        removed
+    }
+
+    /// Everything of `id` is removed before this returns: its queued
+    /// teardown (or the one under way) is finished. For a retried stop and
+    /// a sweep of an id sandboxd no longer knows.
+    pub(super) async fn finish_teardown(&self, id: &str) -> SandboxResult<()> {
+        let _one = self.teardown.running.lock().await;
+        self.teardown.take(id);
+        let removed = self.remove_objects_checked(id).await;
+        self.next_link.wake();
+        removed
+    }
+
+    /// Finishes every pending teardown (and waits for the one under way);
+    /// a failed one is queued again.
+    pub(super) async fn finish_teardowns(&self) {
+        let _one = self.teardown.running.lock().await;
+        let mut failed = Vec::new();
+        while let Some(p) = self.teardown.pop() {
+            if let Err(e) = self.remove_objects_checked(&p.id).await {
+                tracing::warn!(sandbox_id = %p.id, error = %e, "teardown failed; trying again later");
+                failed.push(p);
+            }
+        }
+        for p in failed {
+            self.teardown.requeue(p);
+        }
+        self.next_link.wake();
+    }
+
+    /// Runs the next pending teardown; false when it failed.
+    async fn tear_down_next(&self) -> bool {
+        let _one = self.teardown.running.lock().await;
+        let Some(mut p) = self.teardown.pop() else {
+            return true;
+        };
+        match self.remove_objects_checked(&p.id).await {
+            Ok(()) => {
+                // Its link block may be free now.
+                self.next_link.wake();
+                true
+            }
+            Err(e) => {
+                p.failures += 1;
+                if p.failures < ATTEMPTS {
+                    tracing::warn!(sandbox_id = %p.id, error = %e, failures = p.failures, "teardown failed; trying again");
+                    self.teardown.requeue(p);
+                } else {
+                    tracing::warn!(sandbox_id = %p.id, error = %e, "teardown failed repeatedly; the next start of sandboxd removes what is left");
+                }
+                false
+            }
+        }
+    }
+
+    /// Removes proxies, containers, volumes and link network of `id`,
+    /// found by label as well as by name so nothing of ours is left. A
+    /// port being published meanwhile can attach a proxy to the link
+    /// network after the containers were listed: the network then has
+    /// active endpoints, and another round removes the newcomer (its
+    /// publisher sweeps after itself too, see `Ports::prepare`).
+    pub(super) async fn remove_objects_checked(&self, id: &str) -> SandboxResult<()> {
+        const ROUNDS: usize = 5;
+        for round in 1.. {
+            match self.remove_objects_once(id).await {
+                Err(SandboxError::Engine(EngineError::Failed(m)))
+                    if m.contains("active endpoints") && round < ROUNDS =>
+                {
+                    tracing::debug!(sandbox_id = %id, round, "a proxy joined the link network meanwhile");
+                }
+                other => return other,
+            }
+        }
+        Ok(())
+    }
+
+    async fn remove_objects_once(&self, id: &str) -> SandboxResult<()> {
+        self.remove_containers(id).await?;
+        self.remove_volumes_and_link(id).await
+    }
+
+    /// Removes every container of `id` (by label, and the sandbox's by
+    /// name), all at once: the engine removes them in parallel. A proxy
+    /// whose publishing raced the removal can appear after the listing:
+    /// the list is read again until it is empty (a few rounds). One still
+    /// being made after that relays to nothing (the sandbox's container is
+    /// gone); its publisher removes it when it finds the sandbox gone, and
+    /// the teardown does too.
+    async fn remove_containers(&self, id: &str) -> SandboxResult<()> {
+        const ROUNDS: usize = 3;
+        let inst = self.config.instance.as_str();
+        let filter = [(labels::INSTANCE, inst), (labels::SANDBOX_ID, id)];
+        let mut containers = BTreeSet::from([container_name(inst, id)]);
+        for _ in 0..ROUNDS {
+            containers.extend(
+                self.engine
+                    .list_containers(&filter)
+                    .await?
+                    .into_iter()
+                    .map(|c| c.name),
+            );
+            if containers.is_empty() {
+                break;
+            }
+            let removals = containers
+                .iter()
+                .map(|name| self.engine.remove_container(name));
+            for removed in futures_util::future::join_all(removals).await {
+                removed?;
+            }
+            containers.clear();
+        }
+        Ok(())
+    }
+
+    /// Removes `id`'s volumes (workspace, claim) and link network, once
+    /// no container holds them (the shared egress proxy leaves first).
+    async fn remove_volumes_and_link(&self, id: &str) -> SandboxResult<()> {
+        let inst = self.config.instance.as_str();
+        let filter = [(labels::INSTANCE, inst), (labels::SANDBOX_ID, id)];
+        let mut volumes: BTreeSet<String> = self
+            .engine
+            .list_volumes(&filter)
+            .await?
+            .into_iter()
+            .map(|v| v.name)
+            .collect();
+        volumes.insert(volume_name(inst, id));
+        for name in &volumes {
+            self.engine.remove_volume(name).await?;
+        }
+        for n in self.engine.list_networks(&filter).await? {
+            self.detach_shared_egress(&n.name).await?;
+            self.engine.remove_network(&n.name).await?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn the_queue_holds_each_id_once_in_order_and_wakes_its_drainer() {
+        let q = Teardowns::default();
+        let waiting = tokio::spawn({
+            let mut rx = q.queue.subscribe();
+            async move { rx.wait_for(|q| !q.is_empty()).await.map(|_| ()) }
+        });
+        q.push("a");
+        q.push("b");
+        q.push("a");
+        assert_eq!(q.len(), 2, "a second push of an id adds nothing");
+        tokio::time::timeout(Duration::from_secs(1), waiting)
+            .await
+            .expect("woken by the push")
+            .expect("task")
+            .expect("sender alive");
+        q.push("c");
+        q.take("b");
+        let order: Vec<String> = std::iter::from_fn(|| q.pop()).map(|p| p.id).collect();
+        assert_eq!(order, ["a", "c"], "b was taken out");
+        tokio::time::timeout(Duration::from_millis(50), q.pending())
+            .await
+            .expect_err("nothing pending");
+    }
+}
