@@ -160,6 +160,13 @@ async fn a_loopback_server_becomes_a_url_that_works_from_the_host() {
     // The proxies: hardened like a sandbox, bound to the publish address.
     // (Allowlisted ports are published ahead of time, so 4000 has one too;
     // one of the two was the spare made ahead, made from the same spec.)
+    // Port 4000's is published in the background: wait until the spare
+    // that one of the two takes has its port's name.
+    eventually(Duration::from_secs(20), "both ports' proxies", || async {
+        proxy_of(&server, &sid, 3000).await.is_some()
+            && proxy_of(&server, &sid, 4000).await.is_some()
+    })
+    .await;
     assert_eq!(proxies(&server, &sid).await.len(), 2);
     for p in [3000, 4000] {
         let info = proxy_of(&server, &sid, p).await.expect("the port's proxy");
