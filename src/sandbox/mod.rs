@@ -314,6 +314,7 @@ impl Sandboxes {
             .then(|| self.next_link.take())
             .flatten();
         let refill = prepared.is_some().then(|| self.next_link.refill_after());
+        let cold_started = std::time::Instant::now();
         loop {
             let id = prepared
                 .as_ref()
@@ -324,6 +325,7 @@ impl Sandboxes {
                 .await
             {
                 Ok(sandbox) => {
+                    self.pool.cold_took(cold_started.elapsed());
                     let created =
                         self.register_new(reservation, sandbox, &spec, create_started, false);
                     return Ok(Created {

@@ -77,6 +77,8 @@ struct PoolState {
     arrivals: BTreeMap<String, Rate>,
     /// How long a fill takes.
     refill: Average,
+    /// How long a cold create takes.
+    cold: Average,
     /// Each runtime's last target, as logged and shown.
     targets: BTreeMap<String, Target>,
 }
@@ -171,9 +173,10 @@ impl Pool {
         if let Some(i) = st.members.iter().position(|m| fits(&m.sandbox)) {
             return Some(Claimable::Ready(st.members.remove(i)));
         }
-        let refill = st.refill.mean();
+        let (refill, cold) = (st.refill.mean(), st.cold.mean());
         let (fill, wait) = st.fills.iter_mut().find_map(|f| {
-            let wait = sizing::handoff_wait(refill, now.saturating_duration_since(f.started))?;
+            let elapsed = now.saturating_duration_since(f.started);
+            let wait = sizing::handoff_wait(refill, cold, elapsed)?;
             (f.promised.is_none() && fill_fits(&f.runtime)).then_some((f, wait))
         })?;
         let (tx, rx) = oneshot::channel();
@@ -295,6 +298,12 @@ impl Pool {
 
     fn target(&self, runtime: &str) -> Option<Target> {
         self.lock().targets.get(runtime).copied()
+    }
+
+    /// Records how long a cold create took, which tells how long a
+    /// create may wait for a member being made (see `sizing::handoff_wait`).
+    pub(super) fn cold_took(&self, took: Duration) {
+        self.lock().cold.record(took);
     }
 
     /// Lets the pool look again.

@@ -209,14 +209,27 @@ pub(crate) fn targets(
 }
 
 /// How long a create may wait for a member being made that has run for
-/// `elapsed`, or `None` to make its sandbox cold now. A cold create takes
-/// about `refill` (the two do the same work); a fill due in `refill −
-/// elapsed` ends sooner. A fill past its due time is taken to need as long
-/// again as it is late, so it is worth waiting for until `2 × refill`.
-/// With no fill timed yet, the create waits (bounded).
-pub(crate) fn handoff_wait(refill: Option<Duration>, elapsed: Duration) -> Option<Duration> {
-    let until = refill.map_or(FIRST_FILL_WAIT, |t| t * 2);
-    until.checked_sub(elapsed).filter(|d| !d.is_zero())
+/// `elapsed`, or `None` to make its sandbox cold now. A fill takes about
+/// `refill` and a cold create about `cold` (a fill does more: it connects
+/// the agent and makes a spare port proxy, so it takes longer). The fill
+/// is worth waiting for when it is due sooner than a cold create would
+/// take, and for no longer than a cold create takes; a fill past twice its
+/// usual time is not waited for. Before any cold create was timed, it is
+/// taken to take as long as a fill. With no fill timed yet, the create
+/// waits (bounded).
+pub(crate) fn handoff_wait(
+    refill: Option<Duration>,
+    cold: Option<Duration>,
+    elapsed: Duration,
+) -> Option<Duration> {
+    let Some(refill) = refill else {
+        return FIRST_FILL_WAIT
+            .checked_sub(elapsed)
+            .filter(|d| !d.is_zero());
+    };
+    let cold = cold.unwrap_or(refill);
+    let due_in = refill.saturating_sub(elapsed);
+    (due_in < cold && elapsed < refill * 2).then_some(cold)
 }
 
 #[cfg(test)]
@@ -372,19 +385,28 @@ mod tests {
 
     #[test]
     fn a_create_waits_for_a_fill_while_it_ends_sooner_than_a_cold_create() {
-        let t = Some(Duration::from_millis(600));
+        let fill = Some(Duration::from_millis(900));
+        let cold = Some(Duration::from_millis(350));
+        // Just started: due in 800 ms, a cold create takes 350.
+        assert_eq!(handoff_wait(fill, cold, Duration::from_millis(100)), None);
+        // Due in 300 ms: wait, at most as long as a cold create.
         assert_eq!(
-            handoff_wait(t, Duration::from_millis(100)),
-            Some(Duration::from_millis(1100))
+            handoff_wait(fill, cold, Duration::from_millis(600)),
+            Some(Duration::from_millis(350))
         );
         // Late, but not twice as long as usual.
         assert_eq!(
-            handoff_wait(t, Duration::from_millis(900)),
-            Some(Duration::from_millis(300))
+            handoff_wait(fill, cold, Duration::from_millis(1200)),
+            Some(Duration::from_millis(350))
         );
-        assert_eq!(handoff_wait(t, Duration::from_millis(1200)), None);
+        assert_eq!(handoff_wait(fill, cold, Duration::from_millis(1800)), None);
+        // No cold create timed yet: taken to take as long as a fill.
         assert_eq!(
-            handoff_wait(None, Duration::from_secs(1)),
+            handoff_wait(fill, None, Duration::from_millis(100)),
+            Some(Duration::from_millis(900))
+        );
+        assert_eq!(
+            handoff_wait(None, cold, Duration::from_secs(1)),
             Some(Duration::from_secs(29))
         );
     }
