@@ -100,18 +100,26 @@ impl App {
                 drop(after);
             });
         }
-        // A new sandbox also gives back a spare port proxy it has no port for.
+        // Then a new sandbox gives back the spare port proxy its ports did
+        // not take, a little later (see `sandbox::port_proxy`).
         if created.ports_added || created.created {
-            let ports = Arc::clone(&self.ports);
+            let (ports, sandboxes) = (Arc::clone(&self.ports), Arc::clone(&self.sandboxes));
             let id = created.sandbox_id.clone();
             let shutdown = self.shutdown.clone();
             let after = next_link_after.clone();
+            let give_back = created.created;
             self.tasks.spawn(async move {
+                let work = async {
+                    ports.prepare(&id).await;
+                    drop(after);
+                    if give_back {
+                        sandboxes.give_back_spare_proxy(&id).await;
+                    }
+                };
                 tokio::select! {
-                    _ = ports.prepare(&id) => {}
+                    _ = work => {}
                     _ = shutdown.cancelled() => {}
                 }
-                drop(after);
             });
         }
         Ok(created)

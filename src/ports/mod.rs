@@ -249,9 +249,8 @@ impl Ports {
     /// allowlist is known at create, so doing it before anyone asks makes
     /// the first GET a quick check. The first port takes the sandbox's
     /// spare proxy (see `sandbox::port_proxy`): a rename and a relay, not
-    /// a container start. A spare left over (a new sandbox that allowlists
-    /// no port) is given back. Failures only cost that speed: they are
-    /// logged, and the GET retries.
+    /// a container start. Failures only cost that speed: they are logged,
+    /// and the GET retries.
     pub async fn prepare(&self, sandbox_id: &str) {
         let Some(sandbox) = self.sandboxes.registry().get(sandbox_id) else {
             return;
@@ -276,7 +275,6 @@ impl Ports {
                 return;
             }
         }
-        self.sandboxes.give_back_spare_proxy(sandbox_id).await;
     }
 
     /// Makes sure the sandbox is on its link network (made for it at

@@ -1,57 +1,60 @@
-//! The user's work in flight: creates for new sessions that a request is
-//! waiting for. Background engine work (pool refills, link networks made
-//! ahead, teardown after a stop's answer) asks [`Foreground::is_busy`]
+//! The user's work in flight: creates for new sessions and stops that a
+//! request is waiting for. Background engine work (pool refills, between
+//! their steps too; link networks made ahead; teardown after a stop's
+//! answer; spare port proxies given back) asks [`Foreground::is_busy`]
 //! before it starts and [`Foreground::quiet`] to wait its turn, so on a
 //! machine with few cores the engine serves the request first.
 
 use tokio::sync::watch;
 
-/// Counts the creates under way; see the module docs.
+/// Counts the creates and stops under way; see the module docs.
 #[derive(Debug)]
 pub(super) struct Foreground {
-    creates: watch::Sender<usize>,
+    under_way: watch::Sender<usize>,
 }
 
 impl Default for Foreground {
     fn default() -> Self {
         Foreground {
-            creates: watch::channel(0).0,
+            under_way: watch::channel(0).0,
         }
     }
 }
 
-/// Counts one create until dropped; see [`Foreground::enter`].
+/// Counts one create or stop until dropped; see [`Foreground::enter`].
 #[derive(Debug)]
-pub(super) struct UserCreate<'a>(&'a Foreground);
+pub(super) struct UserWork<'a>(&'a Foreground);
 
-impl Drop for UserCreate<'_> {
+impl Drop for UserWork<'_> {
     fn drop(&mut self) {
-        self.0.creates.send_modify(|n| *n = n.saturating_sub(1));
+        self.0.under_way.send_modify(|n| *n = n.saturating_sub(1));
     }
 }
 
 impl Foreground {
-    /// Counts a create for a new session until the guard drops.
-    pub(super) fn enter(&self) -> UserCreate<'_> {
-        self.creates.send_modify(|n| *n += 1);
-        UserCreate(self)
+    /// Counts a create for a new session, or a stop, until the guard
+    /// drops.
+    pub(super) fn enter(&self) -> UserWork<'_> {
+        self.under_way.send_modify(|n| *n += 1);
+        UserWork(self)
     }
 
-    /// Whether a create is under way.
+    /// Whether a create or a stop is under way.
     pub(super) fn is_busy(&self) -> bool {
-        *self.creates.borrow() > 0
+        *self.under_way.borrow() > 0
     }
 
-    /// Returns once no create is under way.
+    /// Returns once no create or stop is under way.
     pub(super) async fn quiet(&self) {
-        let mut rx = self.creates.subscribe();
+        let mut rx = self.under_way.subscribe();
         // The sender lives as long as `self`: the wait cannot fail.
         let _ = rx.wait_for(|n| *n == 0).await;
     }
 
-    /// Returns when the count next changes (a create started or ended).
+    /// Returns when the count next changes (a create or stop started or
+    /// ended).
     pub(super) async fn changed(&self) {
-        let mut rx = self.creates.subscribe();
+        let mut rx = self.under_way.subscribe();
         let _ = rx.changed().await;
     }
 }

@@ -828,6 +828,9 @@ impl Sandboxes {
             return Ok(());
         }
         self.ensure_ready().await?;
+        // Background engine work waits while the stop runs (see
+        // `foreground`).
+        let _under_way = self.foreground.enter();
         let known = self.registry.get(id);
         let _key = match &known {
             Some(s) => Some(self.registry.lock_key(&s.session_key).await),

@@ -8,12 +8,14 @@
 //! so of two ports publishing at once one gets it and the other makes its
 //! own proxy), and the agent relays the spare relay port to that port. A
 //! proxy's relay port is a label, read back whenever it is published, so a
-//! restart of sandboxd relays the right port. A sandbox that allowlists no
-//! port at its create gives its spare back (see `Ports::prepare`); until
-//! then it costs an idle container (about 13 MB of engine shim on the host).
+//! restart of sandboxd relays the right port. A new sandbox whose ports
+//! did not take its spare gives it back a little later (see
+//! [`SPARE_KEPT`]); until then it costs an idle container (about 13 MB of
+//! engine shim on the host).
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
+use std::time::Duration;
 
 use super::network::{LINK_ALIAS, link_name};
 use super::spec::NetworkMode;
@@ -27,6 +29,13 @@ pub const PROXY_LISTEN_PORT: u16 = 8080;
 /// dynamic range every port's own relay port is in (see
 /// `ports::relay_port`), so it is never another port's relay.
 pub const SPARE_RELAY_PORT: u16 = 49151;
+
+/// How long a new sandbox keeps a spare proxy no port took before giving
+/// it back: a burst's next creates, a first command and a stop right after
+/// the create find the engine free of that removal (a stop in that time
+/// removes the spare beside the sandbox, in parallel). An idle spare costs
+/// about 13 MB of engine shim on the host for that long.
+const SPARE_KEPT: Duration = Duration::from_secs(10);
 
 /// Engine name of a port's proxy container.
 pub fn proxy_name(instance: &str, sandbox_id: &str, port: u16) -> String {
@@ -142,12 +151,18 @@ impl Sandboxes {
         }
     }
 
-    /// Removes the spare proxy of sandbox `id`, if it has one, once no
-    /// create a request waits for is under way: the work of a background
-    /// task.
+    /// Removes the spare proxy of sandbox `id`, if it still has one (a
+    /// port takes it), [`SPARE_KEPT`] after this is called and once no
+    /// create or stop a request waits for is under way, one such removal
+    /// at a time: the work of a background task.
     pub async fn give_back_spare_proxy(&self, id: &str) {
+        tokio::time::sleep(SPARE_KEPT).await;
         self.foreground.quiet().await;
-        self.remove_spare_proxy(id).await;
+        let _one = self.teardown.one_at_a_time().await;
+        // Stopped meanwhile: the stop removed the spare with the sandbox.
+        if self.registry.get(id).is_some() {
+            self.remove_spare_proxy(id).await;
+        }
     }
 
     /// Removes the spare proxy of sandbox `id`, if it has one.

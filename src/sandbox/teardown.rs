@@ -104,6 +104,12 @@ impl Teardowns {
         });
     }
 
+    /// Held by one background removal at a time: a teardown, or a spare
+    /// port proxy given back.
+    pub(super) async fn one_at_a_time(&self) -> tokio::sync::MutexGuard<'_, ()> {
+        self.running.lock().await
+    }
+
     /// How many are pending.
     fn len(&self) -> usize {
         self.queue.borrow().len()
@@ -174,7 +180,7 @@ impl Sandboxes {
     /// teardown (or the one under way) is finished. For a retried stop and
     /// a sweep of an id sandboxd no longer knows.
     pub(super) async fn finish_teardown(&self, id: &str) -> SandboxResult<()> {
-        let _one = self.teardown.running.lock().await;
+        let _one = self.teardown.one_at_a_time().await;
         self.teardown.take(id);
         let removed = self.remove_objects_checked(id).await;
         self.next_link.wake();
@@ -184,7 +190,7 @@ impl Sandboxes {
     /// Finishes every pending teardown (and waits for the one under way);
     /// a failed one is queued again.
     pub(super) async fn finish_teardowns(&self) {
-        let _one = self.teardown.running.lock().await;
+        let _one = self.teardown.one_at_a_time().await;
         let mut failed = Vec::new();
         while let Some(p) = self.teardown.pop() {
             if let Err(e) = self.remove_objects_checked(&p.id).await {
@@ -200,7 +206,7 @@ impl Sandboxes {
 
     /// Runs the next pending teardown; false when it failed.
     async fn tear_down_next(&self) -> bool {
-        let _one = self.teardown.running.lock().await;
+        let _one = self.teardown.one_at_a_time().await;
         let Some(mut p) = self.teardown.pop() else {
             return true;
         };
@@ -249,38 +255,44 @@ impl Sandboxes {
         self.remove_volumes_and_link(id).await
     }
 
-    /// Removes every container of `id` (by label, and the sandbox's by
-    /// name), all at once: the engine removes them in parallel. A proxy
-    /// whose publishing raced the removal can appear after the listing:
-    /// the list is read again until it is empty (a few rounds). One still
-    /// being made after that relays to nothing (the sandbox's container is
-    /// gone); its publisher removes it when it finds the sandbox gone, and
-    /// the teardown does too.
+    /// Removes every container of `id`: the sandbox's own by name, at
+    /// once (the longest removal: a running container on a network), and
+    /// beside it the others found by label, all at once (the engine
+    /// removes them in parallel). A proxy whose publishing raced the
+    /// removal can appear after the listing: the list is read again until
+    /// it holds none (a few rounds). One still being made after that
+    /// relays to nothing (the sandbox's container is gone); its publisher
+    /// removes it when it finds the sandbox gone, and the teardown does
+    /// too.
     async fn remove_containers(&self, id: &str) -> SandboxResult<()> {
         const ROUNDS: usize = 3;
         let inst = self.config.instance.as_str();
         let filter = [(labels::INSTANCE, inst), (labels::SANDBOX_ID, id)];
-        let mut containers = BTreeSet::from([container_name(inst, id)]);
-        for _ in 0..ROUNDS {
-            containers.extend(
-                self.engine
+        let own = container_name(inst, id);
+        let others = async {
+            for _ in 0..ROUNDS {
+                let listed: Vec<String> = self
+                    .engine
                     .list_containers(&filter)
                     .await?
                     .into_iter()
-                    .map(|c| c.name),
-            );
-            if containers.is_empty() {
-                break;
+                    .map(|c| c.name)
+                    .filter(|name| *name != own)
+                    .collect();
+                if listed.is_empty() {
+                    break;
+                }
+                let removals = listed.iter().map(|name| self.engine.remove_container(name));
+                for removed in futures_util::future::join_all(removals).await {
+                    removed?;
+                }
             }
-            let removals = containers
-                .iter()
-                .map(|name| self.engine.remove_container(name));
-            for removed in futures_util::future::join_all(removals).await {
-                removed?;
-            }
-            containers.clear();
-        }
-        Ok(())
+            Ok::<(), SandboxError>(())
+        };
+        let (own_removed, others_removed) =
+            tokio::join!(self.engine.remove_container(&own), others);
+        own_removed?;
+        others_removed
     }
 
     /// Removes `id`'s volumes (workspace, claim) and link network, once

@@ -824,7 +824,7 @@ async fn a_claim_s_first_port_takes_the_member_s_spare_and_no_ports_keep_none() 
         "the member {bare} had a spare: {before:?}"
     );
     eventually(
-        Duration::from_secs(20),
+        Duration::from_secs(40),
         "the claimed member without ports gave its spare back",
         || async { proxies(&server, &bare).await.is_empty() },
     )
@@ -848,7 +848,7 @@ async fn a_cold_create_without_ports_gives_the_spare_back() {
         "the create took the link network (and spare) made ahead"
     );
     eventually(
-        Duration::from_secs(20),
+        Duration::from_secs(40),
         "the sandbox without ports gave its spare back",
         || async { proxies(&server, &sid).await.is_empty() },
     )

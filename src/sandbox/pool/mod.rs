@@ -91,6 +91,9 @@ struct Fill {
     started: Instant,
     /// The create this member is promised to, if one waits for it.
     promised: Option<oneshot::Sender<Member>>,
+    /// Notified when the member is promised: a fill waiting its turn
+    /// (see `upkeep`) goes on at once.
+    on_promise: Arc<Notify>,
 }
 
 /// What a create for a new session gets from the pool.
@@ -181,6 +184,7 @@ impl Pool {
         })?;
         let (tx, rx) = oneshot::channel();
         fill.promised = Some(tx);
+        fill.on_promise.notify_one();
         Some(Claimable::Promised { member: rx, wait })
     }
 
@@ -235,8 +239,17 @@ impl Pool {
             runtime: runtime.to_string(),
             started: Instant::now(),
             promised: None,
+            on_promise: Arc::new(Notify::new()),
         });
         Some(id)
+    }
+
+    /// Whether fill `id`'s member is promised to a create, and what is
+    /// notified when it is; `None` once the fill ended.
+    fn promise_of(&self, id: u64) -> Option<(bool, Arc<Notify>)> {
+        let st = self.lock();
+        let fill = st.fills.iter().find(|f| f.id == id)?;
+        Some((fill.promised.is_some(), Arc::clone(&fill.on_promise)))
     }
 
     /// Ends fill `id`. A made member goes to the create it was promised

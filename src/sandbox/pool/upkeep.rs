@@ -4,7 +4,8 @@
 //! handed a member the moment it is made), removing members above the
 //! target, and every [`KEEP_WARM`] checking members' agents and images.
 //! No fill starts and no member is removed while a create for a new
-//! session runs: the engine serves that create first.
+//! session or a stop runs, and a fill under way waits for them between its
+//! steps: the engine serves the request first.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -35,6 +36,10 @@ const RETRY_AFTER: Duration = Duration::from_secs(10);
 
 /// How long a member's agent may take to answer the keep-warm call.
 const KEEP_WARM_LIMIT: Duration = Duration::from_secs(5);
+
+/// The longest one step of a fill waits for the user's creates and stops
+/// to end: under a steady stream of them, the pool still fills.
+const YIELD_AT_MOST: Duration = Duration::from_secs(2);
 
 /// Fills and keeps the pool until `shutdown`. Starts once rehydration is
 /// done. Members are left running at shutdown, and fills under way are
@@ -200,7 +205,7 @@ impl Sandboxes {
             id,
         };
         let started = Instant::now();
-        let made = match self.make_member(runtime).await {
+        let made = match self.make_member(runtime, id).await {
             Ok(m) => {
                 crate::telemetry::pool_filled(started);
                 Some(m)
@@ -220,7 +225,7 @@ impl Sandboxes {
 
     /// A member of `runtime`: the default resources and network mode, no
     /// ports, its agent connected.
-    async fn make_member(&self, runtime: &str) -> SandboxResult<Member> {
+    async fn make_member(&self, runtime: &str, fill: u64) -> SandboxResult<Member> {
         let (image, oci_runtime) = self.config.runtime(runtime).ok_or_else(|| {
             SandboxError::EngineUnavailable(format!("runtime {runtime:?} is not configured"))
         })?;
@@ -255,8 +260,11 @@ impl Sandboxes {
         ));
         let labels = labels::encode_member(&self.config.instance, &record);
         let made = async {
+            self.fill_turn(fill).await;
             self.launch(&sandbox, &spec, labels, None).await?;
+            self.fill_turn(fill).await;
             self.agent(&sandbox).await?;
+            self.fill_turn(fill).await;
             self.make_spare_proxy(&sandbox.id, network).await;
             let status = self.engine.container_status(&sandbox.container).await?;
             status
@@ -274,6 +282,26 @@ impl Sandboxes {
                 Err(e)
             }
         }
+    }
+
+    /// Before each step of fill `id`: while the user's creates or stops
+    /// run, waits for them to end (at most [`YIELD_AT_MOST`]), unless a
+    /// create waits for this very member (then it goes on at once, also
+    /// when that create comes during the wait).
+    async fn fill_turn(&self, id: u64) {
+        let Some((promised, on_promise)) = self.pool.promise_of(id) else {
+            return;
+        };
+        if promised || !self.foreground.is_busy() {
+            return;
+        }
+        let turn = async {
+            tokio::select! {
+                _ = self.foreground.quiet() => {}
+                _ = on_promise.notified() => {}
+            }
+        };
+        let _ = tokio::time::timeout(YIELD_AT_MOST, turn).await;
     }
 
     /// Asks every member's agent for its commands, which keeps it warm and
