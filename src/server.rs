@@ -1,4 +1,4 @@
-//! Running the service: bind, load the session tokens, start the background
+//! Running the service: load the session tokens, bind, start the background
 //! tasks (engine connector, rehydration, idle reaper, teardown of removed
 //! sandboxes, the session tokens' pruner), serve, and on
 //! SIGTERM/SIGINT stop accepting, cancel the tasks and wait for them, and
@@ -23,9 +23,6 @@ const MAKING_AT_SHUTDOWN: std::time::Duration = std::time::Duration::from_secs(5
 /// bound, the session tokens cannot be loaded, or the server fails.
 pub async fn run(config: Config) -> std::io::Result<()> {
     let addr = SocketAddr::new(config.bind_host, config.port);
-    let listener = tokio::net::TcpListener::bind(addr)
-        .await
-        .map_err(|e| std::io::Error::new(e.kind(), format!("cannot listen on {addr}: {e}")))?;
     let app = App::with_metrics(config, crate::telemetry::install());
     // Tokens lost to an unreadable file would lock clients out unseen:
     // refuse to start instead, naming the file.
@@ -38,6 +35,9 @@ pub async fn run(config: Config) -> std::io::Result<()> {
         live = tokens,
         "session tokens loaded"
     );
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|e| std::io::Error::new(e.kind(), format!("cannot listen on {addr}: {e}")))?;
     let shutdown = app.shutdown.clone();
     let tasks = TaskTracker::new();
 

@@ -7,8 +7,7 @@
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::{Value, json};
 
@@ -363,32 +362,14 @@ async fn no_sandbox_sees_the_state_file() {
 /// Runs sandboxd with `state_dir` until it exits (it must within 10 s);
 /// returns its exit code and stderr.
 fn start_expecting_exit(state_dir: &Path) -> (Option<i32>, String) {
-    let stderr_path = std::env::temp_dir().join(format!("{}.stderr", harness::unique_instance()));
-    let stderr = std::fs::File::create(&stderr_path).expect("stderr file");
-    let mut child = Command::new(harness::binary())
-        .env("SANDBOXD_INSTANCE", harness::unique_instance())
-        .env("SANDBOXD_PORT", harness::free_port().to_string())
-        .env("SANDBOXD_STATE_DIR", state_dir)
-        .env_remove("SANDBOXD_CONFIG")
-        .stdout(Stdio::null())
-        .stderr(stderr)
-        .spawn()
-        .expect("run sandboxd");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let status = loop {
-        if let Some(status) = child.try_wait().expect("wait") {
-            break status;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("sandboxd started with state_dir {}", state_dir.display());
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    let text = std::fs::read_to_string(&stderr_path).unwrap_or_default();
-    let _ = std::fs::remove_file(&stderr_path);
-    (status.code(), text)
+    let (dir, port) = (
+        state_dir.display().to_string(),
+        harness::free_port().to_string(),
+    );
+    crate::config::run_expecting_exit(
+        &[("SANDBOXD_STATE_DIR", &dir), ("SANDBOXD_PORT", &port)],
+        &[],
+    )
 }
 
 #[test]
