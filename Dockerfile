@@ -13,12 +13,16 @@ FROM ${BASE_IMAGE} AS base
 # A system user without a home or shell. It reaches the engine socket
 # through the socket's group, added at run time (compose: group_add with
 # DOCKER_GID), never by running as root.
-RUN useradd --system --uid 10001 --user-group --no-create-home --shell /usr/sbin/nologin sandboxd
+RUN useradd --system --uid 10001 --user-group --no-create-home --shell /usr/sbin/nologin sandboxd \
+ && install -d -m 0700 -o 10001 -g 10001 /var/lib/sandboxd
 # The runtime image sources, for operators; sandboxd itself builds the
 # runtime image from a copy of the Dockerfile embedded in the binary.
 COPY sandbox-images /usr/share/sandboxd/sandbox-images
+# The state directory (session tokens) is the user's own; compose mounts a
+# named volume there, which starts as a copy of it.
 ENV SANDBOXD_BIND_HOST=0.0.0.0 \
-    SANDBOXD_PORT=8080
+    SANDBOXD_PORT=8080 \
+    SANDBOXD_STATE_DIR=/var/lib/sandboxd
 EXPOSE 8080
 USER 10001:10001
 HEALTHCHECK --interval=10s --timeout=6s --start-period=5s --retries=3 CMD ["sandboxd", "healthcheck"]

@@ -4,8 +4,8 @@
 # docker-compose.yml (+ docker-compose.prebuilt.yml) with Debian's
 # docker-compose (v1), and drives a full flow with the token: health,
 # create, a command with streamed logs, a file written and read, a published
-# port fetched from the host; then restarts the stack and checks that the
-# session survived, and stops it. The "no route around the egress proxy"
+# port fetched from the host, a session token; then restarts the stack and
+# checks that the session and the token survived, and stops it. The "no route around the egress proxy"
 # check aims at a listener of its own (a network namespace on this host, see
 # start_listener) that a container with an ordinary route reaches. Needs
 # root (apt-get, ip netns). Cleans up after itself, also on failure, and
@@ -102,7 +102,8 @@ cleanup() {
   rm -rf "/tmp/deploy-test-www-$$" "$listen_log"
   docker network rm "$direct_net" >/dev/null 2>&1 || true
   compose logs --no-color >/tmp/deploy-test-sandboxd.log 2>&1 || true
-  compose down --remove-orphans >/dev/null 2>&1 || true
+  # -v: the project's state volume (the session tokens) goes too.
+  compose down -v --remove-orphans >/dev/null 2>&1 || true
   local f="label=sandboxd.instance=$SANDBOXD_INSTANCE"
   local ids
   ids=$(docker ps -aq --filter "$f")
@@ -197,6 +198,10 @@ case "$url" in http://127.0.0.1:*) ;; *) fail "port URL $url" ;; esac
 [ "$(curl -s -m 5 "$url/index.html")" = served-from-compose ] || fail "fetching $url from the host"
 ok "published port fetched from the host at $url"
 
+token_id=$(api POST /v1/sessions/deploy:1/tokens '{"ttlMs":600000}' | jq -r .id)
+[ -n "$token_id" ] && [ "$token_id" != null ] || fail "session token"
+ok "session token $token_id made"
+
 log "restarting the stack"
 compose down >/dev/null 2>&1
 compose up -d >/dev/null 2>&1
@@ -205,7 +210,8 @@ again=$(api POST /v1/sandboxes '{"sessionKey":"deploy:1"}')
 [ "$(echo "$again" | jq -r .sandboxId)" = "$sid" ] && [ "$(echo "$again" | jq -r .created)" = false ] || fail "rehydration: $again"
 [ "$(api GET "/v1/sandboxes/$sid/files:read?path=note.txt" | jq -r .contentBase64)" = "$content" ] || fail "file after restart"
 [ "$(curl -s -m 5 "$url/index.html")" = served-from-compose ] || fail "port URL after restart"
-ok "the session, its files and its URL survived a restart of the stack"
+[ "$(api GET /v1/sessions/deploy:1/tokens | jq -r '.tokens[0].id')" = "$token_id" ] || fail "session token after restart"
+ok "the session, its files, its URL and its token survived a restart of the stack"
 
 [ "$(api POST "/v1/sandboxes/$sid:stop" | jq -r .ok)" = true ] || fail "stop"
 [ -z "$(docker ps -aq --filter "label=sandboxd.sandbox_id=$sid")" ] || fail "containers left after stop"

@@ -15,6 +15,7 @@ use crate::ports::Ports;
 use crate::pty::Ptys;
 use crate::sandbox::spec::CreateSandboxRequest;
 use crate::sandbox::{Created, SandboxResult, Sandboxes};
+use crate::session_tokens::SessionTokens;
 
 /// Shared state: configuration, the engine handle and the domain services.
 #[derive(Debug)]
@@ -26,6 +27,9 @@ pub struct App {
     pub files: Files,
     pub ports: Arc<Ports>,
     pub ptys: Arc<Ptys>,
+    /// Session tokens; read from the state directory by `server::run`
+    /// before the first request.
+    pub session_tokens: Arc<SessionTokens>,
     /// Cancelled on SIGTERM: background tasks and long requests end.
     pub shutdown: CancellationToken,
     /// Work that outlives the request that started it; the server waits
@@ -58,6 +62,7 @@ impl App {
             Arc::clone(&sandboxes),
             shutdown.clone(),
         ));
+        let session_tokens = Arc::new(SessionTokens::new(&config));
         Arc::new(App {
             config,
             engine,
@@ -66,6 +71,7 @@ impl App {
             files,
             ports,
             ptys,
+            session_tokens,
             shutdown,
             tasks: TaskTracker::new(),
             metrics,

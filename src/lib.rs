@@ -16,6 +16,8 @@
 //! - [`files`]: read, write, list, delete inside the workspace, symlink-safe.
 //! - [`ports`]: relays and proxy containers that publish sandbox ports.
 //! - [`pty`]: terminal sessions, their viewers and attach tickets.
+//! - [`session_tokens`]: tokens scoped to one session, kept as hashes in
+//!   the state directory.
 //! - [`telemetry`]: Prometheus metrics and request ids.
 //! - [`healthcheck`]: the `sandboxd healthcheck` subcommand.
 //! - [`id`]: random identifiers.
@@ -46,6 +48,7 @@ pub mod process_fields;
 pub mod pty;
 pub mod sandbox;
 pub mod server;
+pub mod session_tokens;
 pub mod subnet;
 pub mod telemetry;
 pub mod workspace_path;
@@ -64,7 +67,7 @@ mod layering {
         (8, &["server", "healthcheck", "shell"]),
         (7, &["api"]),
         (6, &["app"]),
-        (5, &["command", "files", "ports", "pty"]),
+        (5, &["command", "files", "ports", "pty", "session_tokens"]),
         (4, &["sandbox"]),
         (3, &["engine", "agent_client"]),
         (

@@ -1,5 +1,6 @@
-//! Running the service: bind, start the background tasks (engine connector,
-//! rehydration, idle reaper, teardown of removed sandboxes), serve, and on
+//! Running the service: load the session tokens, bind, start the background
+//! tasks (engine connector, rehydration, idle reaper, teardown of removed
+//! sandboxes, the session tokens' pruner), serve, and on
 //! SIGTERM/SIGINT stop accepting, cancel the tasks and wait for them, and
 //! for the engine calls under way that make something. Containers are left
 //! running: labels and rehydration bring them back on the next start.
@@ -11,7 +12,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::app::App;
 use crate::config::Config;
-use crate::{command, sandbox};
+use crate::{command, sandbox, session_tokens};
 
 /// The longest a stop waits for engine calls under way that make
 /// something: they take well under a second, and whoever stops sandboxd
@@ -19,13 +20,24 @@ use crate::{command, sandbox};
 const MAKING_AT_SHUTDOWN: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Serves until a shutdown signal. Errors only when the address cannot be
-/// bound or the server fails.
+/// bound, the session tokens cannot be loaded, or the server fails.
 pub async fn run(config: Config) -> std::io::Result<()> {
     let addr = SocketAddr::new(config.bind_host, config.port);
+    let app = App::with_metrics(config, crate::telemetry::install());
+    // Tokens lost to an unreadable file would lock clients out unseen:
+    // refuse to start instead, naming the file.
+    let tokens = app
+        .session_tokens
+        .load()
+        .map_err(|e| std::io::Error::other(e.to_string()))?;
+    tracing::info!(
+        path = %app.session_tokens.path().unwrap_or_default().display(),
+        live = tokens,
+        "session tokens loaded"
+    );
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .map_err(|e| std::io::Error::new(e.kind(), format!("cannot listen on {addr}: {e}")))?;
-    let app = App::with_metrics(config, crate::telemetry::install());
     let shutdown = app.shutdown.clone();
     let tasks = TaskTracker::new();
 
@@ -72,6 +84,10 @@ pub async fn run(config: Config) -> std::io::Result<()> {
         shutdown.clone(),
     ));
     tasks.spawn(Arc::clone(&app.sandboxes).watch_egress(shutdown.clone()));
+    tasks.spawn(session_tokens::run_pruner(
+        Arc::clone(&app.session_tokens),
+        shutdown.clone(),
+    ));
 
     let auth = match (&app.config.admin_token, addr.ip().is_loopback()) {
         (Some(_), _) => "admin token required",

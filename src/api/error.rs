@@ -15,6 +15,7 @@ use crate::origin_policy::Refusal;
 use crate::ports::PortError;
 use crate::pty::PtyError;
 use crate::sandbox::SandboxError;
+use crate::session_tokens::TokenError;
 
 macro_rules! error_codes {
     ($($variant:ident = $code:literal, $status:ident;)*) => {
@@ -54,6 +55,7 @@ error_codes! {
     CommandNotFound = "command_not_found", NOT_FOUND;
     PtyNotFound = "pty_not_found", NOT_FOUND;
     FileNotFound = "file_not_found", NOT_FOUND;
+    TokenNotFound = "token_not_found", NOT_FOUND;
     MethodNotAllowed = "method_not_allowed", METHOD_NOT_ALLOWED;
     HostNotAllowed = "host_not_allowed", MISDIRECTED_REQUEST;
     NeedsRecursive = "needs_recursive", CONFLICT;
@@ -67,6 +69,7 @@ error_codes! {
     TooManyCommands = "too_many_commands", TOO_MANY_REQUESTS;
     TooManyProcesses = "too_many_processes", TOO_MANY_REQUESTS;
     TooManyPtys = "too_many_ptys", TOO_MANY_REQUESTS;
+    TooManyTokens = "too_many_tokens", TOO_MANY_REQUESTS;
     EngineError = "engine_error", BAD_GATEWAY;
     AgentFailed = "agent_failed", BAD_GATEWAY;
     PortPublishFailed = "port_publish_failed", BAD_GATEWAY;
@@ -75,6 +78,7 @@ error_codes! {
     ImageMissing = "image_missing", SERVICE_UNAVAILABLE;
     WorkspaceQuotaUnsupported = "workspace_quota_unsupported", SERVICE_UNAVAILABLE;
     ShuttingDown = "shutting_down", SERVICE_UNAVAILABLE;
+    StateWriteFailed = "state_write_failed", SERVICE_UNAVAILABLE;
     InsufficientStorage = "insufficient_storage", INSUFFICIENT_STORAGE;
 }
 
@@ -259,6 +263,27 @@ impl From<PortError> for ApiError {
             PortError::Failed(_) => {
                 tracing::error!(error = %message, "publishing a port failed");
                 ErrorCode::PortPublishFailed
+            }
+        };
+        ApiError::new(code, message)
+    }
+}
+
+impl From<TokenError> for ApiError {
+    fn from(e: TokenError) -> Self {
+        let message = e.to_string();
+        let code = match e {
+            TokenError::Invalid(_) => ErrorCode::InvalidRequest,
+            TokenError::NotFound(_) => ErrorCode::TokenNotFound,
+            TokenError::TooMany | TokenError::TooManyForSession => ErrorCode::TooManyTokens,
+            TokenError::Random(_) => ErrorCode::RandomUnavailable,
+            TokenError::Save(_) | TokenError::Load(_) => {
+                tracing::error!(error = %message, "saving the session tokens failed");
+                return ApiError::new(
+                    ErrorCode::StateWriteFailed,
+                    "the session tokens could not be saved in state_dir; nothing changed; \
+                     sandboxd's log has the details",
+                );
             }
         };
         ApiError::new(code, message)

@@ -13,6 +13,7 @@ pub mod openapi;
 mod ports;
 mod ptys;
 mod sandboxes;
+mod tokens;
 
 use std::sync::Arc;
 
@@ -22,7 +23,7 @@ use axum::handler::Handler;
 use axum::http::header;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{delete, get, post};
 use tower_http::request_id::{PropagateRequestIdLayer, SetRequestIdLayer};
 use tower_http::trace::TraceLayer;
 
@@ -71,6 +72,16 @@ pub fn router(app: Arc<App>) -> Router {
         .route(
             "/v1/sandboxes/{id}/ptys",
             post(ptys::open_pty).get(ptys::list_ptys),
+        )
+        .route(
+            "/v1/sessions/{sessionKey}/tokens",
+            post(tokens::issue_token)
+                .get(tokens::list_tokens)
+                .delete(tokens::revoke_tokens),
+        )
+        .route(
+            "/v1/sessions/{sessionKey}/tokens/{tokenId}",
+            delete(tokens::revoke_token),
         )
         .route("/metrics", get(metrics))
         .route("/v1/openapi.json", get(openapi::serve))

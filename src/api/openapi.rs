@@ -72,6 +72,10 @@ impl ToSchema for ErrorCode {
         super::ptys::attach_pty,
         super::ptys::kill_pty,
         super::ptys::pty_ticket,
+        super::tokens::issue_token,
+        super::tokens::list_tokens,
+        super::tokens::revoke_tokens,
+        super::tokens::revoke_token,
         super::metrics,
         serve,
     ),
@@ -133,7 +137,7 @@ impl Modify for Errors {
             .paths
             .values_mut()
             .flat_map(|item| {
-                [&mut item.get, &mut item.post]
+                [&mut item.get, &mut item.post, &mut item.delete]
                     .into_iter()
                     .filter_map(Option::as_mut)
             })

@@ -12,6 +12,7 @@ use super::auth::AdminToken;
 use super::network::{egress_list_fits, validate_network_mode};
 use super::runtimes::{MAX_POOL_SIZE, RuntimeConfig};
 use super::sources::{Setting, Sources};
+use super::state::{MAX_TOKEN_TTL_MS, validate_state_dir};
 use super::workspace::validate_dir;
 
 /// One row of the key table, for documentation checks.
@@ -252,6 +253,20 @@ settings! {
         check |d| d.iter().try_for_each(|a| a.parse::<IpAddr>().map(|_| ()).map_err(|_| format!("{a:?} is not an IP address")));
     /// Image of the egress proxy containers; default: `image`.
     egress_image: Option<String> = None, key "egress_image";
+
+    // --- State kept across restarts ---
+    /// Directory on the host of what must survive a restart (the session
+    /// tokens' hashes); never mounted into a sandbox. Default: see
+    /// `state::default_state_dir`.
+    state_dir: Option<String> = None, key "state_dir",
+        check |d| d.as_deref().map_or(Ok(()), validate_state_dir);
+    /// Lifetime of a session token whose request names none.
+    session_token_ttl: Duration = Duration::from_secs(3600), key "session_token_ttl_ms",
+        check |v| ms_within(1_000, MAX_TOKEN_TTL_MS)(v);
+    /// Longest lifetime a session token may be given; longer requests are
+    /// refused.
+    session_token_max_ttl: Duration = Duration::from_secs(86_400), key "session_token_max_ttl_ms",
+        check |v| ms_within(1_000, MAX_TOKEN_TTL_MS)(v);
 }
 
 fn validate_instance(v: &String) -> Result<(), String> {

@@ -11,8 +11,8 @@
 //! `config.example.toml` documents every key; a test holds it to this table.
 //!
 //! This file loads and validates; `sources` reads one value from the
-//! environment or the file; `auth`, `network`, `runtimes` and `workspace`
-//! hold what is particular to each (types, defaults worked out after
+//! environment or the file; `auth`, `network`, `runtimes`, `state` and
+//! `workspace` hold what is particular to each (types, defaults worked out after
 //! reading, and the checks that span keys).
 
 mod auth;
@@ -20,6 +20,7 @@ mod keys;
 mod network;
 mod runtimes;
 mod sources;
+mod state;
 mod workspace;
 
 use std::collections::BTreeMap;
@@ -123,6 +124,7 @@ impl Config {
         if cfg.network_name.is_none() {
             cfg.network_name = Some(format!("{}-net", cfg.instance));
         }
+        cfg.resolve_state_dir(env, rustix::process::geteuid().is_root());
         cfg.runtimes = runtimes::with_builtins(runtimes);
         cfg.origin_policy = crate::origin_policy::OriginPolicy::new(
             cfg.bind_host,
@@ -154,6 +156,7 @@ impl Config {
         self.validate_workspace_aliases()?;
         self.validate_workspace_volume()?;
         self.validate_runtimes()?;
+        self.validate_session_tokens()?;
         Ok(())
     }
 }

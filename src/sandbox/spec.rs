@@ -165,16 +165,23 @@ where
         .ok_or_else(|| bad(field, format!("must be between {lo} and {hi} (got {v})")))
 }
 
+/// The rule of a `sessionKey` wherever one is given (the create body, a
+/// path): 1 to 256 characters, counted as characters, not bytes.
+pub fn check_session_key(key: &str) -> Result<(), FieldError> {
+    let chars = key.chars().count();
+    if chars == 0 || chars > SESSION_KEY_MAX_CHARS {
+        return Err(bad(
+            "sessionKey",
+            format!("must be 1 to {SESSION_KEY_MAX_CHARS} characters (got {chars})"),
+        ));
+    }
+    Ok(())
+}
+
 impl SandboxSpec {
     /// Validates `req` against the contract and `config`.
     pub fn parse(req: CreateSandboxRequest, config: &Config) -> Result<SandboxSpec, FieldError> {
-        let chars = req.session_key.chars().count();
-        if chars == 0 || chars > SESSION_KEY_MAX_CHARS {
-            return Err(bad(
-                "sessionKey",
-                format!("must be 1 to {SESSION_KEY_MAX_CHARS} characters (got {chars})"),
-            ));
-        }
+        check_session_key(&req.session_key)?;
         let runtime = req.runtime.unwrap_or_else(|| "default".into());
         let (image, oci_runtime) = config.runtime(&runtime).ok_or_else(|| {
             let known: Vec<&str> = config.runtimes.keys().map(String::as_str).collect();

@@ -121,6 +121,8 @@ async fn token_guards_every_route_but_health() {
         ("cid", "0123456789abcdef01234568"),
         ("ptyId", "0123456789abcdef01234569"),
         ("port", "3000"),
+        ("sessionKey", "should-never-exist"),
+        ("tokenId", "0123456789abcdef"),
     ];
     let body = json!({"sessionKey": "should-never-exist"});
     let ops = documented_operations();
@@ -238,6 +240,9 @@ async fn every_route_needs_the_token() {
         .await;
     assert_eq!(s, 201, "{v}");
     let pty = v["ptyId"].as_str().expect("ptyId").to_string();
+    let (s, v) = server.post("/v1/sessions/t/tokens", json!({})).await;
+    assert_eq!(s, 201, "{v}");
+    let token_id = v["id"].as_str().expect("token id").to_string();
     // Real ids, so that nothing but the token stands between a request
     // and its effect.
     let values = [
@@ -245,6 +250,8 @@ async fn every_route_needs_the_token() {
         ("cid", cid.as_str()),
         ("ptyId", pty.as_str()),
         ("port", "3000"),
+        ("sessionKey", "t"),
+        ("tokenId", token_id.as_str()),
     ];
     let body = json!({"sessionKey": "x", "command": "touch /workspace/pwned", "files": [{"path": "pwned", "contentBase64": ""}], "paths": ["a"], "pattern": "x"});
     for op in documented_operations() {
@@ -273,7 +280,13 @@ async fn every_route_needs_the_token() {
         }
     }
     // Nothing happened: the sandbox, its command and its terminal run,
-    // nothing was written.
+    // the session's token is live, nothing was written.
+    let (s, tokens) = server.get("/v1/sessions/t/tokens").await;
+    assert_eq!(
+        (s, tokens["tokens"][0]["id"].clone()),
+        (200, json!(token_id)),
+        "{tokens}"
+    );
     let (s, view) = server.get(&format!("/v1/sandboxes/{sid}")).await;
     assert_eq!(s, 200);
     assert_eq!(view["runningCommands"], 1);

@@ -10,7 +10,7 @@ use crate::harness::{self, ServerOptions, TestServer};
 /// Runs the binary with `env` and returns (exit code, stderr) once it exits.
 /// A configuration it accepts would start a server: that fails the test
 /// after 10 s instead of hanging it.
-fn run_expecting_exit(env: &[(&str, &str)], args: &[&str]) -> (Option<i32>, String) {
+pub(crate) fn run_expecting_exit(env: &[(&str, &str)], args: &[&str]) -> (Option<i32>, String) {
     let stderr_path = std::env::temp_dir().join(format!("{}.stderr", harness::unique_instance()));
     let stderr = std::fs::File::create(&stderr_path).expect("stderr file");
     let mut child = Command::new(harness::binary())

@@ -33,5 +33,6 @@ mod remcochat;
 mod sandboxes;
 mod search;
 mod security;
+mod session_tokens;
 mod shaping;
 mod shell;

@@ -86,7 +86,11 @@ fn api_md_routes(md: &str) -> Vec<String> {
     md.lines()
         .filter(|l| !l.starts_with("| 4") && !l.starts_with("| 5"))
         .flat_map(|l| l.split('`').skip(1).step_by(2))
-        .filter(|s| s.starts_with("GET ") || s.starts_with("POST "))
+        .filter(|s| {
+            ["GET ", "POST ", "DELETE "]
+                .iter()
+                .any(|m| s.starts_with(m))
+        })
         .map(|s| s.split('?').next().unwrap_or(s).to_string())
         .collect()
 }

@@ -5,11 +5,12 @@
 //! names are the contract in docs/API.md: camelCase, and the compat ones
 //! exactly as RemcoChat's client reads them. Each also derives its OpenAPI
 //! schema (see `openapi`), so the document describes exactly what is sent.
-//! This file holds the sandbox, port and terminal bodies; `commands` and
-//! `files` the bodies of those routes.
+//! This file holds the sandbox, port and terminal bodies; `commands`,
+//! `files` and `tokens` the bodies of those routes.
 
 mod commands;
 mod files;
+mod tokens;
 
 use std::collections::BTreeMap;
 
@@ -18,6 +19,7 @@ use utoipa::ToSchema;
 
 pub(super) use commands::*;
 pub(super) use files::*;
+pub(super) use tokens::*;
 
 use crate::ports::Published;
 use crate::pty::PtyInfo;

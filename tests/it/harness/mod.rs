@@ -2,7 +2,8 @@
 //! engine, on its own port and with its own instance name, so tests run in
 //! parallel without seeing each other's containers. Dropping it stops the
 //! process and removes every engine object labelled with its instance, even
-//! when the test panicked. Its methods are the requests the modules make
+//! when the test panicked. Each has its own state directory (the session
+//! tokens' file), kept across its restarts and removed with it. Its methods are the requests the modules make
 //! again and again: an offline sandbox, a command run or started, waited
 //! for or read back, files written and read.
 
@@ -146,6 +147,8 @@ pub(crate) struct TestServer {
     pub(crate) base: String,
     pub(crate) instance: String,
     pub(crate) log: PathBuf,
+    /// `SANDBOXD_STATE_DIR` of every start (unless the options set one).
+    pub(crate) state_dir: PathBuf,
     pub(crate) docker: Docker,
     pub(crate) client: reqwest::Client,
     options: ServerOptions,
@@ -180,10 +183,12 @@ impl TestServer {
         let docker = docker().await;
         let instance = unique_instance();
         let log = std::env::temp_dir().join(format!("{instance}.log"));
+        let state_dir = std::env::temp_dir().join(format!("{instance}-state"));
         let mut server = TestServer {
             base: String::new(),
             instance,
             log,
+            state_dir,
             docker,
             client: http_client(),
             options,
@@ -217,6 +222,7 @@ impl TestServer {
             // No warm pool unless a test asks for one (tests/it/pool.rs,
             // remcochat.rs): most tests count the sandboxes they make.
             cmd.env("SANDBOXD_POOL_SIZE", "0");
+            cmd.env("SANDBOXD_STATE_DIR", &self.state_dir);
             if let Some(t) = &self.options.token {
                 cmd.env("SANDBOXD_ADMIN_TOKEN", t);
             }
@@ -765,6 +771,7 @@ impl Drop for TestServer {
         let docker = self.docker.clone();
         let instance = self.instance.clone();
         block_on_side(async move { remove_instance_objects(&docker, &instance).await });
+        let _ = std::fs::remove_dir_all(&self.state_dir);
         if !std::thread::panicking() {
             let _ = std::fs::remove_file(&self.log);
         } else {
