@@ -228,10 +228,17 @@ async fn reaper() {
 }
 
 /// Ends leftovers when the sandbox nears its limits; keeps logs within
-/// their budget.
+/// their budget. While no command runs and none left processes, it prunes
+/// once and sleeps until the next command starts: an idle agent sets no
+/// timer, so a host's idle sandboxes wake nothing.
 async fn monitor(commands: Rc<Commands>) {
     let mut last_prune = Instant::now();
     loop {
+        if commands.is_settled() {
+            commands.prune();
+            commands.next_start().await;
+            last_prune = Instant::now();
+        }
         tokio::time::sleep(MONITOR_EVERY).await;
         commands.relieve_if_pressed();
         if last_prune.elapsed() >= Duration::from_secs(1) {

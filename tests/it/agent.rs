@@ -798,3 +798,101 @@ async fn a_killed_spare_keeper_or_stub_does_not_fail_the_next_command() {
     )
     .await;
 }
+
+/// Voluntary context switches of every thread of host process `pid`.
+fn wakeups(pid: i64) -> u64 {
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).expect("the agent's threads");
+    tasks
+        .flatten()
+        .filter_map(|t| std::fs::read_to_string(t.path().join("status")).ok())
+        .flat_map(|status| {
+            status
+                .lines()
+                .filter_map(|l| l.strip_prefix("voluntary_ctxt_switches:"))
+                .filter_map(|n| n.trim().parse::<u64>().ok())
+                .collect::<Vec<_>>()
+        })
+        .sum()
+}
+
+/// An agent with no command running and none left behind sets no timer:
+/// over 2 s it wakes (almost) never, where with a command running its
+/// monitor wakes several times a second (the positive control). Under
+/// gVisor the host sees the sandbox's kernel, not the agent: the test
+/// says so and checks nothing there.
+#[tokio::test]
+async fn an_idle_agent_wakes_for_nothing_under_runc() {
+    if harness::under_gvisor() {
+        eprintln!(
+            "agent::an_idle_agent_wakes_for_nothing_under_runc: not checked under gVisor \
+             (the host cannot see the agent's threads)"
+        );
+        return;
+    }
+    let server = TestServer::start().await;
+    let sid = server.create(json!({"sessionKey": "quiet-agent"})).await;
+    let ran = server.sh(&sid, "true").await;
+    assert_eq!(ran["exitCode"], 0, "{ran}");
+    let init = server
+        .inspect(&sid)
+        .await
+        .state
+        .and_then(|s| s.pid)
+        .expect("the sandbox's init pid");
+    let children = std::fs::read_to_string(format!("/proc/{init}/task/{init}/children"))
+        .expect("the init's children");
+    let agent: i64 = children
+        .split_whitespace()
+        .find_map(|p| {
+            let cmdline = std::fs::read(format!("/proc/{p}/cmdline")).ok()?;
+            String::from_utf8_lossy(&cmdline)
+                .contains("sandboxd-agent")
+                .then(|| p.parse().ok())?
+        })
+        .expect("the agent is a child of the sandbox's init");
+    let over_2s = || async {
+        let before = wakeups(agent);
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        wakeups(agent) - before
+    };
+    // Positive control: with a command running, the monitor ticks.
+    let started = server
+        .post(
+            &format!("/v1/sandboxes/{sid}/commands"),
+            json!({"command": "sleep 30"}),
+        )
+        .await;
+    assert_eq!(started.0, 200, "{}", started.1);
+    let busy = over_2s().await;
+    let cid = started.1["commandId"].as_str().expect("commandId");
+    let killed = server
+        .post(
+            &format!("/v1/sandboxes/{sid}/commands/{cid}:kill"),
+            json!(null),
+        )
+        .await;
+    assert_eq!(killed.0, 200, "{}", killed.1);
+    let _ = server
+        .get_within(
+            &format!("/v1/sandboxes/{sid}/commands/{cid}/wait"),
+            Duration::from_secs(30),
+        )
+        .await;
+    assert!(
+        busy >= 4,
+        "with a command running the agent woke only {busy} times in 2 s: the control failed"
+    );
+    // Settled once the killed command's keeper is gone: measured in 2 s
+    // windows until one is quiet, for up to five.
+    let mut idle = Vec::new();
+    for _ in 0..5 {
+        idle.push(over_2s().await);
+        if idle.last().is_some_and(|n| *n <= 2) {
+            break;
+        }
+    }
+    assert!(
+        idle.last().is_some_and(|n| *n <= 2),
+        "an idle agent kept waking: {idle:?} times in successive 2 s windows (with a command running: {busy})"
+    );
+}

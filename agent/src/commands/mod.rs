@@ -216,6 +216,9 @@ pub(crate) struct Commands {
     spare: RefCell<Option<StartedKeeper>>,
     /// A spare is being started.
     refilling: Cell<bool>,
+    /// Notified as each command starts: the monitor sleeps on it while no
+    /// command runs (see `is_settled`).
+    started: Notify,
 }
 
 impl Commands {
@@ -228,6 +231,7 @@ impl Commands {
             exe,
             spare: RefCell::new(None),
             refilling: Cell::new(false),
+            started: Notify::new(),
         })
     }
 
@@ -251,6 +255,21 @@ impl Commands {
     pub(crate) fn states(&self) -> Vec<CommandState> {
         let all: Vec<Rc<Cmd>> = self.table.borrow().values().cloned().collect();
         all.iter().map(|c| c.state()).collect()
+    }
+
+    /// Whether no command runs and none left processes behind: nothing
+    /// for the monitor to relieve, and no log that grows.
+    pub(crate) fn is_settled(&self) -> bool {
+        self.table
+            .borrow()
+            .values()
+            .all(|c| c.ended().is_some() && c.keeper.get().is_none())
+    }
+
+    /// Returns once a command starts; at once if one started since the
+    /// last return (the start leaves a permit).
+    pub(crate) async fn next_start(&self) {
+        self.started.notified().await;
     }
 
     /// Whether `pid` is a live keeper (a process the agent started).
@@ -380,6 +399,7 @@ impl Commands {
         self.table
             .borrow_mut()
             .insert(cmd.id.clone(), Rc::clone(&cmd));
+        self.started.notify_one();
         self.prune();
         let runner = Runner {
             commands: Rc::clone(self),
