@@ -9,6 +9,7 @@ pub mod error;
 mod extract;
 mod files;
 mod health;
+mod mcp;
 pub mod openapi;
 mod ports;
 mod ptys;
@@ -22,7 +23,7 @@ use axum::handler::Handler;
 use axum::http::header;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{any, get, post};
 use tower_http::request_id::{PropagateRequestIdLayer, SetRequestIdLayer};
 use tower_http::trace::TraceLayer;
 
@@ -67,10 +68,16 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/v1/sandboxes/{id}/files:delete", post(files::delete_files))
         .route("/v1/sandboxes/{id}/files:stat", post(files::stat_files))
         .route("/v1/sandboxes/{id}/files:search", post(files::search_files))
+        .route("/v1/sandboxes/{id}/files:edit", post(files::edit_file))
         .route("/v1/sandboxes/{id}/ports/{port}", get(ports::port_url))
         .route(
             "/v1/sandboxes/{id}/ptys",
             post(ptys::open_pty).get(ptys::list_ptys),
+        )
+        // The MCP dialect: rmcp answers POST, GET and DELETE itself.
+        .route(
+            "/v1/sessions/{sessionKey}/mcp",
+            any(mcp::endpoint).layer(axum::Extension(mcp::service(Arc::clone(&app)))),
         )
         .route("/metrics", get(metrics))
         .route("/v1/openapi.json", get(openapi::serve))
