@@ -92,6 +92,11 @@ pub fn command_ended(outcome: &'static str, seconds: f64) {
     histogram!("sandboxd_command_duration_seconds").record(seconds);
 }
 
+/// An MCP tool call answered; `outcome` is ok, tool_error or cancelled.
+pub fn mcp_tool_call(tool: &'static str, outcome: &'static str) {
+    counter!("sandboxd_mcp_tool_calls_total", "tool" => tool, "outcome" => outcome).increment(1);
+}
+
 /// The egress policy refused a sandbox's connection.
 pub fn egress_denied(count: u64) {
     counter!("sandboxd_egress_denied_total").increment(count);

@@ -44,10 +44,6 @@ pub(super) struct SessionPath {
 /// its three headers), or a live session token of that path's session key
 /// in `Authorization: Bearer`. A no-op without a configured admin token,
 /// like [`require_token`]; refusals are the same 401.
-#[cfg_attr(
-    not(test),
-    expect(dead_code, reason = "the MCP route (issue 40) is the first to take it")
-)]
 pub(super) async fn require_session_access(
     State(app): State<Arc<App>>,
     path: Result<Path<SessionPath>, ApiError>,

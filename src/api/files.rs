@@ -1,5 +1,5 @@
-//! File routes: `files:read`, `files:write`, `files:list`, `files:delete`,
-//! `files:stat`, `files:search`. Contents travel as standard base64; it is
+//! File routes: `files:read`, `files:write`, `files:edit`, `files:list`,
+//! `files:delete`, `files:stat`, `files:search`. Contents travel as standard base64; it is
 //! decoded and encoded here, at the edge, and the domain sees bytes.
 
 use std::sync::Arc;
@@ -13,7 +13,7 @@ use super::dto;
 use super::error::ApiError;
 use super::extract::{Json, Path, Query};
 use crate::app::App;
-use crate::files::{FileToWrite, SearchRequest};
+use crate::files::{FileEdit, FileToWrite, SearchRequest};
 
 #[derive(Debug, Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
@@ -242,4 +242,44 @@ pub(super) async fn search_files(
         )
         .await?;
     Ok(axum::Json(result.into()))
+}
+
+/// `files:edit`: one exact, unique replacement in a text file.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub(super) struct EditRequest {
+    /// Absolute under the workspace or relative to it; a UTF-8 text file.
+    path: String,
+    /// Text that must occur exactly once in the file (not empty).
+    old_text: String,
+    /// What it becomes.
+    new_text: String,
+    /// Edit only if the file's content now has this SHA-256 (64 hex
+    /// digits), as `files:read` gave it.
+    #[serde(default)]
+    if_match: Option<String>,
+}
+
+/// `POST /v1/sandboxes/{id}/files:edit`
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/files:edit", tags = ["files"],
+    summary = "Replace the one occurrence of a text in a file, all or nothing", params(("id" = String, Path, description = "The sandboxId")), request_body = EditRequest,
+    responses((status = 200, description = "Edited (`oldText` found zero or several times is 400 `invalid_request` saying how many; a stale `ifMatch`, or a change between the read and the write, is 409 `precondition_failed`; nothing is written)", body = dto::FileEdited)))]
+pub(super) async fn edit_file(
+    State(app): State<Arc<App>>,
+    Path(id): Path<String>,
+    Json(req): Json<EditRequest>,
+) -> Result<axum::Json<dto::FileEdited>, ApiError> {
+    let edited = app
+        .files
+        .edit(
+            &id,
+            FileEdit {
+                path: req.path,
+                old_text: req.old_text,
+                new_text: req.new_text,
+                if_match: req.if_match,
+            },
+        )
+        .await?;
+    Ok(axum::Json(edited.into()))
 }

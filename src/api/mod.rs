@@ -9,6 +9,7 @@ pub mod error;
 mod extract;
 mod files;
 mod health;
+mod mcp;
 pub mod openapi;
 mod ports;
 mod ptys;
@@ -23,7 +24,7 @@ use axum::handler::Handler;
 use axum::http::header;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{delete, get, post};
+use axum::routing::{any, delete, get, post};
 use tower_http::request_id::{PropagateRequestIdLayer, SetRequestIdLayer};
 use tower_http::trace::TraceLayer;
 
@@ -68,6 +69,7 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/v1/sandboxes/{id}/files:delete", post(files::delete_files))
         .route("/v1/sandboxes/{id}/files:stat", post(files::stat_files))
         .route("/v1/sandboxes/{id}/files:search", post(files::search_files))
+        .route("/v1/sandboxes/{id}/files:edit", post(files::edit_file))
         .route("/v1/sandboxes/{id}/ports/{port}", get(ports::port_url))
         .route(
             "/v1/sandboxes/{id}/ptys",
@@ -93,8 +95,18 @@ pub fn router(app: Arc<App>) -> Router {
     // Attaching takes the token or a ticket, so the token layer sits on
     // the actions beside it, not on the route.
     let token_layer = axum::middleware::from_fn_with_state(Arc::clone(&app), auth::require_token);
+    // The MCP dialect (rmcp answers POST, GET and DELETE itself) takes the
+    // admin token or a token of that session.
+    let session_layer =
+        axum::middleware::from_fn_with_state(Arc::clone(&app), auth::require_session_access);
     let routes = Router::new()
         .route(HEALTH, get(health::health))
+        .route(
+            "/v1/sessions/{sessionKey}/mcp",
+            any(mcp::endpoint)
+                .layer(axum::Extension(mcp::service(Arc::clone(&app))))
+                .layer(session_layer),
+        )
         .route(
             "/v1/sandboxes/{id}/ptys/{pty}",
             get(ptys::attach_pty).post(ptys::pty_action.layer(token_layer)),

@@ -66,6 +66,7 @@ impl ToSchema for ErrorCode {
         super::files::delete_files,
         super::files::stat_files,
         super::files::search_files,
+        super::files::edit_file,
         super::ports::port_url,
         super::ptys::open_pty,
         super::ptys::list_ptys,

@@ -14,6 +14,7 @@
 pub mod changes;
 mod follow;
 pub mod log;
+mod progress;
 pub mod spec;
 
 use std::sync::{Arc, Mutex, OnceLock};
@@ -360,7 +361,29 @@ impl Commands {
         req: CommandRequest,
         shutdown: &CancellationToken,
     ) -> CommandResult<RunResult> {
-        let cmd = self.start_with_tails(sandbox_id, req, true).await?;
+        let cmd = self.start_run(sandbox_id, req).await?;
+        self.run_result(sandbox_id, &cmd, shutdown).await
+    }
+
+    /// Starts a command as [`Self::run`] does (its streams kept for its
+    /// end), for a caller that follows its log or kills it before
+    /// [`Self::run_result`].
+    pub async fn start_run(
+        &self,
+        sandbox_id: &str,
+        req: CommandRequest,
+    ) -> CommandResult<Arc<Command>> {
+        self.start_with_tails(sandbox_id, req, true).await
+    }
+
+    /// Waits for the end of a command [`Self::start_run`] started and
+    /// answers what [`Self::run`] does.
+    pub async fn run_result(
+        &self,
+        sandbox_id: &str,
+        cmd: &Command,
+        shutdown: &CancellationToken,
+    ) -> CommandResult<RunResult> {
         let done = tokio::select! {
             f = cmd.ended() => f,
             _ = shutdown.cancelled() => return Err(CommandError::ShuttingDown),
@@ -371,7 +394,7 @@ impl Commands {
             Ok(conn) => {
                 let changes = cmd.changes(&conn, self.config.agent_timeout).await;
                 let tails = if conn.boot() == cmd.boot {
-                    fetch_tails(&conn, &cmd, self.config.agent_timeout).await
+                    fetch_tails(&conn, cmd, self.config.agent_timeout).await
                 } else {
                     Tails::default()
                 };

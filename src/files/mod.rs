@@ -16,10 +16,14 @@
 //! For editing: every read gives the content's SHA-256 and may ask for a
 //! range of lines ([`text`]); a write may carry, per file, the hash it
 //! expects (`ifMatch`) or that no file be there (`ifNoneMatch`), checked by
-//! the agent in the same step as the write.
+//! the agent in the same step as the write. An edit ([`edit`]) replaces
+//! one exact text, writing with the hash of what it read; a tree listing
+//! ([`tree`]) lists subdirectories down to a depth with exact counts.
 
+mod edit;
 mod search;
 pub mod text;
+mod tree;
 
 use std::collections::HashSet;
 use std::marker::PhantomData;
@@ -33,10 +37,12 @@ use crate::config::Config;
 use crate::field_error::FieldError;
 use crate::sandbox::{Sandbox, SandboxError, Sandboxes};
 use crate::workspace_path::WorkspacePath;
+pub use edit::{Edited, FileEdit};
 pub use search::{
     DEFAULT_SEARCH_RESULTS, MAX_GLOBS, MAX_PATTERN_BYTES, MAX_SEARCH_CONTEXT, MAX_SEARCH_RESULTS,
     SearchMatch, SearchRequest, SearchResult,
 };
+pub use tree::{TREE_MAX_DEPTH, TREE_MAX_SHOWN, Tree, TreeEntry};
 
 /// Most entries a listing may have.
 pub const MAX_ENTRIES: usize = 100_000;

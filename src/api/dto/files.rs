@@ -4,7 +4,7 @@
 use serde::Serialize;
 use utoipa::ToSchema;
 
-use crate::files::{Entry, EntryKind, FileContent, LinesRead, PathInfo, SearchResult};
+use crate::files::{Edited, Entry, EntryKind, FileContent, LinesRead, PathInfo, SearchResult};
 
 /// `GET …/files:read`: the content as standard base64 (or, with
 /// `startLine`/`endLine`, a range of lines as text), or not found.
@@ -113,6 +113,29 @@ impl From<Option<LinesRead>> for FileRead {
                 total_lines: Some(total_lines),
                 ..FileRead::default()
             },
+        }
+    }
+}
+
+/// `POST …/files:edit`: the file as the edit left it.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub(in crate::api) struct FileEdited {
+    /// Always `true`.
+    ok: bool,
+    /// Lowercase hex SHA-256 of the new content (an `ifMatch` for the next
+    /// edit).
+    sha256: String,
+    /// Bytes now.
+    size: u64,
+}
+
+impl From<Edited> for FileEdited {
+    fn from(e: Edited) -> Self {
+        FileEdited {
+            ok: true,
+            sha256: e.sha256,
+            size: e.size,
         }
     }
 }

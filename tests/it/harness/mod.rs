@@ -202,8 +202,16 @@ impl TestServer {
     }
 
     async fn spawn(&mut self) {
+        // A port set in the options (a test that restarts sandboxd where
+        // its clients wait) is kept; otherwise a free one is picked.
+        let fixed = self
+            .options
+            .env
+            .iter()
+            .find(|(k, _)| k == "SANDBOXD_PORT")
+            .and_then(|(_, v)| v.parse::<u16>().ok());
         for _attempt in 0..3 {
-            let port = free_port();
+            let port = fixed.unwrap_or_else(free_port);
             let log = std::fs::OpenOptions::new()
                 .create(true)
                 .append(true)

@@ -1,0 +1,326 @@
+//! The MCP endpoint driven by the official Python MCP SDK (`mcp`, pinned in
+//! clients/mcp-python/requirements.txt, installed into a venv under
+//! target/ by the test): initialize, the tool list and every tool, edits
+//! that refuse, 200,000 lines within the budget, progress, cancellation
+//! killing the command's tree, a URL that answers from the host, and a
+//! sandboxd restart between two calls. Each scenario runs under both
+//! revisions served (`auto` picks 2026-07-28; `legacy` the 2025-11-25
+//! handshake). A missing python3 or venv fails the test: nothing is
+//! skipped. `smoke_initialize_and_tools` is the short one kept under
+//! gVisor.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use serde_json::json;
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::process::{Child, ChildStdin, ChildStdout, Command};
+
+use crate::harness::{self, ServerOptions, TestServer};
+
+const TOKEN: &str = "mcp-Test-Token-40";
+
+fn repo() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// The venv with the pinned SDK, made once per requirements file.
+fn python() -> PathBuf {
+    static VENV: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    VENV.get_or_init(|| {
+        let requirements = repo().join("clients/mcp-python/requirements.txt");
+        let pinned = std::fs::read_to_string(&requirements).expect("requirements.txt");
+        let venv = repo().join("target/mcp-python-venv");
+        let stamp = venv.join("requirements.txt");
+        if std::fs::read_to_string(&stamp).ok().as_deref() != Some(pinned.as_str()) {
+            let made = std::process::Command::new("python3")
+                .args(["-m", "venv", "--clear"])
+                .arg(&venv)
+                .status()
+                .expect("python3 is needed for the MCP tests");
+            assert!(
+                made.success(),
+                "python3 -m venv failed (python3-venv is needed)"
+            );
+            let installed = std::process::Command::new(venv.join("bin/pip"))
+                .args(["install", "--quiet", "-r"])
+                .arg(&requirements)
+                .status()
+                .expect("run pip");
+            assert!(
+                installed.success(),
+                "pip install -r {}",
+                requirements.display()
+            );
+            std::fs::write(&stamp, &pinned).expect("stamp");
+        }
+        venv.join("bin/python")
+    })
+    .clone()
+}
+
+async fn server() -> TestServer {
+    TestServer::start_with(ServerOptions::default().token(TOKEN)).await
+}
+
+fn endpoint(server: &TestServer, key: &str, query: &str) -> String {
+    format!("{}/v1/sessions/{key}/mcp{query}", server.base)
+}
+
+/// A running scenario of clients/mcp-python/check.py.
+struct Scenario {
+    child: Child,
+    stdin: ChildStdin,
+    lines: tokio::io::Lines<BufReader<ChildStdout>>,
+    seen: Vec<String>,
+}
+
+impl Scenario {
+    fn start(args: &[&str]) -> Scenario {
+        let mut child = Command::new(python())
+            .arg(repo().join("clients/mcp-python/check.py"))
+            .args(args)
+            .env("SANDBOXD_TOKEN", TOKEN)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            // Python's tracebacks land in the test's own output.
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("run check.py");
+        let stdin = child.stdin.take().expect("stdin");
+        let lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+        Scenario {
+            child,
+            stdin,
+            lines,
+            seen: Vec::new(),
+        }
+    }
+
+    /// Reads lines until one starts with `prefix` (bounded).
+    async fn until(&mut self, prefix: &str) -> String {
+        let found = tokio::time::timeout(Duration::from_secs(240), async {
+            while let Ok(Some(line)) = self.lines.next_line().await {
+                self.seen.push(line.clone());
+                if line.starts_with(prefix) {
+                    return Some(line);
+                }
+            }
+            None
+        })
+        .await;
+        match found {
+            Ok(Some(line)) => line,
+            _ => panic!(
+                "no line {prefix:?}; output so far:\n{}",
+                self.seen.join("\n")
+            ),
+        }
+    }
+
+    async fn tell(&mut self, line: &str) {
+        self.stdin
+            .write_all(format!("{line}\n").as_bytes())
+            .await
+            .expect("write to check.py");
+    }
+
+    /// Waits for the end; asserts it succeeded.
+    async fn finish(mut self) -> Vec<String> {
+        while let Ok(Some(line)) = self.lines.next_line().await {
+            self.seen.push(line);
+        }
+        let status = tokio::time::timeout(Duration::from_secs(60), self.child.wait())
+            .await
+            .expect("check.py ends")
+            .expect("wait");
+        assert!(
+            status.success(),
+            "check.py failed; output:\n{}",
+            self.seen.join("\n")
+        );
+        self.seen
+    }
+}
+
+async fn happy(mode: &str, want_protocol: &str) {
+    let server = server().await;
+    let out = Scenario::start(&["happy", &endpoint(&server, "mcp-happy", ""), mode])
+        .finish()
+        .await;
+    let text = out.join("\n");
+    assert!(
+        text.contains(&format!("protocol: {want_protocol}")),
+        "{text}"
+    );
+    for check in [
+        "ok: initialize",
+        "ok: tools listed",
+        "ok: writeFile->bash and bash->readFile",
+        "ok: edits all-or-nothing",
+        "ok: 200000 lines in",
+        "progress notifications",
+        "ok: path outside the workspace",
+        "done",
+    ] {
+        assert!(text.contains(check), "{check:?} missing:\n{text}");
+    }
+    // Counted by tool and outcome.
+    let metrics = server.metrics_text().await;
+    for series in [
+        r#"sandboxd_mcp_tool_calls_total{tool="bash",outcome="ok"}"#,
+        r#"sandboxd_mcp_tool_calls_total{tool="readFile",outcome="tool_error"}"#,
+    ] {
+        assert!(metrics.contains(series), "{series} missing:\n{metrics}");
+    }
+    println!(
+        "{}",
+        out.iter()
+            .find(|l| l.contains("descriptions"))
+            .cloned()
+            .unwrap_or_default()
+    );
+}
+
+/// The short test kept under gVisor: initialize, the tools, every tool's
+/// happy path, under the newest revision.
+#[tokio::test]
+async fn smoke_initialize_and_tools() {
+    happy("auto", "2026-07-28").await;
+}
+
+#[tokio::test]
+async fn every_tool_over_the_handshake_revision() {
+    happy("legacy", "2025-11-25").await;
+}
+
+#[tokio::test]
+async fn a_server_started_by_bash_answers_at_its_url_from_the_host() {
+    let server = server().await;
+    let port = "8765";
+    let mut s = Scenario::start(&[
+        "url",
+        &endpoint(&server, "mcp-url", &format!("?ports={port}")),
+        "auto",
+        port,
+    ]);
+    let line = s.until("url: ").await;
+    s.finish().await;
+    let url = line.trim_start_matches("url: ").to_string();
+    let body = server.client.get(&url).send().await.expect("fetch the URL");
+    assert_eq!(body.status().as_u16(), 200, "{url}");
+    assert!(
+        body.text()
+            .await
+            .unwrap_or_default()
+            .contains("Directory listing")
+    );
+}
+
+async fn marker_processes(server: &TestServer, sid: &str) -> String {
+    let v = server
+        .sh(sid, "pgrep -f 'mcp-cancel-marke[r]' || true")
+        .await;
+    v["stdout"].as_str().unwrap_or_default().trim().to_string()
+}
+
+async fn cancel(mode: &str) {
+    let server = server().await;
+    let key = format!("mcp-cancel-{mode}");
+    let mut s = Scenario::start(&["cancel", &endpoint(&server, &key, ""), mode]);
+    s.until("running").await;
+    let sid = server.create(json!({"sessionKey": key})).await;
+    // Positive control: the command's tree is there while it runs.
+    assert!(
+        !marker_processes(&server, &sid).await.is_empty(),
+        "the marker runs"
+    );
+    s.tell("cancel").await;
+    s.until("cancelled").await;
+    harness::eventually(
+        Duration::from_secs(20),
+        "no process of the command is left",
+        || async { marker_processes(&server, &sid).await.is_empty() },
+    )
+    .await;
+    s.tell("end").await;
+    s.finish().await;
+}
+
+#[tokio::test]
+async fn cancelling_bash_kills_its_tree() {
+    cancel("auto").await;
+}
+
+#[tokio::test]
+async fn cancelling_bash_kills_its_tree_over_the_handshake_revision() {
+    cancel("legacy").await;
+}
+
+async fn restart(mode: &str, want: &str) {
+    let port = harness::free_port().to_string();
+    let mut server = TestServer::start_with(
+        ServerOptions::default()
+            .token(TOKEN)
+            .env("SANDBOXD_PORT", &port),
+    )
+    .await;
+    let mut s = Scenario::start(&["restart", &endpoint(&server, "mcp-restart", ""), mode]);
+    s.until("written").await;
+    server.restart().await;
+    s.tell("go").await;
+    let out = s.finish().await.join("\n");
+    assert!(out.contains(want) && out.contains("ok: file kept"), "{out}");
+}
+
+/// 2026-07-28 is stateless: the restart is invisible.
+#[tokio::test]
+async fn a_restart_between_two_calls_is_invisible() {
+    restart("auto", "continued").await;
+}
+
+/// 2025-11-25 keeps a session id in memory: after a restart the client is
+/// answered 404 and initializes again, as the specification says.
+#[tokio::test]
+async fn a_restart_tells_a_handshake_client_to_initialize_again() {
+    restart("legacy", "re-initialised").await;
+}
+
+#[tokio::test]
+async fn an_invalid_query_or_key_is_a_400_before_any_mcp_handling() {
+    let server = server().await;
+    for (url, field) in [
+        (endpoint(&server, "k", "?vcpus=99"), "resources.vcpus"),
+        (endpoint(&server, "k", "?ports=0"), "ports[0]"),
+        (endpoint(&server, "k", "?ports=x"), "ports"),
+        (endpoint(&server, "k", "?runtime=nope"), "runtime"),
+        (endpoint(&server, &"k".repeat(257), ""), "sessionKey"),
+    ] {
+        let resp = server
+            .client
+            .post(&url)
+            .header("x-sandboxd-admin-token", TOKEN)
+            .header("content-type", "application/json")
+            .body(r#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#)
+            .send()
+            .await
+            .expect("send");
+        assert_eq!(resp.status().as_u16(), 400, "{url}");
+        let body: serde_json::Value = resp.json().await.expect("json");
+        assert_eq!(body["code"], "invalid_request", "{body}");
+        assert!(
+            body["error"].as_str().unwrap_or_default().contains(field),
+            "{body}"
+        );
+    }
+    // Without the token: 401.
+    let resp = server
+        .client
+        .post(endpoint(&server, "k", ""))
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(resp.status().as_u16(), 401);
+}
