@@ -26,6 +26,7 @@ mod health;
 mod host;
 mod http_contract;
 mod mcp;
+mod mcp_typescript;
 mod observability;
 mod openapi;
 mod pool;

@@ -324,3 +324,101 @@ async fn an_invalid_query_or_key_is_a_400_before_any_mcp_handling() {
         .expect("send");
     assert_eq!(resp.status().as_u16(), 401);
 }
+
+/// The status of an `initialize` on `key`'s endpoint with `bearer`.
+async fn initialize_status(server: &TestServer, key: &str, bearer: &str) -> u16 {
+    server
+        .client
+        .post(endpoint(server, key, ""))
+        .bearer_auth(bearer)
+        .header("accept", "application/json, text/event-stream")
+        .json(&json!({
+            "jsonrpc": "2.0",
+            "id": 1,
+            "method": "initialize",
+            "params": {
+                "protocolVersion": "2025-11-25",
+                "capabilities": {},
+                "clientInfo": {"name": "sandboxd-test", "version": "1"},
+            },
+        }))
+        .send()
+        .await
+        .expect("send")
+        .status()
+        .as_u16()
+}
+
+/// Makes a session token for `key` (admin token), `ttl_ms` long.
+async fn session_token(server: &TestServer, key: &str, ttl_ms: u64) -> (String, String) {
+    let (status, v) = server
+        .post(
+            &format!("/v1/sessions/{key}/tokens"),
+            json!({"ttlMs": ttl_ms}),
+        )
+        .await;
+    assert_eq!(status, 201, "{v}");
+    let field = |f: &str| v[f].as_str().expect(f).to_string();
+    (field("id"), field("token"))
+}
+
+/// A session token opens its own session's endpoint only; revoked or
+/// expired, it opens none; the admin token opens every one.
+#[tokio::test]
+async fn a_session_token_opens_its_own_session_s_endpoint_only() {
+    let server = server().await;
+    let (a_id, a) = session_token(&server, "chat-a", 600_000).await;
+    let (_, b) = session_token(&server, "chat-b", 600_000).await;
+    assert_eq!(
+        initialize_status(&server, "chat-a", &a).await,
+        200,
+        "A's own"
+    );
+    assert_eq!(
+        initialize_status(&server, "chat-b", &b).await,
+        200,
+        "B's own"
+    );
+    assert_eq!(
+        initialize_status(&server, "chat-b", &a).await,
+        401,
+        "A's token on B's endpoint"
+    );
+    assert_eq!(
+        initialize_status(&server, "chat-a", TOKEN).await,
+        200,
+        "the admin token"
+    );
+    assert_eq!(
+        initialize_status(&server, "chat-a", "sbx_st_0000").await,
+        401,
+        "a made-up token"
+    );
+
+    let revoked = server
+        .client
+        .delete(format!("{}/v1/sessions/chat-a/tokens/{a_id}", server.base))
+        .header("x-sandboxd-admin-token", TOKEN)
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(revoked.status().as_u16(), 200, "revoking A's token");
+    assert_eq!(
+        initialize_status(&server, "chat-a", &a).await,
+        401,
+        "a revoked token"
+    );
+
+    let (_, short) = session_token(&server, "chat-a", 1_000).await;
+    assert_eq!(
+        initialize_status(&server, "chat-a", &short).await,
+        200,
+        "a short-lived token before it expires"
+    );
+    harness::eventually(
+        Duration::from_secs(10),
+        "the short-lived token refused once expired",
+        || async { initialize_status(&server, "chat-a", &short).await == 401 },
+    )
+    .await;
+}
