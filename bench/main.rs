@@ -18,15 +18,15 @@
 //! lines measure; ratio = sandboxd / floor column): `core` (round trips,
 //! log stream, background server, files, kill, create/reconnect/stop, port
 //! publish, the agent, sandboxd's memory; then in the same sandboxd
-//! `gvisor`, `egress`, `pty` and `changes`), `shaping`, `pool` and `burst`
+//! `gvisor`, `egress`, `pty` and `changes`), `shaping`, `mcp`, `pool` and `burst`
 //! (new sessions one after another, at a rate and all at once, each on
 //! sandboxds of its own; then `density`, 100 idle sandboxes). The
 //! engine floor is bench/floor.rs, the requests every section makes
 //! bench/requests.rs, the table and the JSON bench/report.rs.
 //!
 //! `--profile` also prints where the time of an exec round trip goes.
-//! `--only core` (every line but the shaping, pool, burst and density
-//! sections), `egress`, `gvisor`, `pty`, `pool`, `shaping`, `changes`,
+//! `--only core` (every line but the shaping, MCP, pool, burst and density
+//! sections), `egress`, `gvisor`, `pty`, `pool`, `shaping`, `changes`, `mcp`,
 //! `burst` (with density) or `density` measures that alone (for looking
 //! into one figure; the other lines say "not measured", and the JSON
 //! file's name carries the section).
@@ -66,7 +66,7 @@ fn main() -> std::process::ExitCode {
             Some(section) => Some(section),
             None => {
                 eprintln!(
-                    "bench: --only takes core, egress, gvisor, pty, pool, shaping, changes, burst or density, not {name:?}"
+                    "bench: --only takes core, egress, gvisor, pty, pool, shaping, changes, mcp, burst or density, not {name:?}"
                 );
                 return std::process::ExitCode::FAILURE;
             }

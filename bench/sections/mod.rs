@@ -9,6 +9,7 @@ pub(crate) mod core;
 pub(crate) mod density;
 pub(crate) mod egress;
 pub(crate) mod gvisor;
+pub(crate) mod mcp;
 pub(crate) mod pool;
 pub(crate) mod pty;
 pub(crate) mod shaping;
@@ -20,7 +21,7 @@ use crate::support::{Res, Server};
 /// A section `--only` measures alone.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Section {
-    /// Every line but the shaping, pool, burst and density sections.
+    /// Every line but the shaping, MCP, pool, burst and density sections.
     Core,
     Egress,
     Gvisor,
@@ -28,6 +29,7 @@ pub(crate) enum Section {
     Pool,
     Shaping,
     Changes,
+    Mcp,
     /// The burst lines, then the density lines.
     Burst,
     Density,
@@ -44,6 +46,7 @@ impl Section {
             "pool" => Some(Section::Pool),
             "shaping" => Some(Section::Shaping),
             "changes" => Some(Section::Changes),
+            "mcp" => Some(Section::Mcp),
             "burst" => Some(Section::Burst),
             "density" => Some(Section::Density),
             _ => None,
@@ -52,7 +55,7 @@ impl Section {
 }
 
 /// One run's measurements on `server`: `only` that section, or (`None`)
-/// core, then shaping, then pool, then burst (with density).
+/// core, then shaping, then MCP, then pool, then burst (with density).
 pub(crate) async fn measure(
     only: Option<Section>,
     server: &Server,
@@ -66,6 +69,7 @@ pub(crate) async fn measure(
         None => {
             core::measure(server, floor, fig, profile, runsc).await?;
             shaping::measure(server, fig).await?;
+            mcp::measure(server, fig).await?;
             pool::measure(server, floor, fig, idle_secs).await?;
             burst::measure(server, floor, fig).await
         }
@@ -76,6 +80,7 @@ pub(crate) async fn measure(
         Some(Section::Gvisor) => gvisor::measure(server, floor, fig).await,
         Some(Section::Pty) => pty::measure(server, fig).await,
         Some(Section::Changes) => changes::measure(server, fig).await,
+        Some(Section::Mcp) => mcp::measure(server, fig).await,
         Some(Section::Burst) => burst::measure(server, floor, fig).await,
         Some(Section::Density) => density::measure(floor, fig).await,
     }
