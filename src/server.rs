@@ -8,6 +8,8 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
+use axum::serve::ListenerExt;
+
 use tokio_util::task::TaskTracker;
 
 use crate::app::App;
@@ -97,6 +99,15 @@ pub async fn run(config: Config) -> std::io::Result<()> {
     tracing::info!(%addr, instance = %app.config.instance, auth, "sandboxd listening");
     let router = crate::api::router(Arc::clone(&app));
     let signal_token = shutdown.clone();
+    // Streamed answers (NDJSON logs, MCP's event streams) are written in
+    // pieces: without TCP_NODELAY a piece waits for the client's delayed
+    // ACK of the one before (40 ms on Linux), which an MCP tool call paid
+    // on most calls.
+    let listener = listener.tap_io(|tcp| {
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::debug!(error = %e, "could not set TCP_NODELAY on a connection");
+        }
+    });
     let served = axum::serve(listener, router)
         .with_graceful_shutdown(async move {
             wait_for_signal().await;
