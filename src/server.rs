@@ -9,7 +9,6 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use axum::serve::ListenerExt;
-
 use tokio_util::task::TaskTracker;
 
 use crate::app::App;
