@@ -15,6 +15,7 @@ pub mod changes;
 mod follow;
 pub mod log;
 mod progress;
+pub use progress::{Progress, Reported};
 pub mod spec;
 
 use std::sync::{Arc, Mutex, OnceLock};
@@ -368,7 +369,7 @@ impl Commands {
     /// Starts a command as [`Self::run`] does (its streams kept for its
     /// end), for a caller that follows its log or kills it before
     /// [`Self::run_result`].
-    pub async fn start_run(
+    async fn start_run(
         &self,
         sandbox_id: &str,
         req: CommandRequest,
@@ -378,7 +379,7 @@ impl Commands {
 
     /// Waits for the end of a command [`Self::start_run`] started and
     /// answers what [`Self::run`] does.
-    pub async fn run_result(
+    async fn run_result(
         &self,
         sandbox_id: &str,
         cmd: &Command,

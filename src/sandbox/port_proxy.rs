@@ -33,8 +33,8 @@ pub const SPARE_RELAY_PORT: u16 = 49151;
 /// How long a new sandbox keeps a spare proxy no port took before giving
 /// it back: a burst's next creates, a first command and a stop right after
 /// the create find the engine free of that removal (a stop in that time
-/// removes the spare beside the sandbox, in parallel). An idle spare costs
-/// about 13 MB of engine shim on the host for that long.
+/// leaves it to the teardown after its answer). An idle spare costs about
+/// 13 MB of engine shim on the host for that long.
 const SPARE_KEPT: Duration = Duration::from_secs(10);
 
 /// Engine name of a port's proxy container.
@@ -43,7 +43,7 @@ pub fn proxy_name(instance: &str, sandbox_id: &str, port: u16) -> String {
 }
 
 /// Engine name of a sandbox's spare proxy: no port's name.
-fn spare_name(instance: &str, sandbox_id: &str) -> String {
+pub(super) fn spare_name(instance: &str, sandbox_id: &str) -> String {
     format!("{instance}-{sandbox_id}-port-spare")
 }
 

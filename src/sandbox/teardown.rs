@@ -1,9 +1,10 @@
 //! Removing a sandbox's engine objects, in two steps. Its containers (the
 //! sandbox's own, its port proxies, an `allowlist` sandbox's egress proxy)
 //! go before a stop, an expiry or an eviction is done, so nothing of the
-//! session runs after it. The rest (its workspace and claim volumes, and
-//! its link network, which the shared egress proxy leaves first) holds no
-//! process and only takes engine time: it goes to [`Teardowns`], a queue
+//! session runs after it. The rest (an untaken spare port proxy, which
+//! never carried a port of the session; its workspace and claim volumes;
+//! and its link network, which the shared egress proxy leaves first) holds
+//! nothing of the session and only takes engine time: it goes to [`Teardowns`], a queue
 //! that [`run_teardown`] drains in the background, yielding to the creates
 //! a user waits for (for a bounded time).
 //!
@@ -22,6 +23,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
+use super::port_proxy::spare_name;
 use super::registry::{Sandbox, container_name, volume_name};
 use super::{Event, SandboxError, SandboxResult, Sandboxes, labels};
 use crate::engine::EngineError;
@@ -38,6 +40,16 @@ const AFTER_FAILURE: Duration = Duration::from_secs(1);
 /// 10 s a supervisor gives sandboxd before SIGKILL, next to the engine
 /// calls under way that it also waits for (see `server`).
 const AT_SHUTDOWN: Duration = Duration::from_secs(3);
+
+/// Whether a removal of a sandbox's containers takes its untaken spare
+/// port proxy along.
+#[derive(Debug, Clone, Copy)]
+enum Spare {
+    /// Now, with the rest.
+    Too,
+    /// Not now: its queued teardown does.
+    Later,
+}
 
 /// One pending teardown.
 #[derive(Debug)]
@@ -167,11 +179,13 @@ impl Sandboxes {
         self.pool.wake();
     }
 
-    /// Removes `id`'s containers, then queues the removal of the rest.
+    /// Removes `id`'s containers but an untaken spare port proxy, then
+    /// queues the removal of the rest (the spare too: it never carried a
+    /// port of the session, and forwards to a relay port no agent serves).
     /// The teardown is queued even when the removal failed: it removes
     /// whatever container is left too.
     pub(super) async fn remove_containers_then_queue(&self, id: &str) -> SandboxResult<()> {
-        let removed = self.remove_containers(id).await;
+        let removed = self.remove_containers(id, Spare::Later).await;
         self.teardown.push(id);
         removed
     }
@@ -251,24 +265,29 @@ impl Sandboxes {
     }
 
     async fn remove_objects_once(&self, id: &str) -> SandboxResult<()> {
-        self.remove_containers(id).await?;
+        self.remove_containers(id, Spare::Too).await?;
         self.remove_volumes_and_link(id).await
     }
 
-    /// Removes every container of `id`: the sandbox's own by name, at
-    /// once (the longest removal: a running container on a network), and
-    /// beside it the others found by label, all at once (the engine
-    /// removes them in parallel). A proxy whose publishing raced the
+    /// Removes every container of `id` (its untaken spare port proxy only
+    /// with [`Spare::Too`]): the sandbox's own by name, at once (the
+    /// longest removal: a running container on a network), and beside it
+    /// the others found by label, all at once (the engine removes them in
+    /// parallel). A proxy whose publishing raced the
     /// removal can appear after the listing: the list is read again until
     /// it holds none (a few rounds). One still being made after that
     /// relays to nothing (the sandbox's container is gone); its publisher
     /// removes it when it finds the sandbox gone, and the teardown does
     /// too.
-    async fn remove_containers(&self, id: &str) -> SandboxResult<()> {
+    async fn remove_containers(&self, id: &str, spare: Spare) -> SandboxResult<()> {
         const ROUNDS: usize = 3;
         let inst = self.config.instance.as_str();
         let filter = [(labels::INSTANCE, inst), (labels::SANDBOX_ID, id)];
         let own = container_name(inst, id);
+        let kept = match spare {
+            Spare::Later => Some(spare_name(inst, id)),
+            Spare::Too => None,
+        };
         let others = async {
             for _ in 0..ROUNDS {
                 let listed: Vec<String> = self
@@ -277,7 +296,7 @@ impl Sandboxes {
                     .await?
                     .into_iter()
                     .map(|c| c.name)
-                    .filter(|name| *name != own)
+                    .filter(|name| *name != own && Some(name) != kept.as_ref())
                     .collect();
                 if listed.is_empty() {
                     break;

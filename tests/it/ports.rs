@@ -177,22 +177,30 @@ async fn a_loopback_server_becomes_a_url_that_works_from_the_host() {
     assert_eq!(fetch(&url).await, None);
 }
 
-/// `:stop` answers 200 once the sandbox's proxies (a spare too) and its
-/// container are gone; its link network goes right after, in the
-/// background.
+/// `:stop` answers 200 once the sandbox's port proxies and its container
+/// are gone; an untaken spare proxy and its link network go right after,
+/// in the background.
 async fn stop_leaves_nothing(server: &TestServer, sid: &str) {
     let (s, _) = server
         .post(&format!("/v1/sandboxes/{sid}:stop"), json!(null))
         .await;
     assert_eq!(s, 200);
-    let left = server.containers_with("sandboxd.sandbox_id", sid).await;
+    let left = server.session_containers(sid).await;
     assert!(left.is_empty(), "containers of {sid} left: {left:?}");
-    eventually(Duration::from_secs(20), "link network removed", || async {
-        server
-            .networks_with("sandboxd.sandbox_id", sid)
-            .await
-            .is_empty()
-    })
+    eventually(
+        Duration::from_secs(20),
+        "an untaken spare and the link network removed",
+        || async {
+            server
+                .containers_with("sandboxd.sandbox_id", sid)
+                .await
+                .is_empty()
+                && server
+                    .networks_with("sandboxd.sandbox_id", sid)
+                    .await
+                    .is_empty()
+        },
+    )
     .await;
 }
 

@@ -514,16 +514,25 @@ async fn get_list_stop_and_unknown_ids() {
         .await;
     assert_eq!((status, body), (200, json!({"ok": true})));
     assert!(
-        server
-            .containers_with("sandboxd.sandbox_id", &a)
-            .await
-            .is_empty(),
+        server.session_containers(&a).await.is_empty(),
         "container removed"
     );
-    // The volume goes right after the answer, in the background.
+    // The volume (and an untaken spare port proxy) go right after the
+    // answer, in the background.
     eventually(Duration::from_secs(20), "volume removed", || {
         no_volume_of(&server, &a)
     })
+    .await;
+    eventually(
+        Duration::from_secs(20),
+        "every container removed",
+        || async {
+            server
+                .containers_with("sandboxd.sandbox_id", &a)
+                .await
+                .is_empty()
+        },
+    )
     .await;
     let (status, _) = server.get(&format!("/v1/sandboxes/{a}")).await;
     assert_eq!(status, 404);

@@ -15,8 +15,8 @@ use serde::Deserialize;
 use super::super::dto;
 use super::tool_error;
 use crate::app::App;
-use crate::command::RunResult;
 use crate::command::spec::{CommandRequest, OutputRequest};
+use crate::command::{Progress, Reported, RunResult};
 
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -40,33 +40,6 @@ const PROGRESS_EVERY: Duration = Duration::from_millis(250);
 /// Most characters of output one progress notification carries (the
 /// newest).
 const PROGRESS_CHARS: usize = 4_000;
-
-/// Kills the command's tree when dropped before it ended: the call was
-/// cancelled, or its future dropped with the client's connection.
-struct KillUnlessEnded {
-    app: Arc<App>,
-    sandbox_id: String,
-    command_id: String,
-    ended: bool,
-}
-
-impl Drop for KillUnlessEnded {
-    fn drop(&mut self) {
-        if self.ended {
-            return;
-        }
-        let (app, sid, cid) = (
-            Arc::clone(&self.app),
-            self.sandbox_id.clone(),
-            self.command_id.clone(),
-        );
-        self.app.tasks.spawn(async move {
-            if let Err(e) = app.commands.kill(&sid, &cid).await {
-                tracing::warn!(sandbox_id = %sid, command_id = %cid, error = %e, "killing a cancelled MCP command");
-            }
-        });
-    }
-}
 
 /// Runs `args` in the sandbox and words the end for a model.
 pub(super) async fn run(
@@ -94,56 +67,31 @@ pub(super) async fn run(
         }),
         changes: args.changes.filter(|c| *c).map(serde_json::Value::Bool),
     };
-    let cmd = match app.commands.start_run(sandbox_id, req).await {
-        Ok(c) => c,
-        Err(e) => return tool_error(e),
-    };
-    let mut guard = KillUnlessEnded {
-        app: Arc::clone(app),
-        sandbox_id: sandbox_id.to_string(),
-        command_id: cmd.id.clone(),
-        ended: false,
-    };
-    let following = app.shutdown.child_token();
-    let _stop_following = following.clone().drop_guard();
-    if let Some(token) = ctx.meta.get_progress_token() {
-        let (app, sid, cid, peer) = (
-            Arc::clone(app),
-            sandbox_id.to_string(),
-            cmd.id.clone(),
-            ctx.peer.clone(),
-        );
-        tokio::spawn(async move {
-            let report = |text: String, bytes: u64| {
+    let progress = ctx.meta.get_progress_token().map(|token| {
+        let peer = ctx.peer.clone();
+        Progress {
+            every: PROGRESS_EVERY,
+            max_chars: PROGRESS_CHARS,
+            report: move |text: String, bytes: u64| {
                 let (peer, token) = (peer.clone(), token.clone());
                 async move {
                     let note =
                         ProgressNotificationParam::new(token, bytes as f64).with_message(text);
                     peer.notify_progress(note).await.is_ok()
                 }
-            };
-            app.commands
-                .report_output(
-                    &sid,
-                    &cid,
-                    PROGRESS_EVERY,
-                    PROGRESS_CHARS,
-                    following,
-                    report,
-                )
-                .await;
-        });
-    }
-    let ended = tokio::select! {
-        r = app.commands.run_result(sandbox_id, &cmd, &app.shutdown) => r,
-        // The guard kills the tree as this returns.
-        _ = ctx.ct.cancelled() => {
-            return super::error_result("cancelled; the command's processes were ended".into(), "cancelled");
+            },
         }
-    };
-    guard.ended = true;
-    match ended {
-        Ok(r) => result(r),
+    });
+    match app
+        .commands
+        .run_reporting(sandbox_id, req, &app.shutdown, &ctx.ct, progress)
+        .await
+    {
+        Ok(Reported::Ended(r)) => result(*r),
+        Ok(Reported::Cancelled) => super::error_result(
+            "cancelled; the command's processes were ended".into(),
+            "cancelled",
+        ),
         Err(e) => tool_error(e),
     }
 }

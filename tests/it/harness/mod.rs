@@ -602,6 +602,17 @@ impl TestServer {
             .expect("list containers")
     }
 
+    /// Sandbox `sid`'s containers but an untaken spare port proxy (which a
+    /// stop leaves to the teardown after its answer).
+    pub(crate) async fn session_containers(
+        &self,
+        sid: &str,
+    ) -> Vec<bollard::models::ContainerSummary> {
+        let mut all = self.containers_with("sandboxd.sandbox_id", sid).await;
+        all.retain(|c| !c.names.iter().flatten().any(|n| n.ends_with("-port-spare")));
+        all
+    }
+
     /// The names of this instance's networks that carry `label=value`.
     pub(crate) async fn networks_with(&self, label: &str, value: &str) -> Vec<String> {
         self.docker
