@@ -50,18 +50,7 @@ async fn the_typescript_sdk_client_drives_every_tool_with_a_session_token() {
             .kill_on_drop(true);
         cmd
     };
-    if !dir.join("node_modules").exists() {
-        let out = npm(&["ci", "--no-audit", "--no-fund"])
-            .output()
-            .await
-            .expect("run `npm ci` (node 20 and npm are needed for this test)");
-        assert!(
-            out.status.success(),
-            "npm ci failed:\n{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
+    harness::npm_ci(&dir).await;
     let (checks, which) = if harness::under_gvisor() {
         (SMOKE, "smoke")
     } else {

@@ -10,7 +10,7 @@ use std::path::Path;
 
 use serde_json::Value;
 
-use crate::harness::{ServerOptions, TestServer, binary};
+use crate::harness::{self, ServerOptions, TestServer, binary};
 
 const TOKEN: &str = "openapi-Test-Token-7";
 
@@ -185,18 +185,7 @@ async fn a_generated_typescript_client_drives_a_sandbox() {
             .kill_on_drop(true);
         cmd
     };
-    if !dir.join("node_modules").exists() {
-        let out = npm(&["ci", "--no-audit", "--no-fund"])
-            .output()
-            .await
-            .expect("run `npm ci` (node 20 and npm are needed for this test)");
-        assert!(
-            out.status.success(),
-            "npm ci failed:\n{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
+    harness::npm_ci(&dir).await;
     let out = tokio::time::timeout(
         std::time::Duration::from_secs(300),
         npm(&["run", "smoke"]).output(),

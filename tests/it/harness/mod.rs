@@ -798,3 +798,26 @@ impl Drop for TestServer {
         }
     }
 }
+
+/// Installs the npm package in `dir` (`npm ci`, from its lock file) unless
+/// it has its `node_modules`: the real-client tests' clients. A missing
+/// node or npm fails the test.
+pub(crate) async fn npm_ci(dir: &std::path::Path) {
+    if dir.join("node_modules").exists() {
+        return;
+    }
+    let out = tokio::process::Command::new("npm")
+        .args(["ci", "--no-audit", "--no-fund"])
+        .current_dir(dir)
+        .kill_on_drop(true)
+        .output()
+        .await
+        .expect("run `npm ci` (node 20 and npm are needed for this test)");
+    assert!(
+        out.status.success(),
+        "npm ci in {} failed:\n{}{}",
+        dir.display(),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
