@@ -27,7 +27,8 @@
 //! `--profile` also prints where the time of an exec round trip goes.
 //! `--only core` (every line but the shaping, MCP, pool, burst and density
 //! sections), `egress`, `gvisor`, `pty`, `pool`, `shaping`, `changes`, `mcp`,
-//! `burst` (with density) or `density` measures that alone (for looking
+//! `burst` (with density), `rate` (the burst's rate lines), `sequential` (its
+//! sessions one after another) or `density` measures that alone (for looking
 //! into one figure; the other lines say "not measured", and the JSON
 //! file's name carries the section).
 //! Not part of `cargo test`.

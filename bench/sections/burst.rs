@@ -6,7 +6,7 @@
 //! settings `pool_max` as well as `pool_size`, so this section needs a
 //! sandboxd that knows them (issue 39's adaptive pool).
 //!
-//! - One after another: 5, then 10, new sessions, each create sent when
+//! - One after another (also alone: `--only sequential`): 5, then 10, new sessions, each create sent when
 //!   the one before answered; a series' sessions are stopped only after the
 //!   series, so each later create finds the earlier ones running, as a
 //!   user's next chat does. On a sandboxd at its defaults (its default
@@ -17,9 +17,12 @@
 //!   for 1 s, their next link network made). Lines: the default pool's
 //!   create p50 and p95 against `pool_size = 0`'s, its p50 against the
 //!   floor's, and `pool_size = 0`'s p50 against the floor's.
-//! - At a rate: a sandboxd at its defaults with `pool_max = 16` gets new
-//!   sessions at 5/s, open loop (each sent at its time, whatever the others
-//!   do), for 30 s, then 20 more: those 20 are measured. A session is a
+//! - At a rate (also alone: `--only rate`): a sandboxd at its defaults with
+//!   `pool_max = 16` gets new sessions at 5/s, open loop (each sent at its
+//!   time, whatever the others do), for 30 s, then 20 more: those 20 are
+//!   measured. Then the same on a fresh one at 1/s: 5/s is more than this
+//!   2-core machine makes sandboxes at (about 1.5/s, with or without
+//!   sandboxd), so it measures overload; 1/s is a rate the engine sustains. A session is a
 //!   create and `exec true` (time to first command, from sending the
 //!   create), then its stop, so that sessions do not pile up against
 //!   `max_concurrent` while sandboxd keeps up. The claims among the 20:
@@ -52,11 +55,40 @@ const ADAPTIVE_CONFIG: &str = "pool_max = 16\n";
 /// The sandboxd of the 50 at once: a pool of 50, its ceiling as high.
 const POOL_OF_50_CONFIG: &str = "pool_size = 50\npool_max = 50\n";
 
-/// The rate burst: one new session every RATE_EVERY (5/s), WARMUP of them
-/// (30 s) before the MEASURED ones.
-const RATE_EVERY: Duration = Duration::from_millis(200);
-const WARMUP: usize = 150;
+/// A rate burst: one new session every `every`, for WARMUP_FOR before the
+/// MEASURED ones, and the lines it fills.
+struct Rate {
+    /// Its name in notes, e.g. "5/s".
+    name: &'static str,
+    every: Duration,
+    claims: &'static str,
+    first_p99: &'static str,
+    first: &'static str,
+    failed: &'static str,
+}
+const WARMUP_FOR: Duration = Duration::from_secs(30);
 const MEASURED: usize = 20;
+
+/// The issue's rate: more than this 2-core machine can make sandboxes at
+/// (about 1.5 a second, with or without sandboxd), so it measures overload.
+const RATE_5: Rate = Rate {
+    name: "5/s",
+    every: Duration::from_millis(200),
+    claims: "burst: 20 new sessions at 5/s after 30 s at that rate: claims (%)",
+    first_p99: "burst: of those 20, time to first command p99 (ms)",
+    first: "burst: of those 20, time to first command p50 (ms)",
+    failed: "burst: of those 20, sessions that failed",
+};
+/// A rate this machine sustains: what the adaptive pool does when the
+/// engine can keep up.
+const RATE_1: Rate = Rate {
+    name: "1/s",
+    every: Duration::from_secs(1),
+    claims: "burst: 20 new sessions at 1/s after 30 s at that rate: claims (%)",
+    first_p99: "burst: of those 20 at 1/s, time to first command p99 (ms)",
+    first: "burst: of those 20 at 1/s, time to first command p50 (ms)",
+    failed: "burst: of those 20 at 1/s, sessions that failed",
+};
 /// A session of the rate burst sent later than this after its time makes
 /// a note (the bench itself fell behind its schedule).
 const LATE_MS: f64 = 20.0;
@@ -89,10 +121,6 @@ const SEQ_10: Sequential = Sequential {
     no_pool: "burst: the same 10 with `pool_size = 0`: create p50 (ms)",
 };
 
-const RATE_CLAIMS: &str = "burst: 20 new sessions at 5/s after 30 s at that rate: claims (%)";
-const RATE_FIRST_P99: &str = "burst: of those 20, time to first command p99 (ms)";
-const RATE_FIRST: &str = "burst: of those 20, time to first command p50 (ms)";
-const RATE_FAILED: &str = "burst: of those 20, sessions that failed";
 const FIFTY_CLAIMS: &str = "burst: 50 new sessions at once from a pool of 50: claims";
 const FIFTY_FIRST_P99: &str = "burst: of those 50, time to first command p99 (ms)";
 const FIFTY_FIRST: &str = "burst: of those 50, time to first command p50 (ms)";
@@ -121,6 +149,18 @@ const fn sequential_lines(s: &Sequential) -> [Line; 4] {
     ]
 }
 
+/// A rate burst's lines, with the issue's targets.
+const fn rate_lines(r: &Rate) -> [Line; 4] {
+    [
+        line(r.claims, "≥ 90%", Some(|v, _| v >= 90.0)),
+        line(r.first_p99, "≤ 50 ms", Some(|v, _| v <= 50.0)),
+        line(r.first, "report", None),
+        line(r.failed, "0", Some(|v, _| v == 0.0)),
+    ]
+}
+
+const RATE_LINES_5: [Line; 4] = rate_lines(&RATE_5);
+const RATE_LINES_1: [Line; 4] = rate_lines(&RATE_1);
 const LINES_5: [Line; 4] = sequential_lines(&SEQ_5);
 const LINES_10: [Line; 4] = sequential_lines(&SEQ_10);
 
@@ -133,10 +173,14 @@ pub(crate) const LINES: &[Line] = &[
     LINES_10[1],
     LINES_10[2],
     LINES_10[3],
-    line(RATE_CLAIMS, "≥ 90%", Some(|v, _| v >= 90.0)),
-    line(RATE_FIRST_P99, "≤ 50 ms", Some(|v, _| v <= 50.0)),
-    line(RATE_FIRST, "report", None),
-    line(RATE_FAILED, "0", Some(|v, _| v == 0.0)),
+    RATE_LINES_5[0],
+    RATE_LINES_5[1],
+    RATE_LINES_5[2],
+    RATE_LINES_5[3],
+    RATE_LINES_1[0],
+    RATE_LINES_1[1],
+    RATE_LINES_1[2],
+    RATE_LINES_1[3],
     line(FIFTY_CLAIMS, "50 (all)", Some(|v, _| v >= 50.0)),
     line(FIFTY_FIRST_P99, "≤ 100 ms", Some(|v, _| v <= 100.0)),
     line(FIFTY_FIRST, "report", None),
@@ -146,17 +190,33 @@ pub(crate) const LINES: &[Line] = &[
 /// Every burst line, then the density section's; `server` is the run's
 /// own sandboxd, whose instance the floor's containers share.
 pub(crate) async fn measure(server: &Server, floor: &Floor, fig: &mut RunFigures) -> Res<()> {
+    one_after_another(server, floor, fig).await?;
+    rates(floor, fig).await?;
+    all_at_once(floor, fig).await?;
+    density::measure(floor, fig).await
+}
+
+/// The new sessions one after another alone (`--only sequential`).
+pub(crate) async fn one_after_another(
+    server: &Server,
+    floor: &Floor,
+    fig: &mut RunFigures,
+) -> Res<()> {
     // The floor's network and agent volume are the run's own sandboxd's:
     // its first create makes them.
     series(server, "burst-warmup", 1).await?;
-    sequential(floor, fig).await?;
-    {
+    sequential(floor, fig).await
+}
+
+/// The rate bursts alone (`--only rate`), each on a sandboxd of its own at
+/// its defaults with `pool_max = 16`: 5/s, then 1/s.
+pub(crate) async fn rates(floor: &Floor, fig: &mut RunFigures) -> Res<()> {
+    for rate in [&RATE_5, &RATE_1] {
         let name = format!("{}-rate", floor.instance);
         let adaptive = Instance::start(&floor.docker, &name, ADAPTIVE_CONFIG, 100).await?;
-        at_a_rate(&adaptive.server, fig).await?;
+        at_a_rate(&adaptive.server, rate, fig).await?;
     }
-    all_at_once(floor, fig).await?;
-    density::measure(floor, fig).await
+    Ok(())
 }
 
 /// 5, then 10, new sessions one after another on a sandboxd with its
@@ -236,13 +296,14 @@ struct Arrival {
     first: f64,
 }
 
-/// New sessions at 5/s for 30 s, then 20 more, measured: each a create,
-/// `exec true`, and its stop.
-async fn at_a_rate(server: &Server, fig: &mut RunFigures) -> Res<()> {
+/// New sessions at `rate` for 30 s, then 20 more, measured: each a
+/// create, `exec true`, and its stop.
+async fn at_a_rate(server: &Server, rate: &Rate, fig: &mut RunFigures) -> Res<()> {
     pool_full(server, 2, FILL).await?;
+    let warmup = (WARMUP_FOR.as_millis() / rate.every.as_millis()) as usize;
     let start = tokio::time::Instant::now() + Duration::from_millis(100);
-    let at = |i: usize| start + RATE_EVERY * i as u32;
-    let arrivals = (0..WARMUP + MEASURED).map(|i| async move {
+    let at = |i: usize| start + rate.every * i as u32;
+    let arrivals = (0..warmup + MEASURED).map(|i| async move {
         tokio::time::sleep_until(at(i)).await;
         let late = ms(at(i).elapsed());
         let sent = Instant::now();
@@ -256,21 +317,22 @@ async fn at_a_rate(server: &Server, fig: &mut RunFigures) -> Res<()> {
     });
     // The claims before the first measured session is sent.
     let before = async {
-        tokio::time::sleep_until(at(WARMUP) - Duration::from_millis(10)).await;
+        tokio::time::sleep_until(at(warmup) - Duration::from_millis(10)).await;
         (Instant::now(), claims(server).await)
     };
     let (mut arrivals, (read_at, before)) =
         futures_util::future::join(futures_util::future::join_all(arrivals), before).await;
     let (hits, misses) = before?;
     let (hits_after, misses_after) = claims(server).await?;
-    let measured = arrivals.split_off(WARMUP);
-    let warmup = succeeded(arrivals, "burst at 5/s, warm-up", fig);
+    let measured = arrivals.split_off(warmup);
+    let name = rate.name;
+    let warmup = succeeded(arrivals, &format!("burst at {name}, warm-up"), fig);
     let measured_count = measured.len();
-    let measured = succeeded(measured, "burst at 5/s, the 20", fig);
+    let measured = succeeded(measured, &format!("burst at {name}, the 20"), fig);
     let unanswered = warmup.iter().filter(|a| a.created > read_at).count();
     if unanswered > 0 {
         fig.note(format!(
-            "burst at 5/s: {unanswered} warm-up create(s) still unanswered when the claims were read count with the 20"
+            "burst at {name}: {unanswered} warm-up create(s) still unanswered when the claims were read count with the 20"
         ));
     }
     let latest = warmup
@@ -280,15 +342,15 @@ async fn at_a_rate(server: &Server, fig: &mut RunFigures) -> Res<()> {
         .fold(0.0, f64::max);
     if latest > LATE_MS {
         fig.note(format!(
-            "burst at 5/s: a session was sent {latest:.1} ms after its time"
+            "burst at {name}: a session was sent {latest:.1} ms after its time"
         ));
     }
     let (hit, miss) = (hits_after - hits, misses_after - misses);
-    fig.value(RATE_CLAIMS, 100.0 * hit / (hit + miss).max(1.0), None);
-    fig.value(RATE_FAILED, (measured_count - measured.len()) as f64, None);
+    fig.value(rate.claims, 100.0 * hit / (hit + miss).max(1.0), None);
+    fig.value(rate.failed, (measured_count - measured.len()) as f64, None);
     let first: Vec<f64> = measured.iter().map(|a| a.first).collect();
-    fig.p99(RATE_FIRST_P99, &first, &[]);
-    fig.p50(RATE_FIRST, &first, &[]);
+    fig.p99(rate.first_p99, &first, &[]);
+    fig.p50(rate.first, &first, &[]);
     Ok(())
 }
 

@@ -32,6 +32,10 @@ pub(crate) enum Section {
     Mcp,
     /// The burst lines, then the density lines.
     Burst,
+    /// The burst's rate lines alone (5/s and 1/s).
+    Rate,
+    /// The burst's new sessions one after another alone.
+    Sequential,
     Density,
 }
 
@@ -48,6 +52,8 @@ impl Section {
             "changes" => Some(Section::Changes),
             "mcp" => Some(Section::Mcp),
             "burst" => Some(Section::Burst),
+            "rate" => Some(Section::Rate),
+            "sequential" => Some(Section::Sequential),
             "density" => Some(Section::Density),
             _ => None,
         }
@@ -82,6 +88,8 @@ pub(crate) async fn measure(
         Some(Section::Changes) => changes::measure(server, fig).await,
         Some(Section::Mcp) => mcp::measure(server, fig).await,
         Some(Section::Burst) => burst::measure(server, floor, fig).await,
+        Some(Section::Rate) => burst::rates(floor, fig).await,
+        Some(Section::Sequential) => burst::one_after_another(server, floor, fig).await,
         Some(Section::Density) => density::measure(floor, fig).await,
     }
 }

@@ -55,9 +55,9 @@ pub enum SandboxError {
     /// No sandbox with this id (or its container is gone).
     #[error("no sandbox with id {0:?}")]
     NotFound(String),
-    /// Every slot is taken by a busy sandbox.
-    #[error("all {max} sandboxes are busy running commands; try again when one finishes")]
-    AtCapacity { max: usize },
+    /// Every slot is taken: by a busy sandbox or by a create under way.
+    #[error("{}", at_capacity_message(*max, *creating))]
+    AtCapacity { max: usize, creating: usize },
     /// `link_subnet_pool` has no free block for another link network.
     #[error("no free /{prefix} left in link_subnet_pool {pool}")]
     NoLinkBlock { prefix: u32, pool: String },
@@ -196,6 +196,20 @@ fn record_created(sandbox_id: &str, session_key: &str, from_pool: bool) {
     crate::telemetry::pool_claim(from_pool);
 }
 
+/// What a 429 says: which work holds the slots, so that a client in a
+/// burst of creates is not told its peers' sandboxes run commands.
+fn at_capacity_message(max: usize, creating: usize) -> String {
+    if creating == 0 {
+        format!("all {max} sandboxes are busy running commands; try again when one finishes")
+    } else {
+        format!(
+            "all {max} sandbox slots are taken: {} by sandboxes running commands and {creating} \
+             by creates still under way; try again in a moment",
+            max.saturating_sub(creating)
+        )
+    }
+}
+
 /// See the module docs.
 #[derive(Debug)]
 pub struct Sandboxes {
@@ -297,7 +311,10 @@ impl Sandboxes {
         let mut reservation = self
             .registry
             .reserve()
-            .map_err(|e| SandboxError::AtCapacity { max: e.max })?;
+            .map_err(|e| SandboxError::AtCapacity {
+                max: e.max,
+                creating: e.creating,
+            })?;
         if let Some(victim) = reservation.evicted.take() {
             self.remove_objects(&victim.id, Event::Evicted, Some(&victim))
                 .await;
@@ -895,5 +912,21 @@ impl Sandboxes {
     /// Lets requests in; called once startup reconciliation is complete.
     pub fn mark_ready(&self) {
         self.ready.send_replace(true);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::at_capacity_message;
+
+    #[test]
+    fn a_429_names_creates_under_way_when_they_hold_slots() {
+        assert_eq!(
+            at_capacity_message(4, 0),
+            "all 4 sandboxes are busy running commands; try again when one finishes"
+        );
+        let m = at_capacity_message(4, 3);
+        assert!(m.contains("1 by sandboxes running commands"), "{m}");
+        assert!(m.contains("3 by creates still under way"), "{m}");
     }
 }

@@ -314,11 +314,13 @@ struct Occupancy {
     recency: LruCache<String, Arc<Sandbox>>,
 }
 
-/// No slot free and every sandbox busy.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-#[error("all {max} sandboxes are busy")]
+/// No slot free: every registered sandbox busy, and the other slots held by
+/// creates still under way.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct AtCapacity {
     pub max: usize,
+    /// Slots held by creates in flight (not registered yet).
+    pub creating: usize,
 }
 
 /// See the module docs.
@@ -453,7 +455,10 @@ impl SandboxRegistry {
                 .find(|(_, s)| !s.is_busy())
                 .map(|(id, _)| id.clone());
             let Some(victim) = victim else {
-                return Err(AtCapacity { max: self.max });
+                return Err(AtCapacity {
+                    max: self.max,
+                    creating: occ.reserved,
+                });
             };
             if let Some(s) = occ.recency.pop(&victim) {
                 self.forget_maps(&s);
@@ -596,7 +601,13 @@ mod tests {
         let b = add(&reg, "b", "kb");
         a.set_running(1);
         let guard = b.open_request();
-        assert_eq!(reg.reserve().unwrap_err(), AtCapacity { max: 2 });
+        assert_eq!(
+            reg.reserve().unwrap_err(),
+            AtCapacity {
+                max: 2,
+                creating: 0
+            }
+        );
         drop(guard);
         let r = reg.reserve().expect("b is idle now");
         assert_eq!(r.evicted.as_ref().map(|s| s.id.as_str()), Some("b"));

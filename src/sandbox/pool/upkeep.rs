@@ -38,8 +38,9 @@ const RETRY_AFTER: Duration = Duration::from_secs(10);
 const KEEP_WARM_LIMIT: Duration = Duration::from_secs(5);
 
 /// The longest one step of a fill waits for the user's creates and stops
-/// to end: under a steady stream of them, the pool still fills.
-const YIELD_AT_MOST: Duration = Duration::from_secs(2);
+/// to end: under a steady stream of them, the pool still fills. Longer
+/// than 8 cold creates one after another (about 4 s here).
+const YIELD_AT_MOST: Duration = Duration::from_secs(5);
 
 /// Fills and keeps the pool until `shutdown`. Starts once rehydration is
 /// done. Members are left running at shutdown, and fills under way are
@@ -77,6 +78,8 @@ pub async fn run_pool(sandboxes: Arc<Sandboxes>, shutdown: CancellationToken) {
             _ = sandboxes.pool.wake.notified() => {}
             // A create started or ended: the pool may fill or shrink now.
             _ = sandboxes.foreground.changed() => {}
+            // The user's work settled: fills may start.
+            _ = sandboxes.foreground.quiet(), if sandboxes.foreground.is_busy() => {}
             _ = resize.tick() => {}
             _ = keep_warm.tick() => {
                 tokio::select! {
