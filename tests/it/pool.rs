@@ -469,9 +469,18 @@ async fn a_create_during_a_refill_is_handed_the_member_being_made() {
     let server = with_pool(1, ServerOptions::default()).await;
     wait_for_members(&server, "default", 1).await;
     let first = server.create(json!({"sessionKey": "first"})).await;
-    // At once, while the pool makes the member that replaces the one
-    // claimed: the create waits for that member instead of making a
-    // sandbox of its own beside it.
+    // The refill starts once the claim has settled (100 ms); while the
+    // pool makes the member that replaces the one claimed, a create
+    // waits for that member instead of making a sandbox of its own beside
+    // it.
+    eventually(Duration::from_secs(10), "the refill under way", || async {
+        server.metrics_text().await.lines().any(|l| {
+            l.starts_with("sandboxd_pool_members{")
+                && l.contains("state=\"filling\"")
+                && l.ends_with(" 1")
+        })
+    })
+    .await;
     let second = server.create(json!({"sessionKey": "second"})).await;
     assert!(from_pool(&server, &first), "the first create was a claim");
     assert!(
