@@ -34,19 +34,26 @@ pub(crate) async fn server() -> TestServer {
     .await
 }
 
-/// Runs check.py's scenarios; the `ok NAME JSON` lines, by name.
-async fn check(server: &TestServer, scenarios: &[&str]) -> Vec<(String, Value)> {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("clients/e2b-python/check.py");
-    let run = tokio::process::Command::new(python())
-        .arg(script)
-        .args(scenarios)
-        .env("E2B_API_KEY", KEY)
+/// The only settings an E2B SDK gets: the key and sandboxd's address as
+/// both of its URLs (and nothing of E2B's own from the environment).
+pub(crate) fn sdk_env<'a>(
+    cmd: &'a mut tokio::process::Command,
+    server: &TestServer,
+) -> &'a mut tokio::process::Command {
+    cmd.env("E2B_API_KEY", KEY)
         .env("E2B_API_URL", &server.base)
         .env("E2B_SANDBOX_URL", &server.base)
         .env_remove("E2B_DOMAIN")
         .env_remove("E2B_DEBUG")
         .kill_on_drop(true)
-        .output();
+}
+
+/// Runs check.py's scenarios; the `ok NAME JSON` lines, by name.
+async fn check(server: &TestServer, scenarios: &[&str]) -> Vec<(String, Value)> {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("clients/e2b-python/check.py");
+    let mut cmd = tokio::process::Command::new(python());
+    cmd.arg(script).args(scenarios);
+    let run = sdk_env(&mut cmd, server).output();
     let out = tokio::time::timeout(Duration::from_secs(300), run)
         .await
         .expect("check.py ends within 300 s")

@@ -8,7 +8,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use crate::e2b::{KEY, server};
+use crate::e2b::{sdk_env, server};
 use crate::harness;
 
 /// Every check check.mjs prints, in order.
@@ -30,16 +30,13 @@ async fn the_javascript_sdk_drives_commands_files_a_terminal_and_the_lifecycle()
     harness::npm_ci(&dir).await;
     let out = tokio::time::timeout(
         Duration::from_secs(300),
-        tokio::process::Command::new("npm")
-            .args(["run", "--silent", "check"])
-            .current_dir(&dir)
-            .env("E2B_API_KEY", KEY)
-            .env("E2B_API_URL", &server.base)
-            .env("E2B_SANDBOX_URL", &server.base)
-            .env_remove("E2B_DOMAIN")
-            .env_remove("E2B_DEBUG")
-            .kill_on_drop(true)
-            .output(),
+        sdk_env(
+            tokio::process::Command::new("npm")
+                .args(["run", "--silent", "check"])
+                .current_dir(&dir),
+            &server,
+        )
+        .output(),
     )
     .await
     .expect("the JavaScript client took over 5 minutes")

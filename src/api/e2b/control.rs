@@ -417,10 +417,8 @@ pub(super) async fn set_timeout(
     State(e2b): State<Arc<E2b>>,
     Path(id): Path<String>,
 ) -> Result<StatusCode, ControlError> {
-    e2b.sandbox(&id).await?;
-    Err(ControlError::unimplemented(
-        "changing a sandbox's timeout (it needs an absolute end time settable later)",
-    ))
+    let what = "changing a sandbox's timeout (it needs an absolute end time settable later)";
+    lacking(&e2b, &id, what).await
 }
 
 /// `POST /sandboxes/{id}/pause`: needs pause and resume in the domain.
@@ -428,10 +426,14 @@ pub(super) async fn pause(
     State(e2b): State<Arc<E2b>>,
     Path(id): Path<String>,
 ) -> Result<StatusCode, ControlError> {
-    e2b.sandbox(&id).await?;
-    Err(ControlError::unimplemented(
-        "pausing a sandbox (it needs pause and resume)",
-    ))
+    lacking(&e2b, &id, "pausing a sandbox (it needs pause and resume)").await
+}
+
+/// A call the domain cannot serve yet: 404 for an unknown sandbox, else
+/// 501 naming `what` is missing.
+async fn lacking(e2b: &E2b, id: &str, what: &str) -> Result<StatusCode, ControlError> {
+    e2b.sandbox(id).await?;
+    Err(ControlError::unimplemented(what))
 }
 
 /// `GET /sandboxes/{id}/metrics`: sandboxd keeps no samples of a sandbox's
