@@ -25,39 +25,11 @@ fn repo() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
 }
 
-/// The venv with the pinned SDK, made once per requirements file.
+/// The venv with the pinned SDK.
 fn python() -> PathBuf {
     static VENV: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
-    VENV.get_or_init(|| {
-        let requirements = repo().join("clients/mcp-python/requirements.txt");
-        let pinned = std::fs::read_to_string(&requirements).expect("requirements.txt");
-        let venv = repo().join("target/mcp-python-venv");
-        let stamp = venv.join("requirements.txt");
-        if std::fs::read_to_string(&stamp).ok().as_deref() != Some(pinned.as_str()) {
-            let made = std::process::Command::new("python3")
-                .args(["-m", "venv", "--clear"])
-                .arg(&venv)
-                .status()
-                .expect("python3 is needed for the MCP tests");
-            assert!(
-                made.success(),
-                "python3 -m venv failed (python3-venv is needed)"
-            );
-            let installed = std::process::Command::new(venv.join("bin/pip"))
-                .args(["install", "--quiet", "-r"])
-                .arg(&requirements)
-                .status()
-                .expect("run pip");
-            assert!(
-                installed.success(),
-                "pip install -r {}",
-                requirements.display()
-            );
-            std::fs::write(&stamp, &pinned).expect("stamp");
-        }
-        venv.join("bin/python")
-    })
-    .clone()
+    VENV.get_or_init(|| harness::python_venv("clients/mcp-python", "mcp-python-venv"))
+        .clone()
 }
 
 async fn server() -> TestServer {

@@ -799,6 +799,41 @@ impl Drop for TestServer {
     }
 }
 
+/// A venv under target/ (`venv`) with the pinned packages of
+/// `client`/requirements.txt (a directory under clients/), made again
+/// only when the file changed; its python. A missing python3 or venv
+/// fails the test: the real-client tests are never skipped.
+pub(crate) fn python_venv(client: &str, venv: &str) -> PathBuf {
+    let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let requirements = repo.join(client).join("requirements.txt");
+    let pinned = std::fs::read_to_string(&requirements).expect("requirements.txt");
+    let venv = repo.join("target").join(venv);
+    let stamp = venv.join("requirements.txt");
+    if std::fs::read_to_string(&stamp).ok().as_deref() != Some(pinned.as_str()) {
+        let made = Command::new("python3")
+            .args(["-m", "venv", "--clear"])
+            .arg(&venv)
+            .status()
+            .expect("python3 is needed for the real-client tests");
+        assert!(
+            made.success(),
+            "python3 -m venv failed (python3-venv is needed)"
+        );
+        let installed = Command::new(venv.join("bin/pip"))
+            .args(["install", "--quiet", "-r"])
+            .arg(&requirements)
+            .status()
+            .expect("run pip");
+        assert!(
+            installed.success(),
+            "pip install -r {}",
+            requirements.display()
+        );
+        std::fs::write(&stamp, &pinned).expect("stamp");
+    }
+    venv.join("bin/python")
+}
+
 /// Installs the npm package in `dir` (`npm ci`, from its lock file) unless
 /// it has its `node_modules`: the real-client tests' clients. A missing
 /// node or npm fails the test.
