@@ -294,8 +294,17 @@ async fn an_open_stdin_takes_input_until_it_is_closed() {
         Reply::Spawned { pid } => pid,
         other => panic!("spawn: {other:?}"),
     };
-    let cmdline = std::fs::read_to_string(format!("/proc/{pid}/cmdline")).expect("its process");
-    assert!(cmdline.contains("while read"), "{cmdline:?}");
+    // Its own process, once it has exec'd (the keeper's child reads empty
+    // before).
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let cmdline = std::fs::read_to_string(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        if cmdline.contains("while read") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "pid {pid} runs {cmdline:?}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     for input in ["one\n", "two\n"] {
         let data = bytes::Bytes::from_static(input.as_bytes());
         let reply = c
