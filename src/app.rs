@@ -1,6 +1,6 @@
 //! `App`: what every handler shares, behind one `Arc`, and the operations
 //! that span domain services (a create that publishes its ports
-//! afterwards).
+//! afterwards, a resume that finds the commands of the sandbox again).
 
 use std::sync::Arc;
 
@@ -81,6 +81,15 @@ impl App {
     /// The engine's version, within two seconds, or why there is none.
     pub async fn engine_version(&self) -> Result<String, String> {
         self.engine.version().await.map_err(|e| e.to_string())
+    }
+
+    /// Thaws a paused sandbox (see [`Sandboxes::resume`]), then lists the
+    /// commands its agent holds that sandboxd does not know yet (sandboxd
+    /// restarted while it was paused, and could not ask then).
+    pub async fn resume_sandbox(&self, id: &str) -> SandboxResult<()> {
+        self.sandboxes.resume(id).await?;
+        self.commands.discover_sandbox(id).await;
+        Ok(())
     }
 
     /// Creates a sandbox (or reconnects to the session's), then connects to

@@ -71,6 +71,10 @@ pub(crate) struct Start {
     pub(crate) cwd: String,
     #[serde(with = "serde_bytes")]
     pub(crate) stdin: Vec<u8>,
+    /// The command's stdin is a pipe the agent keeps writing to: its read
+    /// end follows this message on the control socket, passed with one
+    /// byte (`SCM_RIGHTS`), and `stdin` is empty.
+    pub(crate) stdin_pipe: bool,
     /// The keeper's stdout is a terminal (a pty's slave; its stderr
     /// too): the command gets it as stdin, stdout and stderr, and is
     /// started through `sandboxd-agent session`, which makes it the
@@ -169,15 +173,20 @@ fn keep(mut control: UnixStream, ahead: bool) -> std::io::Result<()> {
                 "a keeper's first message must be Start",
             ));
         };
+        let stdin_pipe = if start.stdin_pipe {
+            Some(receive_fd(&control)?)
+        } else {
+            None
+        };
         // A command with stdin gets a pipe for it: the usual way.
-        if !start.stdin.is_empty()
+        if (!start.stdin.is_empty() || stdin_pipe.is_some())
             && let Some(unused) = stub.take()
         {
             unused.end();
         }
         let started = match stub.take().map(|stub| stub.run(&start)) {
             Some(Ok(started)) => started,
-            Some(Err(())) | None => spawn(&start),
+            Some(Err(())) | None => spawn(&start, stdin_pipe),
         };
         match started {
             Ok(pid) => break pid,
@@ -191,6 +200,60 @@ fn keep(mut control: UnixStream, ahead: bool) -> std::io::Result<()> {
     };
     write_message(&mut control, &FromKeeper::Started { pid: main as u32 })?;
     watch(control, main)
+}
+
+/// The descriptor the agent passes after a start with `stdin_pipe` (see
+/// [`Start::stdin_pipe`]).
+fn receive_fd(control: &UnixStream) -> std::io::Result<OwnedFd> {
+    use rustix::net::{RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags};
+    let mut byte = [0u8; 1];
+    let mut space = [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+    let mut ancillary = RecvAncillaryBuffer::new(&mut space);
+    let got = rustix::net::recvmsg(
+        control,
+        &mut [std::io::IoSliceMut::new(&mut byte)],
+        &mut ancillary,
+        RecvFlags::CMSG_CLOEXEC,
+    )?;
+    let mut passed = None;
+    for message in ancillary.drain() {
+        if let RecvAncillaryMessage::ScmRights(mut fds) = message {
+            passed = passed.or(fds.next());
+        }
+    }
+    match passed {
+        Some(fd) if got.bytes == 1 => Ok(fd),
+        _ => Err(std::io::Error::other("the stdin pipe did not arrive")),
+    }
+}
+
+/// Passes `fd` to the keeper at the other end of `control`, as
+/// [`receive_fd`] takes it.
+pub(crate) async fn send_fd(
+    control: &tokio::net::UnixStream,
+    fd: std::os::fd::BorrowedFd<'_>,
+) -> std::io::Result<()> {
+    use rustix::net::{SendAncillaryBuffer, SendAncillaryMessage, SendFlags};
+    control
+        .async_io(tokio::io::Interest::WRITABLE, || {
+            let fds = [fd];
+            let mut space = [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+            let mut ancillary = SendAncillaryBuffer::new(&mut space);
+            if !ancillary.push(SendAncillaryMessage::ScmRights(&fds)) {
+                return Err(std::io::Error::other("no room for a descriptor"));
+            }
+            let sent = rustix::net::sendmsg(
+                control,
+                &[std::io::IoSlice::new(&[0])],
+                &mut ancillary,
+                SendFlags::NOSIGNAL,
+            )?;
+            match sent {
+                1 => Ok(()),
+                _ => Err(std::io::Error::other("the stdin pipe was not sent")),
+            }
+        })
+        .await
 }
 
 /// Why a command could not start: its exit code and what it says on
@@ -310,15 +373,16 @@ fn cwd_error(cwd: &str, e: &std::io::Error) -> (i32, String) {
 }
 
 /// Starts the command the usual way (a new process) with the keeper's
-/// stdout and stderr (the pipes); its pid, or why it could not start.
-fn spawn(start: &Start) -> Result<i32, StartError> {
+/// stdout and stderr (the pipes), and `stdin_pipe` as its stdin when the
+/// agent passed one; its pid, or why it could not start.
+fn spawn(start: &Start, stdin_pipe: Option<OwnedFd>) -> Result<i32, StartError> {
     if let Err(e) = std::fs::create_dir_all(&start.cwd) {
         return Err(Some(cwd_error(&start.cwd, &e)));
     }
-    let stdin = if start.stdin.is_empty() || start.terminal {
-        Stdio::null()
-    } else {
-        Stdio::piped()
+    let stdin = match stdin_pipe {
+        Some(fd) if !start.terminal => Stdio::from(fd),
+        _ if start.stdin.is_empty() || start.terminal => Stdio::null(),
+        _ => Stdio::piped(),
     };
     let mut cmd = command(start, stdin).map_err(Some)?;
     match cmd.spawn() {
@@ -707,6 +771,7 @@ mod tests {
             env: vec![("A".into(), "b".into())],
             cwd: "/tmp".into(),
             stdin: vec![1, 2, 3],
+            stdin_pipe: false,
             terminal: true,
         });
         write_message(&mut buf, &msg).expect("write");

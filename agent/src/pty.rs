@@ -274,6 +274,7 @@ impl Ptys {
             env: open.env.clone(),
             cwd: open.cwd.clone().unwrap_or(workspace),
             stdin: Vec::new(),
+            stdin_pipe: false,
             terminal: true,
         });
         let mut framed = Framed::new(control, keeper::codec());

@@ -370,6 +370,8 @@ async fn handle(
         Op::Tail { command } => commands::tail(agent, command, answer).await,
         Op::Changes { command } => commands::changes(agent, command, answer).await,
         Op::Forget { command } => commands::forget(agent, command, answer).await,
+        Op::Stdin { command, data } => commands::write_stdin(agent, command, &data, answer).await,
+        Op::CloseStdin { command } => commands::close_stdin(agent, command, answer).await,
         Op::List => commands::list(agent, answer).await,
         Op::ReadFile { path, max_bytes } => files::read_file(agent, path, max_bytes, answer).await,
         Op::WriteFiles { files } => files::write_files(agent, files, content, answer).await,
@@ -379,6 +381,12 @@ async fn handle(
         Op::Search(s) => search::search(agent, s, answer).await,
         Op::ListDir { path } => files::list_dir(agent, path, answer).await,
         Op::Delete { paths, recursive } => files::delete(agent, paths, recursive, answer).await,
+        Op::Rename {
+            from,
+            to,
+            overwrite,
+        } => files::rename(agent, from, to, overwrite, answer).await,
+        Op::MakeDir { path } => files::make_dir(agent, path, answer).await,
         Op::Relay {
             port,
             listen,

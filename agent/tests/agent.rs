@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 
 use futures_util::{SinkExt, StreamExt};
 use sandboxd_proto::{
-    CommandMeta, Ended, Hello, LogChunk, MAX_AGENT_FRAME, Op, PtyOpen, ReadLog, Record, RecordBody,
-    Reply, Request, Response, Spawn,
+    CommandMeta, Ended, FailureKind, Hello, LogChunk, MAX_AGENT_FRAME, Op, PtyOpen, ReadLog,
+    Record, RecordBody, Reply, Request, Response, Spawn,
 };
 use tokio::net::UnixStream;
 use tokio_util::codec::{Framed, LengthDelimitedCodec};
@@ -132,25 +132,7 @@ impl Client {
     }
 
     async fn spawn(&mut self, id: &str, script: &str, timeout_ms: u64) {
-        let reply = self
-            .call(Op::Spawn(Spawn {
-                command: id.into(),
-                argv: vec!["bash".into(), "-c".into(), script.into()],
-                env: vec![],
-                cwd: Some("/tmp".into()),
-                stdin: vec![],
-                tail_bytes: 0,
-                awaits_reader: true,
-                changes: None,
-                meta: CommandMeta {
-                    summary: script.into(),
-                    started_at_ms: 0,
-                    timeout_ms,
-                    shape: None,
-                    changes: false,
-                },
-            }))
-            .await;
+        let reply = self.call(Op::Spawn(bash(id, script, timeout_ms))).await;
         assert!(matches!(reply, Reply::Spawned { .. }), "{reply:?}");
     }
 
@@ -187,6 +169,28 @@ impl Client {
                 return all;
             }
         }
+    }
+}
+
+/// A start of `bash -c script` in /tmp, read from its start.
+fn bash(id: &str, script: &str, timeout_ms: u64) -> Spawn {
+    Spawn {
+        command: id.into(),
+        argv: vec!["bash".into(), "-c".into(), script.into()],
+        env: vec![],
+        cwd: Some("/tmp".into()),
+        stdin: vec![],
+        stdin_open: false,
+        tail_bytes: 0,
+        awaits_reader: true,
+        changes: None,
+        meta: CommandMeta {
+            summary: script.into(),
+            started_at_ms: 0,
+            timeout_ms,
+            shape: None,
+            changes: false,
+        },
     }
 }
 
@@ -243,21 +247,10 @@ async fn exit_codes_output_and_stdin() {
 
     let reply = c
         .call(Op::Spawn(Spawn {
-            command: cid(3),
             argv: vec!["/no/such/program".into()],
             env: vec![("A".into(), "1".into())],
             cwd: None,
-            stdin: vec![],
-            tail_bytes: 0,
-            awaits_reader: true,
-            changes: None,
-            meta: CommandMeta {
-                summary: String::new(),
-                started_at_ms: 0,
-                timeout_ms: 10_000,
-                shape: None,
-                changes: false,
-            },
+            ..bash(&cid(3), "", 10_000)
         }))
         .await;
     assert!(matches!(reply, Reply::Spawned { .. }), "{reply:?}");
@@ -265,21 +258,11 @@ async fn exit_codes_output_and_stdin() {
 
     let reply = c
         .call(Op::Spawn(Spawn {
-            command: cid(4),
-            argv: vec!["bash".into(), "-c".into(), "wc -c; echo $GREETING".into()],
             env: vec![("GREETING".into(), "hi there".into())],
-            cwd: Some("/tmp".into()),
             stdin: vec![b'x'; 200_000],
             tail_bytes: 1024,
             awaits_reader: false,
-            changes: None,
-            meta: CommandMeta {
-                summary: String::new(),
-                started_at_ms: 0,
-                timeout_ms: 10_000,
-                shape: None,
-                changes: false,
-            },
+            ..bash(&cid(4), "wc -c; echo $GREETING", 10_000)
         }))
         .await;
     assert!(matches!(reply, Reply::Spawned { .. }), "{reply:?}");
@@ -290,6 +273,90 @@ async fn exit_codes_output_and_stdin() {
         matches!(&parts[0], Reply::TailPart(p) if p.text == "200000\nhi there\n"),
         "{parts:?}"
     );
+}
+
+/// A command started with its stdin open reads each input in order, and
+/// its end of input once the stdin is closed; input to a command whose
+/// stdin is closed, or was never open, is refused. Its pid is its own.
+#[tokio::test]
+async fn an_open_stdin_takes_input_until_it_is_closed() {
+    let agent = Agent::start();
+    let mut c = agent.client().await;
+    let mut echo = bash(
+        &cid(1),
+        "while read -r line; do echo \"got $line\"; done; echo eof",
+        10_000,
+    );
+    echo.stdin_open = true;
+    echo.tail_bytes = 4096;
+    echo.awaits_reader = false;
+    let pid = match c.call(Op::Spawn(echo)).await {
+        Reply::Spawned { pid } => pid,
+        other => panic!("spawn: {other:?}"),
+    };
+    // Its own process, once it has exec'd (the keeper's child reads empty
+    // before).
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let cmdline = std::fs::read_to_string(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        if cmdline.contains("while read") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "pid {pid} runs {cmdline:?}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    for input in ["one\n", "two\n"] {
+        let data = bytes::Bytes::from_static(input.as_bytes());
+        let reply = c
+            .call(Op::Stdin {
+                command: cid(1),
+                data,
+            })
+            .await;
+        assert_eq!(reply, Reply::Ok);
+    }
+    let listed = match c.call(Op::List).await {
+        Reply::Commands(list) => list,
+        other => panic!("list: {other:?}"),
+    };
+    assert!(
+        listed
+            .iter()
+            .any(|s| s.command == cid(1) && s.pid == pid && s.ended.is_none()),
+        "still running, with its pid: {listed:?}"
+    );
+    let reply = c.call(Op::CloseStdin { command: cid(1) }).await;
+    assert_eq!(reply, Reply::Ok);
+    assert_eq!(c.wait(&cid(1)).await.exit_code, 0);
+    let id = c.send(Op::Tail { command: cid(1) }).await;
+    let parts = c.replies(id).await;
+    assert!(
+        matches!(&parts[0], Reply::TailPart(p) if p.text == "got one\ngot two\neof\n"),
+        "{parts:?}"
+    );
+    let closed =
+        |reply: Reply| matches!(reply, Reply::Error(f) if f.kind == FailureKind::StdinClosed);
+    let data = bytes::Bytes::from_static(b"late\n");
+    let reply = c
+        .call(Op::Stdin {
+            command: cid(1),
+            data: data.clone(),
+        })
+        .await;
+    assert!(closed(reply.clone()), "{reply:?}");
+    let reply = c.call(Op::CloseStdin { command: cid(1) }).await;
+    assert!(closed(reply.clone()), "{reply:?}");
+
+    c.spawn(&cid(2), "sleep 5", 10_000).await;
+    let reply = c
+        .call(Op::Stdin {
+            command: cid(2),
+            data,
+        })
+        .await;
+    assert!(closed(reply.clone()), "never open: {reply:?}");
+    let reply = c.call(Op::Kill { command: cid(2) }).await;
+    assert_eq!(reply, Reply::Ok);
 }
 
 #[tokio::test]

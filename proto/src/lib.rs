@@ -31,7 +31,7 @@ use serde::{Deserialize, Serialize};
 use tokio_util::codec::LengthDelimitedCodec;
 
 /// Bumped on any change to the types below.
-pub const VERSION: u32 = 7;
+pub const VERSION: u32 = 8;
 
 /// Largest piece of bulk data (file content, a tail) in one response.
 pub const CHUNK: usize = 1024 * 1024;
@@ -47,6 +47,10 @@ pub const MAX_HOST_FRAME: usize = 1 << 30;
 pub const MAX_TEXT: usize = 4096;
 /// Most directory entries in one response.
 pub const ENTRIES_PER_CHUNK: usize = 2048;
+/// Most bytes of input in one [`Op::Stdin`].
+pub const STDIN_PIECE: usize = 1024 * 1024;
+/// Longest an [`Op::Stdin`] waits for the command to read its input.
+pub const STDIN_WAIT_MS: u64 = 5000;
 
 /// The frame codec for a side that accepts frames up to `max_frame` bytes.
 pub fn codec(max_frame: usize) -> LengthDelimitedCodec {
@@ -132,6 +136,17 @@ pub enum Op {
     Changes { command: String },
     /// Drop a finished command and its log.
     Forget { command: String },
+    /// Input (at most [`STDIN_PIECE`] bytes) for a running command started
+    /// with [`Spawn::stdin_open`]: [`Reply::Ok`] once all of it is in the
+    /// pipe, [`FailureKind::StdinClosed`] when its stdin is not open (or
+    /// the command has ended), [`FailureKind::InputNotRead`] when the
+    /// command has not read it for [`STDIN_WAIT_MS`] (part of it may be
+    /// in).
+    Stdin { command: String, data: Bytes },
+    /// Close the stdin of a command started with [`Spawn::stdin_open`]
+    /// (the command reads its end): [`Reply::Ok`], or
+    /// [`FailureKind::StdinClosed`] when it is not open.
+    CloseStdin { command: String },
     /// Every command the agent knows: [`Reply::Commands`].
     List,
     /// A file's content: [`Reply::Data`] pieces, then [`Reply::Ok`].
@@ -158,6 +173,16 @@ pub enum Op {
     ListDir { path: String },
     /// Deletes paths in order: [`Reply::Ok`].
     Delete { paths: Vec<String>, recursive: bool },
+    /// Moves `from` to `to` (the final component of either not followed;
+    /// missing parents of `to` made): [`Reply::Ok`];
+    /// [`FailureKind::AlreadyExists`] when `to` exists and not `overwrite`.
+    Rename {
+        from: String,
+        to: String,
+        overwrite: bool,
+    },
+    /// Makes a directory and its missing parents: [`Reply::MadeDir`].
+    MakeDir { path: String },
     /// Forward TCP connections from `listen` (all addresses) to
     /// 127.0.0.1:`port`, accepting peers in `allow` (an IPv4 CIDR) only.
     /// Idempotent. [`Reply::Ok`].
@@ -318,6 +343,9 @@ pub struct Spawn {
     pub cwd: Option<String>,
     #[serde(with = "serde_bytes")]
     pub stdin: Vec<u8>,
+    /// The command's stdin stays open for [`Op::Stdin`] until
+    /// [`Op::CloseStdin`] or its end (`stdin` is then empty).
+    pub stdin_open: bool,
     /// Keep the last this many bytes of each stream for [`Op::Tail`].
     pub tail_bytes: u32,
     /// A client reads the log from its start (a started command): output
@@ -510,7 +538,9 @@ pub struct ShapedPart {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Reply {
     Hello(HelloReply),
-    Spawned { pid: u32 },
+    Spawned {
+        pid: u32,
+    },
     Ok,
     Log(LogChunk),
     Ended(Ended),
@@ -519,7 +549,10 @@ pub enum Reply {
     Shaped(ShapedPart),
     Data(#[serde(with = "serde_bytes")] Vec<u8>),
     Entries(Vec<DirEntry>),
-    Probed { ready: bool, recent_output: String },
+    Probed {
+        ready: bool,
+        recent_output: String,
+    },
     PtyOutput(PtyOutput),
     Ptys(Vec<PtyState>),
     PtyEnded(PtyEnded),
@@ -529,6 +562,10 @@ pub enum Reply {
     Searched(Searched),
     ChangesPart(Vec<Change>),
     Changes(ChangesSummary),
+    /// Whether [`Op::MakeDir`] made the directory (`false`: one was there).
+    MadeDir {
+        created: bool,
+    },
     Error(Failure),
 }
 
@@ -582,6 +619,8 @@ pub struct CommandState {
     pub ended: Option<Ended>,
     /// Processes of its tree still alive (after its end: what it left).
     pub processes: u32,
+    /// The pid of its own process in the sandbox (0: it never started).
+    pub pid: u32,
 }
 
 /// Which output stream.
@@ -708,6 +747,13 @@ pub enum FailureKind {
     PortInUse,
     /// At a cap on things running at once (terminal sessions).
     TooMany,
+    /// The command's stdin is not open: it was started without
+    /// [`Spawn::stdin_open`], it was closed, or the command has ended.
+    StdinClosed,
+    /// The command has not read its input for a while.
+    InputNotRead,
+    /// Something is at the path (a move's destination).
+    AlreadyExists,
     Other,
 }
 
@@ -740,6 +786,7 @@ mod tests {
                 env: vec![("A".into(), "b c".into())],
                 cwd: Some("/workspace/x".into()),
                 stdin: vec![0, 1, 2, 255],
+                stdin_open: false,
                 tail_bytes: 1024,
                 awaits_reader: false,
                 changes: Some(ChangesSpec {

@@ -1,7 +1,8 @@
 //! The command operations of the agent client: start, kill, read the log
-//! of, wait for, list and forget commands, and ask what a finished one
-//! kept of its streams or changed in the workspace. Each method sends one
-//! `Op` and gives back the answer it is due, or [`AgentError`].
+//! of, wait for, list and forget commands, write to or close the stdin of
+//! a running one, and ask what a finished one kept of its streams or
+//! changed in the workspace. Each method sends one `Op` and gives back
+//! the answer it is due, or [`AgentError`].
 //!
 //! `limit` is how long the agent may take to answer before it counts as
 //! stuck and the connection is closed (`Duration::MAX`: never, for a
@@ -10,6 +11,7 @@
 
 use std::time::Duration;
 
+use bytes::Bytes;
 use sandboxd_proto::{
     Change, ChangesSummary, CommandState, Ended, LogChunk, Op, ReadLog, Reply, ShapedPart, Spawn,
     TailPart,
@@ -27,10 +29,11 @@ pub enum TailPiece {
 }
 
 impl AgentConn {
-    /// Starts a command; done once it runs.
-    pub async fn spawn(&self, spawn: Spawn, limit: Duration) -> AgentResult<()> {
+    /// Starts a command; done once it runs. Its pid (0: it could not
+    /// start), as the agent says.
+    pub async fn spawn(&self, spawn: Spawn, limit: Duration) -> AgentResult<u32> {
         match self.call_within(Op::Spawn(spawn), limit).await? {
-            Reply::Spawned { .. } => Ok(()),
+            Reply::Spawned { pid } => Ok(pid),
             other => Err(unexpected("a spawn", &other)),
         }
     }
@@ -115,6 +118,29 @@ impl AgentConn {
             Reply::Changes(summary) => Ok(summary),
             other => Err(unexpected("a list of changes", &other)),
         }
+    }
+
+    /// Writes `data` to the stdin of a command started with it open; done
+    /// once all of it is in the pipe.
+    pub async fn write_stdin(
+        &self,
+        command: &str,
+        data: Bytes,
+        limit: Duration,
+    ) -> AgentResult<()> {
+        let op = Op::Stdin {
+            command: command.to_string(),
+            data,
+        };
+        self.call_within(op, limit).await.map(drop)
+    }
+
+    /// Closes the stdin of a command started with it open.
+    pub async fn close_stdin(&self, command: &str, limit: Duration) -> AgentResult<()> {
+        let op = Op::CloseStdin {
+            command: command.to_string(),
+        };
+        self.call_within(op, limit).await.map(drop)
     }
 
     /// Drops a finished command and its log.

@@ -1,5 +1,6 @@
 //! The file operations of the agent client: read, write, stat, search,
-//! list and delete in the workspace (paths relative to it). Each method
+//! list, delete, move and make directories in the workspace (paths
+//! relative to it). Each method
 //! sends one `Op` and gives back the answer it is due, or [`AgentError`];
 //! an answer in parts hands each part to the caller's `part`, which may
 //! refuse it (a bound passed), ending the call as a protocol error.
@@ -107,6 +108,31 @@ impl AgentConn {
         })
         .await
         .map(drop)
+    }
+
+    /// Moves `from` to `to` (workspace-relative); an existing `to` is
+    /// refused unless `overwrite`.
+    pub async fn rename(
+        &self,
+        from: String,
+        to: String,
+        overwrite: bool,
+        limit: Duration,
+    ) -> AgentResult<()> {
+        let op = Op::Rename {
+            from,
+            to,
+            overwrite,
+        };
+        self.call_parts_within(op, limit, no_parts).await.map(drop)
+    }
+
+    /// Makes a directory and its missing parents: whether it was made.
+    pub async fn make_dir(&self, path: String, limit: Duration) -> AgentResult<bool> {
+        match self.call_within(Op::MakeDir { path }, limit).await? {
+            Reply::MadeDir { created } => Ok(created),
+            other => Err(unexpected("a directory made", &other)),
+        }
     }
 
     /// Deletes `paths` in order; a directory needs `recursive`.

@@ -452,6 +452,7 @@ fn reply_name(r: &Reply) -> &'static str {
         Reply::Searched(_) => "Searched",
         Reply::ChangesPart(_) => "ChangesPart",
         Reply::Changes(_) => "Changes",
+        Reply::MadeDir { .. } => "MadeDir",
         Reply::Error(_) => "Error",
     }
 }

@@ -1,4 +1,5 @@
-//! Command routes: start, run, list, wait, kill, and the NDJSON log stream.
+//! Command routes: start, run, list, wait, kill, input to an open stdin
+//! and its close, and the NDJSON log stream.
 
 use std::sync::Arc;
 
@@ -8,7 +9,7 @@ use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use futures_util::StreamExt;
 use serde::Deserialize;
-use utoipa::IntoParams;
+use utoipa::{IntoParams, ToSchema};
 
 use super::dto;
 use super::error::ApiError;
@@ -69,25 +70,67 @@ pub(super) async fn wait_command(
     Ok(axum::Json(done.into()))
 }
 
+/// `POST /v1/sandboxes/{id}/commands/{cid}:kill` and `…:closeStdin`. The
+/// router cannot split a segment at a colon, so the action is parsed here.
+pub(super) async fn command_action(
+    State(app): State<Arc<App>>,
+    Path((id, segment)): Path<(String, String)>,
+) -> Result<axum::Json<dto::Done>, ApiError> {
+    match segment.rsplit_once(':') {
+        Some((cid, "kill")) => kill(&app, &id, cid).await,
+        Some((cid, "closeStdin")) => close_stdin(&app, &id, cid).await,
+        _ => Err(ApiError::not_found(
+            "unknown command action; use POST …/commands/{commandId}:kill or :closeStdin",
+        )),
+    }
+}
+
 /// `POST /v1/sandboxes/{id}/commands/{cid}:kill`
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/commands/{cid}:kill", tags = ["commands", "compat"],
     operation_id = "kill_command",
     extensions(("x-compat" = json!(true))),
     summary = "End a command's whole process tree", params(("id" = String, Path, description = "The sandboxId"), ("cid" = String, Path, description = "The commandId")),
     responses((status = 200, description = "SIGTERM is on its way", body = dto::Done)))]
-pub(super) async fn command_action(
+async fn kill(app: &App, id: &str, cid: &str) -> Result<axum::Json<dto::Done>, ApiError> {
+    app.commands.kill(id, cid).await?;
+    Ok(axum::Json(dto::Done::new()))
+}
+
+/// `POST /v1/sandboxes/{id}/commands/{cid}:closeStdin`
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/commands/{cid}:closeStdin", tags = ["commands"],
+    operation_id = "close_command_stdin",
+    summary = "Close the stdin of a command started with `stdinOpen`: it reads the end of its input",
+    params(("id" = String, Path, description = "The sandboxId"), ("cid" = String, Path, description = "The commandId")),
+    responses((status = 200, description = "Closed (409 `stdin_closed` when it was not open, `command_finished` when the command has ended)", body = dto::Done)))]
+async fn close_stdin(app: &App, id: &str, cid: &str) -> Result<axum::Json<dto::Done>, ApiError> {
+    app.commands.close_stdin(id, cid).await?;
+    Ok(axum::Json(dto::Done::new()))
+}
+
+/// Input for a command's open stdin.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(super) struct StdinRequest {
+    /// The bytes, strict standard base64 with padding; at most 1 MiB
+    /// decoded.
+    data: String,
+}
+
+/// `POST /v1/sandboxes/{id}/commands/{cid}/stdin`
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/commands/{cid}/stdin", tags = ["commands"],
+    summary = "Write to the stdin of a running command started with `stdinOpen`",
+    params(("id" = String, Path, description = "The sandboxId"), ("cid" = String, Path, description = "The commandId")),
+    request_body = StdinRequest,
+    responses((status = 200, description = "All of it is in the command's stdin pipe (409 `stdin_closed`, `command_finished`, or `stdin_not_read` when the command has not read it for 5 s)", body = dto::Done)))]
+pub(super) async fn send_stdin(
     State(app): State<Arc<App>>,
-    Path((id, segment)): Path<(String, String)>,
+    Path((id, cid)): Path<(String, String)>,
+    Json(req): Json<StdinRequest>,
 ) -> Result<axum::Json<dto::Done>, ApiError> {
-    match segment.rsplit_once(':') {
-        Some((cid, "kill")) => {
-            app.commands.kill(&id, cid).await?;
-            Ok(axum::Json(dto::Done::new()))
-        }
-        _ => Err(ApiError::not_found(
-            "unknown command action; use POST …/commands/{commandId}:kill",
-        )),
-    }
+    let data = crate::files::text::decode_base64(&req.data)
+        .map_err(|e| ApiError::bad_request(format!("data: not valid base64 ({e})")))?;
+    app.commands.send_stdin(&id, &cid, data.into()).await?;
+    Ok(axum::Json(dto::Done::new()))
 }
 
 #[derive(Debug, Deserialize, IntoParams)]

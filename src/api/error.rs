@@ -61,7 +61,13 @@ error_codes! {
     NeedsRecursive = "needs_recursive", CONFLICT;
     PathChanged = "path_changed", CONFLICT;
     PreconditionFailed = "precondition_failed", CONFLICT;
+    FileExists = "file_exists", CONFLICT;
     NoNetwork = "no_network", CONFLICT;
+    SandboxPaused = "sandbox_paused", CONFLICT;
+    SandboxNotPaused = "sandbox_not_paused", CONFLICT;
+    CommandFinished = "command_finished", CONFLICT;
+    StdinClosed = "stdin_closed", CONFLICT;
+    StdinNotRead = "stdin_not_read", CONFLICT;
     BodyTooLarge = "body_too_large", PAYLOAD_TOO_LARGE;
     FileTooLarge = "file_too_large", PAYLOAD_TOO_LARGE;
     UnsupportedMediaType = "unsupported_media_type", UNSUPPORTED_MEDIA_TYPE;
@@ -183,6 +189,8 @@ impl From<SandboxError> for ApiError {
             SandboxError::WorkspaceQuotaUnsupported(_) => ErrorCode::WorkspaceQuotaUnsupported,
             SandboxError::EngineUnavailable(_) => ErrorCode::EngineUnavailable,
             SandboxError::Random(_) => ErrorCode::RandomUnavailable,
+            SandboxError::Paused(_) => ErrorCode::SandboxPaused,
+            SandboxError::NotPaused(_) => ErrorCode::SandboxNotPaused,
             SandboxError::Agent(inner) => {
                 tracing::warn!(error = %inner, "the sandbox's agent failed");
                 ErrorCode::AgentFailed
@@ -209,6 +217,9 @@ impl From<CommandError> for ApiError {
             CommandError::NoProcesses(_) => ErrorCode::TooManyProcesses,
             CommandError::TooMany { .. } => ErrorCode::TooManyCommands,
             CommandError::ShuttingDown => ErrorCode::ShuttingDown,
+            CommandError::Finished(_) => ErrorCode::CommandFinished,
+            CommandError::StdinClosed(_) => ErrorCode::StdinClosed,
+            CommandError::StdinNotRead(_) => ErrorCode::StdinNotRead,
         };
         ApiError::new(code, message)
     }
@@ -244,6 +255,7 @@ impl From<FileError> for ApiError {
             FileError::IsDirectory(_) => ErrorCode::IsADirectory,
             FileError::NotDirectory(_) => ErrorCode::NotADirectory,
             FileError::NeedsRecursive(_) => ErrorCode::NeedsRecursive,
+            FileError::Exists(_) => ErrorCode::FileExists,
             FileError::NotRegular(_) => ErrorCode::NotARegularFile,
             FileError::TooLarge(_) => ErrorCode::FileTooLarge,
             FileError::Changed(_) => ErrorCode::PathChanged,

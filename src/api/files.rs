@@ -1,5 +1,6 @@
 //! File routes: `files:read`, `files:write`, `files:edit`, `files:list`,
-//! `files:delete`, `files:stat`, `files:search`. Contents travel as standard base64; it is
+//! `files:delete`, `files:move`, `files:mkdir`, `files:stat`,
+//! `files:search`. Contents travel as standard base64; it is
 //! decoded and encoded here, at the edge, and the domain sees bytes.
 
 use std::sync::Arc;
@@ -156,6 +157,56 @@ pub(super) async fn delete_files(
 ) -> Result<axum::Json<dto::Done>, ApiError> {
     app.files.delete(&id, req.paths, req.recursive).await?;
     Ok(axum::Json(dto::Done::new()))
+}
+
+/// `files:move`.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(super) struct MoveRequest {
+    /// The path moved (a symlink is moved itself).
+    from: String,
+    /// Where it goes; missing parent directories are made.
+    to: String,
+    /// Replace what is at `to` (a directory only by a directory, and
+    /// only when empty); default `false`: `409 file_exists`.
+    #[serde(default)]
+    overwrite: bool,
+}
+
+/// `POST /v1/sandboxes/{id}/files:move`
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/files:move", tags = ["files"],
+    summary = "Move or rename a file or directory within the workspace", params(("id" = String, Path, description = "The sandboxId")), request_body = MoveRequest,
+    responses((status = 200, description = "Moved (404 `file_not_found` for a missing `from`, 409 `file_exists` for an existing `to` without `overwrite`)", body = dto::Done)))]
+pub(super) async fn move_file(
+    State(app): State<Arc<App>>,
+    Path(id): Path<String>,
+    Json(req): Json<MoveRequest>,
+) -> Result<axum::Json<dto::Done>, ApiError> {
+    app.files
+        .rename(&id, &req.from, &req.to, req.overwrite)
+        .await?;
+    Ok(axum::Json(dto::Done::new()))
+}
+
+/// `files:mkdir`.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(super) struct MakeDirRequest {
+    /// The directory; missing parents are made too.
+    path: String,
+}
+
+/// `POST /v1/sandboxes/{id}/files:mkdir`
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/files:mkdir", tags = ["files"],
+    summary = "Make a directory and its missing parents", params(("id" = String, Path, description = "The sandboxId")), request_body = MakeDirRequest,
+    responses((status = 200, description = "`created: false` when a directory was there already (anything else there is 400 `not_a_directory`)", body = dto::DirMade)))]
+pub(super) async fn make_dir(
+    State(app): State<Arc<App>>,
+    Path(id): Path<String>,
+    Json(req): Json<MakeDirRequest>,
+) -> Result<axum::Json<dto::DirMade>, ApiError> {
+    let created = app.files.make_dir(&id, &req.path).await?;
+    Ok(axum::Json(created.into()))
 }
 
 /// `files:stat`.

@@ -57,6 +57,10 @@ pub fn router(app: Arc<App>) -> Router {
             post(commands::command_action),
         )
         .route(
+            "/v1/sandboxes/{id}/commands/{cid}/stdin",
+            post(commands::send_stdin),
+        )
+        .route(
             "/v1/sandboxes/{id}/commands/{cid}/wait",
             get(commands::wait_command),
         )
@@ -68,6 +72,8 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/v1/sandboxes/{id}/files:write", post(files::write_files))
         .route("/v1/sandboxes/{id}/files:list", get(files::list_files))
         .route("/v1/sandboxes/{id}/files:delete", post(files::delete_files))
+        .route("/v1/sandboxes/{id}/files:move", post(files::move_file))
+        .route("/v1/sandboxes/{id}/files:mkdir", post(files::make_dir))
         .route("/v1/sandboxes/{id}/files:stat", post(files::stat_files))
         .route("/v1/sandboxes/{id}/files:search", post(files::search_files))
         .route("/v1/sandboxes/{id}/files:edit", post(files::edit_file))

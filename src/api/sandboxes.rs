@@ -1,5 +1,5 @@
-//! Sandbox routes: create or reconnect, list, get, and the `{id}:stop` /
-//! `{id}:restart` actions.
+//! Sandbox routes: create or reconnect, list, get, and the `{id}:stop`,
+//! `{id}:restart`, `{id}:pause` and `{id}:resume` actions.
 
 use std::sync::Arc;
 
@@ -7,8 +7,9 @@ use axum::extract::State;
 
 use super::dto;
 use super::error::ApiError;
-use super::extract::{Json, Path};
+use super::extract::{Json, Path, Query};
 use crate::app::App;
+use crate::sandbox::metadata;
 use crate::sandbox::spec::CreateSandboxRequest;
 
 /// `POST /v1/sandboxes`
@@ -26,11 +27,14 @@ pub(super) async fn create_sandbox(
 
 /// `GET /v1/sandboxes`
 #[utoipa::path(get, path = "/v1/sandboxes", tags = ["sandboxes"], summary = "List sandboxes",
+    params(("metadata.KEY" = Option<String>, Query, description = "Only sandboxes whose metadata has KEY with this value; several must all hold")),
     responses((status = 200, description = "Ordered by createdAt", body = dto::SandboxList)))]
 pub(super) async fn list_sandboxes(
     State(app): State<Arc<App>>,
+    Query(query): Query<Vec<(String, String)>>,
 ) -> Result<axum::Json<dto::SandboxList>, ApiError> {
-    let list = app.sandboxes.list().await?;
+    let wanted = metadata::filter_of(query).map_err(|e| ApiError::bad_request(e.to_string()))?;
+    let list = app.sandboxes.list_matching(&wanted).await?;
     Ok(axum::Json(list.into()))
 }
 
@@ -45,7 +49,7 @@ pub(super) async fn get_sandbox(
     Ok(axum::Json(info.into()))
 }
 
-/// `POST /v1/sandboxes/{id}:stop` and `POST /v1/sandboxes/{id}:restart`. The
+/// `POST /v1/sandboxes/{id}:stop`, `:restart`, `:pause` and `:resume`. The
 /// router cannot split a segment at a colon, so the action is parsed here.
 pub(super) async fn sandbox_action(
     State(app): State<Arc<App>>,
@@ -53,16 +57,40 @@ pub(super) async fn sandbox_action(
 ) -> Result<axum::Json<dto::Done>, ApiError> {
     let Some((id, action)) = segment.rsplit_once(':') else {
         return Err(ApiError::method_not_allowed(
-            "POST on a sandbox needs an action: {id}:stop or {id}:restart",
+            "POST on a sandbox needs an action: {id}:stop, :restart, :pause or :resume",
         ));
     };
     match action {
         "stop" => stop(&app, id).await,
         "restart" => restart(&app, id).await,
+        "pause" => pause(&app, id).await,
+        "resume" => resume(&app, id).await,
         other => Err(ApiError::not_found(format!(
-            "unknown sandbox action {other:?}; use :stop or :restart"
+            "unknown sandbox action {other:?}; use :stop, :restart, :pause or :resume"
         ))),
     }
+}
+
+/// `POST /v1/sandboxes/{id}:pause`
+#[utoipa::path(post, path = "/v1/sandboxes/{id}:pause", tags = ["sandboxes"],
+    operation_id = "pause_sandbox",
+    summary = "Freeze every process of the sandbox: memory kept, no CPU, until `:resume`",
+    params(("id" = String, Path, description = "The sandboxId")),
+    responses((status = 200, description = "Paused (409 `sandbox_paused` when it was already)", body = dto::Done)))]
+async fn pause(app: &App, id: &str) -> Result<axum::Json<dto::Done>, ApiError> {
+    app.sandboxes.pause(id).await?;
+    Ok(axum::Json(dto::Done::new()))
+}
+
+/// `POST /v1/sandboxes/{id}:resume`
+#[utoipa::path(post, path = "/v1/sandboxes/{id}:resume", tags = ["sandboxes"],
+    operation_id = "resume_sandbox",
+    summary = "Thaw a paused sandbox: its processes go on where they were",
+    params(("id" = String, Path, description = "The sandboxId")),
+    responses((status = 200, description = "Resumed (409 `sandbox_not_paused` when it was not paused)", body = dto::Done)))]
+async fn resume(app: &App, id: &str) -> Result<axum::Json<dto::Done>, ApiError> {
+    app.resume_sandbox(id).await?;
+    Ok(axum::Json(dto::Done::new()))
 }
 
 /// `POST /v1/sandboxes/{id}:stop`

@@ -17,6 +17,7 @@ pub mod log;
 mod progress;
 pub use progress::{Progress, Reported};
 pub mod spec;
+mod stdin;
 
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
@@ -68,6 +69,15 @@ pub enum CommandError {
     NoProcesses(String),
     #[error("sandboxd is shutting down")]
     ShuttingDown,
+    /// It has ended: it takes no input.
+    #[error("command {0:?} has ended")]
+    Finished(String),
+    /// Its stdin is not open (started without `stdinOpen`, or closed).
+    #[error("{0}")]
+    StdinClosed(String),
+    /// It did not read its input in time.
+    #[error("{0}")]
+    StdinNotRead(String),
 }
 
 impl From<AgentError> for CommandError {
@@ -111,6 +121,9 @@ pub struct Command {
     pub started_at: u64,
     /// The effective timeout (capped to `max_timeout`).
     pub timeout_ms: u64,
+    /// The pid of its own process in the sandbox, as its agent said
+    /// (`None`: it could not start, or its agent did not say).
+    pub pid: Option<u32>,
     finished: watch::Sender<Option<Finished>>,
     /// Why sandboxd ended it (the sandbox stopped or died under it): the
     /// `error` record readers get after whatever the agent still gave.
@@ -441,6 +454,7 @@ impl Commands {
             env: spec.env,
             cwd: spec.cwd,
             stdin: spec.stdin,
+            stdin_open: spec.stdin_open,
             tail_bytes: if keep_tails && spec.shape.is_none() {
                 u32::try_from(spec.max_output_bytes).unwrap_or(u32::MAX)
             } else {
@@ -463,19 +477,19 @@ impl Commands {
                 let spawn = spawn.clone();
                 async move {
                     match conn.spawn(spawn, limit).await {
-                        Ok(()) => Ok(conn.boot()),
+                        Ok(pid) => Ok((conn.boot(), (pid != 0).then_some(pid))),
                         // A repeat (the connection closed after the first
                         // reached the agent): the command runs.
                         Err(AgentError::Refused(f)) if f.kind == FailureKind::DuplicateCommand => {
-                            Ok(conn.boot())
+                            Ok((conn.boot(), None))
                         }
                         Err(e) => Err(e),
                     }
                 }
             })
             .await;
-        let boot = match spawned {
-            Ok(boot) => boot,
+        let (boot, pid) = match spawned {
+            Ok(started) => started,
             Err(SandboxError::Agent(AgentError::Refused(f)))
                 if f.kind == FailureKind::NoProcesses =>
             {
@@ -489,6 +503,7 @@ impl Commands {
             summary: spec.summary,
             started_at,
             timeout_ms,
+            pid,
             finished: watch::channel(None).0,
             ended_by_sandboxd: Mutex::new(None),
             boot,
@@ -642,6 +657,22 @@ impl Commands {
         }
     }
 
+    /// Lists again the commands the agent of `sandbox_id` holds that
+    /// sandboxd does not know: after a resume, for a sandbox that was
+    /// paused when sandboxd started (its agent could not be asked then).
+    pub async fn discover_sandbox(&self, sandbox_id: &str) {
+        if let Some(sandbox) = self.sandboxes.registry().get(sandbox_id) {
+            let n = self.discover_in(sandbox).await;
+            if n > 0 {
+                tracing::info!(
+                    sandbox_id,
+                    commands = n,
+                    "commands found in a resumed sandbox's agent"
+                );
+            }
+        }
+    }
+
     async fn discover_in(&self, sandbox: Arc<Sandbox>) -> usize {
         let Ok(conn) = self.sandboxes.agent(&sandbox).await else {
             return 0;
@@ -667,6 +698,7 @@ impl Commands {
                     .meta
                     .timeout_ms
                     .min(u64::try_from(self.config.max_timeout.as_millis()).unwrap_or(u64::MAX)),
+                pid: (state.pid != 0).then_some(state.pid),
                 finished: watch::channel(state.ended.as_ref().map(Finished::from_agent)).0,
                 ended_by_sandboxd: Mutex::new(None),
                 boot: conn.boot(),
@@ -798,8 +830,14 @@ struct Drive {
 impl Drive {
     async fn run(self) {
         let mut asked_to_kill = false;
+        let mut deadline = self.deadline;
         let outcome: Result<Ended, String> = loop {
-            if Instant::now() >= self.deadline {
+            // A paused sandbox's agent cannot report: its time does not
+            // count against the deadline.
+            if self.sandbox.is_paused() {
+                deadline = deadline.max(Instant::now() + REPORT_SLACK);
+            }
+            if Instant::now() >= deadline {
                 if asked_to_kill {
                     break Err("the sandbox's agent did not report how the command ended".into());
                 }
@@ -828,7 +866,7 @@ impl Drive {
             let answer = loop {
                 tokio::select! {
                     r = &mut wait => break Some(r),
-                    _ = tokio::time::sleep_until(self.deadline.into()) => break None,
+                    _ = tokio::time::sleep_until(deadline.into()) => break None,
                     _ = liveness.tick() => {
                         if !self.sandbox_alive().await {
                             conn.close("the sandbox stopped".into());

@@ -68,6 +68,11 @@ pub struct CommandRequest {
     /// Text the command reads as its stdin.
     #[serde(default)]
     pub stdin: Option<String>,
+    /// Keep the command's stdin open: input is sent with
+    /// `POST …/commands/{commandId}/stdin` until `…:closeStdin`. Not with
+    /// `stdin`. Default `false` (stdin is `stdin`, then its end).
+    #[serde(default)]
+    pub stdin_open: Option<bool>,
     /// At least 1; capped to `max_timeout_ms` (the answer gives the
     /// effective value).
     #[serde(default)]
@@ -132,6 +137,8 @@ pub struct CommandSpec {
     /// Absolute path inside the sandbox, created if missing.
     pub cwd: Option<String>,
     pub stdin: Vec<u8>,
+    /// The stdin stays open for input sent later.
+    pub stdin_open: bool,
     /// The effective timeout: what was asked for, capped to `max_timeout`.
     pub timeout: Duration,
     /// What was asked for, when it was capped.
@@ -270,12 +277,20 @@ impl CommandSpec {
         }
         let shape = req.output.map(shape_of).transpose()?;
         let changes = super::changes::parse(req.changes)?;
+        let stdin_open = req.stdin_open.unwrap_or(false);
+        if stdin_open && req.stdin.is_some() {
+            return Err(bad(
+                "stdinOpen",
+                "give stdin (text read at once) or stdinOpen (input sent later), not both",
+            ));
+        }
 
         Ok(CommandSpec {
             argv,
             env,
             cwd,
             stdin: req.stdin.map(String::into_bytes).unwrap_or_default(),
+            stdin_open,
             timeout,
             requested_timeout,
             summary,
@@ -454,6 +469,16 @@ mod tests {
         );
         assert_eq!(s.env, [("A_1".to_string(), "v v".to_string())]);
         assert_eq!(s.stdin, b"in");
+        assert!(!s.stdin_open, "closed after its text by default");
+    }
+
+    #[test]
+    fn an_open_stdin_goes_without_stdin_text() {
+        let s = parse(serde_json::json!({"command": "cat", "stdinOpen": true})).expect("ok");
+        assert!(s.stdin_open && s.stdin.is_empty());
+        let e = parse(serde_json::json!({"command": "cat", "stdinOpen": true, "stdin": "x"}))
+            .expect_err("refused");
+        assert!(e.contains("stdinOpen"), "{e}");
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! Containers: creating sandbox, proxy and egress containers from their
-//! hardened specs (`container_spec`), starting, restarting, renaming,
-//! removing, inspecting and listing them, changing their limits, and telling
+//! hardened specs (`container_spec`), starting, restarting, pausing and
+//! unpausing (the cgroup freezer), renaming, removing, inspecting and
+//! listing them, changing their limits, and telling
 //! whether the memory limit ended one.
 
 use std::collections::HashMap;
@@ -29,6 +30,8 @@ pub struct ContainerRecord {
     pub name: String,
     pub labels: HashMap<String, String>,
     pub running: bool,
+    /// Its processes are frozen (`pause`); it is not `running` then.
+    pub paused: bool,
     /// (container port, host port) of published TCP ports.
     pub published: Vec<(u16, u16)>,
 }
@@ -44,7 +47,10 @@ pub struct ProxyState {
 /// A container's state as far as the domain cares.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ContainerStatus {
+    /// Running, paused or not.
     pub running: bool,
+    /// Its processes are frozen (`pause`).
+    pub paused: bool,
     /// The engine's flag that the kernel's OOM killer acted in its last
     /// life. It can miss (see [`Engine::stopped_by_memory`]).
     pub oom_killed: bool,
@@ -176,6 +182,19 @@ impl Engine {
         Ok(())
     }
 
+    /// Freezes every process of a running container (the cgroup freezer):
+    /// they keep their memory and get no CPU until [`Self::unpause_container`].
+    pub async fn pause_container(&self, name: &str) -> EngineResult<()> {
+        self.docker()?.pause_container(name).await?;
+        Ok(())
+    }
+
+    /// Thaws a container [`Self::pause_container`] froze.
+    pub async fn unpause_container(&self, name: &str) -> EngineResult<()> {
+        self.docker()?.unpause_container(name).await?;
+        Ok(())
+    }
+
     /// Whether a container runs: `Some(true)` running, `Some(false)` exists
     /// but stopped, `None` gone.
     pub async fn container_running(&self, name: &str) -> EngineResult<Option<bool>> {
@@ -193,6 +212,7 @@ impl Engine {
                 let state = info.state.unwrap_or_default();
                 Ok(Some(ContainerStatus {
                     running: state.running.unwrap_or(false),
+                    paused: state.paused.unwrap_or(false),
                     oom_killed: state.oom_killed.unwrap_or(false),
                     exit_code: state.exit_code.unwrap_or(0),
                     started_at: state.started_at.unwrap_or_default(),
@@ -264,20 +284,24 @@ impl Engine {
         let list = docker.list_containers(Some(options)).await?;
         Ok(list
             .into_iter()
-            .map(|c| ContainerRecord {
-                name: c
-                    .names
-                    .and_then(|n| n.into_iter().next())
-                    .map(|n| n.trim_start_matches('/').to_string())
-                    .unwrap_or_default(),
-                labels: c.labels.unwrap_or_default(),
-                running: c.state.map(|s| s.to_string() == "running").unwrap_or(false),
-                published: c
-                    .ports
-                    .unwrap_or_default()
-                    .into_iter()
-                    .filter_map(|p| Some((p.private_port, p.public_port?)))
-                    .collect(),
+            .map(|c| {
+                let state = c.state.map(|s| s.to_string()).unwrap_or_default();
+                ContainerRecord {
+                    name: c
+                        .names
+                        .and_then(|n| n.into_iter().next())
+                        .map(|n| n.trim_start_matches('/').to_string())
+                        .unwrap_or_default(),
+                    labels: c.labels.unwrap_or_default(),
+                    running: state == "running",
+                    paused: state == "paused",
+                    published: c
+                        .ports
+                        .unwrap_or_default()
+                        .into_iter()
+                        .filter_map(|p| Some((p.private_port, p.public_port?)))
+                        .collect(),
+                }
             })
             .collect())
     }

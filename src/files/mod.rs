@@ -1,4 +1,5 @@
-//! Files in the workspace: read, write, list, delete. Every request is first
+//! Files in the workspace: read, write, list, delete, move, make a
+//! directory ([`moves`]). Every request is first
 //! checked here, lexically ([`WorkspacePath`]), and validated whole (modes,
 //! duplicates) before anything reaches the sandbox; then the agent inside
 //! the sandbox does the I/O as the sandbox user, walking each path with
@@ -21,6 +22,7 @@
 //! ([`tree`]) lists subdirectories down to a depth with exact counts.
 
 mod edit;
+mod moves;
 mod search;
 pub mod text;
 mod tree;
@@ -65,6 +67,9 @@ pub enum FileError {
     /// Deleting a directory needs `recursive: true`.
     #[error("{0}")]
     NeedsRecursive(String),
+    /// Something is at a move's destination.
+    #[error("{0}")]
+    Exists(String),
     #[error("{0}")]
     NotRegular(String),
     #[error("{0}")]
@@ -112,6 +117,7 @@ impl From<AgentError> for FileError {
             FailureKind::IsDirectory => FileError::IsDirectory(m),
             FailureKind::NotDirectory => FileError::NotDirectory(m),
             FailureKind::NeedsRecursive => FileError::NeedsRecursive(m),
+            FailureKind::AlreadyExists => FileError::Exists(m),
             FailureKind::NotRegular => FileError::NotRegular(m),
             FailureKind::TooLarge => FileError::TooLarge(m),
             FailureKind::Changed => FileError::Changed(m),
@@ -305,9 +311,14 @@ impl Files {
     }
 
     fn parse(&self, p: &str) -> FileResult<WorkspacePath> {
+        self.parse_field("path", p)
+    }
+
+    /// As [`Self::parse`], for a path given in `field`.
+    fn parse_field(&self, field: &str, p: &str) -> FileResult<WorkspacePath> {
         let dirs: Vec<&str> = self.config.workspace_dirs().collect();
         WorkspacePath::parse(p, &dirs)
-            .map_err(|e| FieldError::new("path", format!("{p:?}: {e}")).into())
+            .map_err(|e| FieldError::new(field, format!("{p:?}: {e}")).into())
     }
 
     /// Runs `call` on the sandbox's agent (once more on a new connection

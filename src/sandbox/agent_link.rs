@@ -37,7 +37,11 @@ const STDERR_LINE_BYTES: usize = 512;
 
 impl Sandboxes {
     /// The connection to the sandbox's agent: the open one, or a new one.
+    /// A paused sandbox's agent cannot answer: [`SandboxError::Paused`].
     pub async fn agent(&self, s: &Arc<Sandbox>) -> SandboxResult<Arc<AgentConn>> {
+        if s.is_paused() {
+            return Err(SandboxError::Paused(s.id.clone()));
+        }
         if let Some(conn) = s.live_agent() {
             return Ok(conn);
         }
@@ -62,7 +66,11 @@ impl Sandboxes {
                     delay = (delay * 2).min(Duration::from_millis(200));
                 }
                 // It takes connections but does not answer (stopped with
-                // SIGSTOP, say): start the sandbox again, once.
+                // SIGSTOP, say): start the sandbox again, once. Not one
+                // paused meanwhile: that is why it did not answer.
+                Err(SandboxError::Agent(AgentError::Unresponsive(_))) if s.is_paused() => {
+                    return Err(SandboxError::Paused(s.id.clone()));
+                }
                 Err(SandboxError::Agent(AgentError::Unresponsive(ms))) if !restarted => {
                     tracing::warn!(sandbox_id = %s.id, ms, "the sandbox's agent does not answer; restarting the sandbox");
                     restarted = true;

@@ -14,6 +14,7 @@
 
 use std::collections::{BTreeSet, HashMap};
 
+use super::metadata::{self, Metadata};
 use super::spec::{NetworkMode, Resources};
 
 pub const INSTANCE: &str = "sandboxd.instance";
@@ -32,6 +33,8 @@ const PORTS: &str = "sandboxd.ports";
 /// Mode `allowlist`: the request's entries, comma-separated (neither a
 /// domain pattern nor a CIDR holds a comma).
 const ALLOW: &str = "sandboxd.egress.allow";
+/// Each metadata pair is a label: this prefix and its key.
+const METADATA_PREFIX: &str = "sandboxd.metadata.";
 
 /// On a warm pool member's container and volume: its record names no
 /// session; a claim volume says whose it is.
@@ -78,12 +81,14 @@ pub struct SandboxRecord {
     /// Mode `allowlist`: what the request allowed (canonical entries).
     pub allow: Vec<String>,
     pub ports: BTreeSet<u16>,
+    /// What its creator gave it (see `metadata`).
+    pub metadata: Metadata,
 }
 
 /// Labels for a sandbox's container and volume.
 pub fn encode(instance: &str, r: &SandboxRecord) -> HashMap<String, String> {
     let ports: Vec<String> = r.ports.iter().map(u16::to_string).collect();
-    HashMap::from([
+    let mut labels = HashMap::from([
         (INSTANCE.into(), instance.into()),
         (ROLE.into(), ROLE_SANDBOX.into()),
         (SANDBOX_ID.into(), r.id.clone()),
@@ -96,7 +101,22 @@ pub fn encode(instance: &str, r: &SandboxRecord) -> HashMap<String, String> {
         (NETWORK.into(), r.network.as_str().into()),
         (PORTS.into(), ports.join(",")),
         (ALLOW.into(), r.allow.join(",")),
-    ])
+    ]);
+    labels.extend(
+        r.metadata
+            .iter()
+            .map(|(k, v)| (format!("{METADATA_PREFIX}{k}"), v.clone())),
+    );
+    labels
+}
+
+/// The metadata labels read back, checked as a request's are.
+fn decode_metadata(labels: &HashMap<String, String>) -> Result<Metadata, String> {
+    let found: Metadata = labels
+        .iter()
+        .filter_map(|(k, v)| Some((k.strip_prefix(METADATA_PREFIX)?.to_string(), v.clone())))
+        .collect();
+    metadata::parse(Some(found)).map_err(|e| format!("label {METADATA_PREFIX}…: {}", e.message))
 }
 
 /// Labels of a warm pool member's container and volume: `r` with an empty
@@ -200,6 +220,8 @@ pub fn decode(labels: &HashMap<String, String>) -> Result<SandboxRecord, String>
                 .collect::<Result<_, _>>()?,
         },
         ports,
+        // Absent on sandboxes made before metadata: none.
+        metadata: decode_metadata(labels)?,
     })
 }
 
@@ -225,6 +247,13 @@ mod tests {
                 "203.0.113.0/24".into(),
             ],
             ports: BTreeSet::from([3000, 8080]),
+            metadata: Metadata::from([
+                ("user-id".into(), "42".into()),
+                (
+                    "purpose".into(),
+                    "a value, with commas = and ünïcode".into(),
+                ),
+            ]),
         }
     }
 
@@ -238,6 +267,7 @@ mod tests {
             ports: BTreeSet::new(),
             network: NetworkMode::None,
             allow: Vec::new(),
+            metadata: Metadata::new(),
             ..record()
         };
         assert_eq!(decode(&encode("inst", &no_ports)), Ok(no_ports.clone()));
@@ -288,5 +318,25 @@ mod tests {
         labels.insert(PORTS.into(), "3000".into());
         labels.remove(SESSION_KEY);
         assert!(decode(&labels).unwrap_err().contains(SESSION_KEY));
+        let mut labels = encode("inst", &record());
+        labels.insert(format!("{METADATA_PREFIX}bad key"), "v".into());
+        assert!(decode(&labels).unwrap_err().contains(METADATA_PREFIX));
+    }
+
+    /// A claim carries its session's metadata; a member has none of its
+    /// own.
+    #[test]
+    fn metadata_travels_with_the_claim() {
+        let member = SandboxRecord {
+            session_key: String::new(),
+            metadata: Metadata::new(),
+            ..record()
+        };
+        let claimed = decode_member(
+            &encode_member("inst", &member),
+            Some(&encode_claim("inst", &record())),
+        )
+        .expect("claimed");
+        assert_eq!(claimed.metadata, record().metadata);
     }
 }

@@ -1,15 +1,17 @@
 //! Sandboxes: one hardened container and one workspace volume per chat
 //! session. [`Sandboxes`] owns their lifecycle (create or reconnect, stop,
-//! restart, expire, evict, rehydrate) on top of the pure bookkeeping in
-//! [`registry`]; the engine does the container work.
+//! restart, pause and resume, expire, evict, rehydrate) on top of the pure
+//! bookkeeping in [`registry`]; the engine does the container work.
 
 pub mod agent_delivery;
 mod agent_link;
 mod foreground;
 mod image;
 pub mod labels;
+pub mod metadata;
 pub mod network;
 mod next_link;
+mod pause;
 mod pool;
 pub mod port_proxy;
 mod reaper;
@@ -83,6 +85,12 @@ pub enum SandboxError {
     /// refused.
     #[error(transparent)]
     Agent(#[from] AgentError),
+    /// The sandbox is paused: nothing runs in it until it is resumed.
+    #[error("sandbox {0:?} is paused; resume it first")]
+    Paused(String),
+    /// A resume of a sandbox that is not paused.
+    #[error("sandbox {0:?} is not paused")]
+    NotPaused(String),
 }
 
 impl From<EngineError> for SandboxError {
@@ -126,6 +134,9 @@ pub struct SandboxInfo {
     pub allow: Vec<String>,
     pub ports: registry::PortState,
     pub running_commands: usize,
+    /// Its processes are frozen (see [`Sandboxes::pause`]).
+    pub paused: bool,
+    pub metadata: metadata::Metadata,
 }
 
 impl From<&Sandbox> for SandboxInfo {
@@ -143,6 +154,8 @@ impl From<&Sandbox> for SandboxInfo {
             allow: s.allow.clone(),
             ports: s.ports(),
             running_commands: s.running_commands(),
+            paused: s.is_paused(),
+            metadata: s.metadata.clone(),
         }
     }
 }
@@ -160,6 +173,8 @@ enum Event {
     /// Its container was gone or unusable, so sandboxd dropped it.
     Removed,
     Rehydrated,
+    Paused,
+    Resumed,
 }
 
 impl Event {
@@ -172,6 +187,8 @@ impl Event {
             Event::Evicted => "evicted",
             Event::Removed => "removed",
             Event::Rehydrated => "rehydrated",
+            Event::Paused => "paused",
+            Event::Resumed => "resumed",
         }
     }
 
@@ -281,8 +298,18 @@ impl Sandboxes {
         }
     }
 
-    /// A registered sandbox, counted as used.
+    /// A registered sandbox that is not paused, counted as used: what
+    /// every command, file, terminal and port call starts with.
     pub async fn lookup(&self, id: &str) -> SandboxResult<Arc<Sandbox>> {
+        let s = self.lookup_any(id).await?;
+        if s.is_paused() {
+            return Err(SandboxError::Paused(s.id.clone()));
+        }
+        Ok(s)
+    }
+
+    /// A registered sandbox, paused or not, counted as used.
+    async fn lookup_any(&self, id: &str) -> SandboxResult<Arc<Sandbox>> {
         self.ensure_ready().await?;
         let s = self
             .registry
@@ -402,6 +429,7 @@ impl Sandboxes {
             network: spec.network,
             allow: spec.allow.clone(),
             ports: spec.ports.clone(),
+            metadata: spec.metadata.clone(),
         };
         let sandbox = Arc::new(Sandbox::from_record(
             &self.config.instance,
@@ -717,7 +745,7 @@ impl Sandboxes {
     /// One sandbox, with its container's actual state. A container removed
     /// out of band makes the sandbox unknown; a stopped one is started again.
     pub async fn get(&self, id: &str) -> SandboxResult<SandboxInfo> {
-        let s = self.lookup(id).await?;
+        let s = self.lookup_any(id).await?;
         match self.engine.container_status(&s.container).await? {
             Some(st) if st.running => Ok(SandboxInfo::from(&*s)),
             Some(st) => {
@@ -826,11 +854,21 @@ impl Sandboxes {
 
     /// Every sandbox of this instance.
     pub async fn list(&self) -> SandboxResult<Vec<SandboxInfo>> {
+        self.list_matching(&metadata::Metadata::new()).await
+    }
+
+    /// The sandboxes of this instance whose metadata holds every pair of
+    /// `wanted`.
+    pub async fn list_matching(
+        &self,
+        wanted: &metadata::Metadata,
+    ) -> SandboxResult<Vec<SandboxInfo>> {
         self.ensure_ready().await?;
         Ok(self
             .registry
             .list()
             .iter()
+            .filter(|s| metadata::matches(&s.metadata, wanted))
             .map(|s| SandboxInfo::from(&**s))
             .collect())
     }
@@ -856,6 +894,7 @@ impl Sandboxes {
         let Some(s) = self.registry.remove(id) else {
             return self.finish_teardown(id).await;
         };
+        self.thaw_for_removal(&s).await;
         self.remove_containers_then_queue(id).await?;
         Event::Stopped.record(&s.id, &s.session_key);
         self.pool.wake();

@@ -8,13 +8,14 @@
 //! purpose: it is what makes concurrent creates for one key yield one sandbox.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use dashmap::DashMap;
 use lru::LruCache;
 
 use super::labels::SandboxRecord;
+use super::metadata::Metadata;
 use super::spec::{NetworkMode, Resources};
 use crate::agent_client::AgentConn;
 use crate::clock::now_ms;
@@ -43,6 +44,8 @@ pub struct Sandbox {
     pub network: NetworkMode,
     /// Mode `allowlist`: what the request allowed.
     pub allow: Vec<String>,
+    /// What its creator gave it; fixed at create (it is in the labels).
+    pub metadata: Metadata,
     /// Engine name of the container.
     pub container: String,
     /// Engine name of the workspace volume.
@@ -52,6 +55,8 @@ pub struct Sandbox {
     ports: Mutex<PortState>,
     running_commands: AtomicUsize,
     open_requests: AtomicUsize,
+    /// Its processes are frozen (see `pause`).
+    paused: AtomicBool,
     stops: AtomicStops,
     /// The connection to its agent, once made (see `agent_link`).
     agent: Mutex<Option<Arc<AgentConn>>>,
@@ -106,6 +111,7 @@ impl Sandbox {
             resources: r.resources,
             network: r.network,
             allow: r.allow.clone(),
+            metadata: r.metadata.clone(),
             container: container_name(instance, &r.id),
             volume: volume_name(instance, &r.id),
             idle_ttl_ms: AtomicU64::new(r.idle_ttl_ms),
@@ -117,6 +123,7 @@ impl Sandbox {
             }),
             running_commands: AtomicUsize::new(0),
             open_requests: AtomicUsize::new(0),
+            paused: AtomicBool::new(false),
             stops: AtomicStops::default(),
             agent: Mutex::new(None),
             agent_connect: tokio::sync::Mutex::new(()),
@@ -219,9 +226,21 @@ impl Sandbox {
     }
 
     /// A sandbox is busy while a command runs or a request (a log stream, a
-    /// wait) is open on it: it neither expires nor is evicted then.
+    /// wait) is open on it, and while it is paused: it neither expires nor
+    /// is evicted then.
     pub fn is_busy(&self) -> bool {
-        self.running_commands() > 0 || self.open_requests.load(Ordering::Relaxed) > 0
+        self.running_commands() > 0
+            || self.open_requests.load(Ordering::Relaxed) > 0
+            || self.is_paused()
+    }
+
+    /// Whether its processes are frozen (see `pause`).
+    pub fn is_paused(&self) -> bool {
+        self.paused.load(Ordering::Acquire)
+    }
+
+    pub(super) fn set_paused(&self, paused: bool) {
+        self.paused.store(paused, Ordering::Release);
     }
 
     /// Marks a request as open until the guard drops.
@@ -254,6 +273,7 @@ impl Sandbox {
             network: self.network,
             allow: self.allow.clone(),
             ports: self.ports().allowed,
+            metadata: self.metadata.clone(),
         }
     }
 }
@@ -551,6 +571,7 @@ mod tests {
                 network: NetworkMode::None,
                 allow: Vec::new(),
                 ports: BTreeSet::new(),
+                metadata: Default::default(),
             },
             now_ms(),
         ))

@@ -144,11 +144,14 @@ impl Sandboxes {
                 self.remove_objects(&record.id, Event::Removed, None).await;
                 continue;
             }
-            if !self.make_current(&mut record, &c).await {
+            let Some(recreated) = self.make_current(&mut record, &c).await else {
                 self.remove_objects(&record.id, Event::Removed, None).await;
                 continue;
-            }
+            };
             let sandbox = Arc::new(Sandbox::from_record(instance, &record, now_ms()));
+            // The engine keeps a pause across a restart of sandboxd (a
+            // recreated container is not paused).
+            sandbox.set_paused(c.paused && !recreated);
             Event::Rehydrated.record(&record.id, &record.session_key);
             keys.insert(record.session_key.clone(), record.id.clone());
             adopted.insert(record.id.clone());
@@ -159,8 +162,13 @@ impl Sandboxes {
 
     /// Makes a sandbox container fit to adopt: recreated when another
     /// sandboxd version made it (it must run this agent), started when it
-    /// is stopped. False, with the reason logged, when that failed.
-    async fn make_current(&self, record: &mut labels::SandboxRecord, c: &ContainerRecord) -> bool {
+    /// is stopped (a paused one stays paused). Whether it was recreated;
+    /// `None`, with the reason logged, when that failed.
+    async fn make_current(
+        &self,
+        record: &mut labels::SandboxRecord,
+        c: &ContainerRecord,
+    ) -> Option<bool> {
         if c.labels.get(labels::AGENT).map(String::as_str)
             != Some(super::agent_delivery::AGENT_VERSION)
         {
@@ -174,22 +182,31 @@ impl Sandboxes {
                 tracing::info!(sandbox_id = %record.id, mode = %self.config().network_default, "network mode open is not allowed any more; the recreated sandbox gets the default mode");
                 record.network = mode;
             }
+            // A paused container is thawed first: its processes take the
+            // removal's kill.
+            if c.paused
+                && let Err(e) = self.engine().unpause_container(&c.name).await
+            {
+                tracing::debug!(sandbox_id = %record.id, error = %e, "unpause before recreating");
+            }
             match self.recreate(record).await {
                 Ok(()) => {
                     tracing::info!(sandbox_id = %record.id, "sandbox recreated with this sandboxd's agent; its workspace is kept");
                 }
                 Err(e) => {
                     tracing::warn!(sandbox_id = %record.id, error = %e, "sandbox could not be recreated with this agent; removing it");
-                    return false;
+                    return None;
                 }
             }
+            return Some(true);
         } else if !c.running
+            && !c.paused
             && let Err(e) = self.engine().start_container(&c.name).await
         {
             tracing::warn!(sandbox_id = %record.id, error = %e, "stopped sandbox would not start; removing it");
-            return false;
+            return None;
         }
-        true
+        Some(false)
     }
 
     /// Port proxies: a running one of an adopted sandbox keeps its host

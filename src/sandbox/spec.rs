@@ -37,6 +37,11 @@ pub struct CreateSandboxRequest {
     /// Ports to allow (each 1–65535, at most `max_ports`).
     #[serde(default)]
     pub ports: Option<Vec<i64>>,
+    /// String pairs kept with the sandbox and shown with it (at most 32;
+    /// keys 1–64 bytes of `A–Z a–z 0–9 . _ -`, values at most 1024 bytes).
+    /// Ignored when the session already has its sandbox.
+    #[serde(default)]
+    pub metadata: Option<std::collections::BTreeMap<String, String>>,
 }
 
 #[derive(Debug, Clone, Deserialize, ToSchema)]
@@ -149,6 +154,7 @@ pub struct SandboxSpec {
     /// [`parse_allow_entry`]).
     pub allow: Vec<String>,
     pub ports: BTreeSet<u16>,
+    pub metadata: super::metadata::Metadata,
 }
 
 fn bad(field: &str, message: impl Into<String>) -> FieldError {
@@ -210,6 +216,7 @@ impl SandboxSpec {
         };
         let (network, allow) = parse_network(req.network, config)?;
         let ports = parse_ports(req.ports.unwrap_or_default(), config.max_ports)?;
+        let metadata = super::metadata::parse(req.metadata)?;
         Ok(SandboxSpec {
             session_key: req.session_key,
             runtime,
@@ -220,6 +227,7 @@ impl SandboxSpec {
             network,
             allow,
             ports,
+            metadata,
         })
     }
 }

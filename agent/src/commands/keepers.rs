@@ -7,7 +7,7 @@
 //! (under gVisor a process creation then slowed the command's round trip
 //! by a third).
 
-use std::os::fd::OwnedFd;
+use std::os::fd::{BorrowedFd, OwnedFd};
 use std::process::Stdio;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
@@ -123,10 +123,15 @@ impl Commands {
     }
 
     /// Hands a command's start (`body`) to a keeper, the spare first (a
-    /// new one when the spare died), and returns what it answered. While
-    /// it answers that the sandbox is at its pids limit, leftovers are
-    /// ended and it is asked again, for [`SPAWN_RETRY_FOR`].
-    pub(super) async fn launch(&self, body: Bytes) -> Result<Launched, Failure> {
+    /// new one when the spare died), with the read end of its stdin pipe
+    /// after it when the start has one, and returns what it answered.
+    /// While it answers that the sandbox is at its pids limit, leftovers
+    /// are ended and it is asked again, for [`SPAWN_RETRY_FOR`].
+    pub(super) async fn launch(
+        &self,
+        body: Bytes,
+        stdin_pipe: Option<BorrowedFd<'_>>,
+    ) -> Result<Launched, Failure> {
         loop {
             let (keeper, was_spare) = self.keeper_for_command().await?;
             let StartedKeeper {
@@ -141,6 +146,9 @@ impl Commands {
                 let retry_until = Instant::now() + SPAWN_RETRY_FOR;
                 loop {
                     framed.send(body.clone()).await?;
+                    if let Some(fd) = stdin_pipe {
+                        keeper::send_fd(framed.get_ref(), fd).await?;
+                    }
                     let answer = match framed.next().await {
                         Some(Ok(frame)) => sandboxd_proto::decode::<FromKeeper>(&frame)
                             .map_err(std::io::Error::other)?,

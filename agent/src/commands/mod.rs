@@ -7,6 +7,10 @@
 //! that follows one command, and `relief` ends leftovers when the sandbox
 //! runs short of processes or memory.
 //!
+//! A command started with `stdin_open` reads a pipe whose write end the
+//! agent keeps: input sandboxd sends goes into it until it is closed or
+//! the command ends.
+//!
 //! A command ends when its own process exits, whatever it left running;
 //! what the leftovers print later is still recorded after the `exit`
 //! record, and they stay killable until they are gone. When the sandbox
@@ -20,6 +24,7 @@ mod runner;
 
 use std::cell::{Cell, RefCell};
 use std::collections::{BTreeMap, HashSet};
+use std::os::fd::AsFd;
 use std::path::PathBuf;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
@@ -27,6 +32,8 @@ use std::time::{Duration, Instant};
 use sandboxd_proto::{
     CommandMeta, CommandState, Ended, Failure, FailureKind, Spawn, Stream, Usage,
 };
+use tokio::io::AsyncWriteExt;
+use tokio::net::unix::pipe;
 use tokio::sync::{Notify, mpsc, oneshot, watch};
 
 use crate::changes::{Report, Watch, WatchBudget};
@@ -35,6 +42,9 @@ use crate::log::{Log, Tail};
 use crate::{cgroup, tree};
 use keepers::{Launched, StartedKeeper};
 use runner::Runner;
+
+/// How long input may wait for a command to read it.
+const STDIN_WITHIN: Duration = Duration::from_millis(sandboxd_proto::STDIN_WAIT_MS);
 
 /// Why a command was refused at the pids limit.
 const AT_PIDS_LIMIT: &str =
@@ -99,6 +109,12 @@ pub(crate) struct Cmd {
     keeper: Cell<Option<i32>>,
     /// Both pipes are closed: no output can come any more.
     output_closed: Cell<bool>,
+    /// Its own process's pid (0: it never started).
+    pid: u32,
+    /// The write end of its stdin while that is open (started with
+    /// `stdin_open`, neither closed nor ended). Held across a write, so
+    /// that inputs go in whole and in order.
+    stdin: tokio::sync::Mutex<Option<pipe::Sender>>,
 }
 
 impl Cmd {
@@ -131,6 +147,8 @@ impl Cmd {
             control,
             keeper: Cell::new(Some(keeper)),
             output_closed: Cell::new(false),
+            pid: 0,
+            stdin: tokio::sync::Mutex::new(None),
         }
     }
 
@@ -168,6 +186,45 @@ impl Cmd {
             meta: self.meta.clone(),
             ended: self.ended(),
             processes: self.processes(),
+            pid: self.pid,
+        }
+    }
+
+    /// Writes `data` to its stdin, all of it, within [`STDIN_WITHIN`].
+    pub(crate) async fn write_stdin(&self, data: &[u8]) -> Result<(), Failure> {
+        if data.len() > sandboxd_proto::STDIN_PIECE {
+            return Err(Failure::new(FailureKind::TooLarge, "input over the limit"));
+        }
+        let mut stdin = self.stdin.lock().await;
+        let Some(pipe) = stdin.as_mut().filter(|_| self.ended().is_none()) else {
+            return Err(stdin_closed(&self.id));
+        };
+        match tokio::time::timeout(STDIN_WITHIN, pipe.write_all(data)).await {
+            Ok(Ok(())) => Ok(()),
+            // EPIPE: nothing holds its end any more.
+            Ok(Err(e)) => {
+                *stdin = None;
+                Err(Failure::new(
+                    FailureKind::StdinClosed,
+                    format!("command {} no longer reads its stdin: {e}", self.id),
+                ))
+            }
+            Err(_) => Err(Failure::new(
+                FailureKind::InputNotRead,
+                format!(
+                    "command {} has not read its input for {} s; part of it may be in",
+                    self.id,
+                    STDIN_WITHIN.as_secs()
+                ),
+            )),
+        }
+    }
+
+    /// Closes its stdin: it reads the end of its input.
+    pub(crate) async fn close_stdin(&self) -> Result<(), Failure> {
+        match self.stdin.lock().await.take() {
+            Some(_) if self.ended().is_none() => Ok(()),
+            _ => Err(stdin_closed(&self.id)),
         }
     }
 
@@ -196,6 +253,13 @@ impl Cmd {
             let _ = sent.await;
         }
     }
+}
+
+fn stdin_closed(id: &str) -> Failure {
+    Failure::new(
+        FailureKind::StdinClosed,
+        format!("command {id} has no open stdin (started without stdinOpen, closed, or ended)"),
+    )
 }
 
 /// Every command, and how to start more.
@@ -318,6 +382,12 @@ impl Commands {
         if !valid_id || spec.argv.is_empty() {
             return Err(Failure::new(FailureKind::Invalid, "bad command id or argv"));
         }
+        if spec.stdin_open && !spec.stdin.is_empty() {
+            return Err(Failure::new(
+                FailureKind::Invalid,
+                "stdin text and an open stdin together",
+            ));
+        }
         if self.table.borrow().contains_key(&spec.command) {
             return Err(Failure::new(
                 FailureKind::DuplicateCommand,
@@ -334,8 +404,20 @@ impl Commands {
             env: spec.env,
             cwd: spec.cwd.unwrap_or_else(|| settings.workspace.clone()),
             stdin: spec.stdin,
+            stdin_pipe: spec.stdin_open,
             terminal: false,
         });
+        // Close-on-exec: only the keeper it is passed to holds its end.
+        let (stdin_read, stdin_write) = if spec.stdin_open {
+            let piped = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
+                .map_err(std::io::Error::from)
+                .and_then(|(read, write)| Ok((read, pipe::Sender::from_owned_fd(write)?)));
+            let (read, write) = piped
+                .map_err(|e| Failure::new(FailureKind::Other, format!("a stdin pipe: {e}")))?;
+            (Some(read), Some(write))
+        } else {
+            (None, None)
+        };
         let body = sandboxd_proto::encode(&start)
             .map_err(|e| Failure::new(FailureKind::Invalid, format!("the start: {e}")))?;
         // Before the command runs, so that all it does is seen.
@@ -349,7 +431,11 @@ impl Commands {
             out,
             err,
             first,
-        } = self.launch(body).await?;
+        } = self
+            .launch(body, stdin_read.as_ref().map(AsFd::as_fd))
+            .await?;
+        // The command's end only: a write sees EPIPE once it is gone.
+        drop(stdin_read);
         let keeper_pid = child.id() as i32;
         if first == FromKeeper::NoProcesses {
             // The keeper stays, waiting for another start: a refusal frees
@@ -370,7 +456,7 @@ impl Commands {
         if let Some(shape) = spec.meta.shape {
             log.shape(shape);
         }
-        let cmd = Rc::new(Cmd::new(
+        let mut cmd = Cmd::new(
             spec.command,
             spec.meta,
             started,
@@ -378,9 +464,12 @@ impl Commands {
             spec.tail_bytes,
             tx,
             keeper_pid,
-        ));
-        let pid = match first {
-            FromKeeper::Started { pid } => pid,
+        );
+        cmd.pid = match first {
+            FromKeeper::Started { pid } => {
+                cmd.stdin = tokio::sync::Mutex::new(stdin_write);
+                pid
+            }
             FromKeeper::Failed { exit_code, message } => {
                 cmd.append(Stream::Stderr, message.as_bytes());
                 *cmd.changes.borrow_mut() = workspace_watch.take().map(Watch::conclude);
@@ -396,6 +485,8 @@ impl Commands {
                 ));
             }
         };
+        let pid = cmd.pid;
+        let cmd = Rc::new(cmd);
         self.table
             .borrow_mut()
             .insert(cmd.id.clone(), Rc::clone(&cmd));
@@ -484,6 +575,11 @@ impl Cmd {
             seq: 0,
         });
         *self.ended.borrow_mut() = Some(ended);
+        // Its input ends with it (a write under way sees the pipe close
+        // once the leftovers that hold it go, or gives up in time).
+        if let Ok(mut stdin) = self.stdin.try_lock() {
+            *stdin = None;
+        }
         self.touch();
     }
 }

@@ -1,4 +1,5 @@
-//! File operations on the workspace (read, write, list, delete): what
+//! File operations on the workspace (read, write, list, delete, move,
+//! make a directory): what
 //! sandboxd's `files:*` routes do inside the sandbox. A port of sandboxd's
 //! former in-sandbox helper (`src/files/helper.py`), with the same
 //! guarantees, its error codes mapped to
@@ -26,13 +27,15 @@
 //! answers of an operation that failed), [`entries`] (what an open
 //! directory holds), [`resolve`] (the [`Workspace`] and the walk that
 //! cannot leave it), then one part per operation family: [`read`],
-//! [`list`], [`write`] and [`delete`].
+//! [`list`], [`write`], [`delete`], [`rename`] and [`make_dir`].
 
 mod delete;
 mod entries;
 mod failure;
 mod list;
+mod make_dir;
 mod read;
+mod rename;
 mod resolve;
 mod write;
 

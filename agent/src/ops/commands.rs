@@ -1,7 +1,7 @@
 //! The operations on commands: start one, end its tree, read its log (and
 //! let go of a reader), wait for its end, its tails, what it changed in
-//! the workspace, forget it, list them all. Long answers go in parts that
-//! each fit a frame.
+//! the workspace, write to its stdin or close it, forget it, list them
+//! all. Long answers go in parts that each fit a frame.
 
 use std::cell::RefCell;
 use std::collections::HashSet;
@@ -189,6 +189,22 @@ pub(crate) async fn changes(agent: &Agent, command: String, answer: Answer) {
         complete: report.complete,
     };
     answer.last(Reply::Changes(summary)).await
+}
+
+pub(crate) async fn write_stdin(agent: &Agent, command: String, data: &[u8], answer: Answer) {
+    let r = match agent.commands.get(&command) {
+        Ok(cmd) => cmd.write_stdin(data).await.map(|()| Reply::Ok),
+        Err(f) => Err(f),
+    };
+    answer.result(r).await
+}
+
+pub(crate) async fn close_stdin(agent: &Agent, command: String, answer: Answer) {
+    let r = match agent.commands.get(&command) {
+        Ok(cmd) => cmd.close_stdin().await.map(|()| Reply::Ok),
+        Err(f) => Err(f),
+    };
+    answer.result(r).await
 }
 
 pub(crate) async fn forget(agent: &Agent, command: String, answer: Answer) {

@@ -1,6 +1,7 @@
 //! The operations on the workspace's files: read one, write several (the
 //! content coming in pieces after the request), what paths are, a
-//! directory's entries, delete. Each runs on the agent's file thread.
+//! directory's entries, delete, move, make a directory. Each runs on the
+//! agent's file thread.
 
 use std::sync::mpsc as std_mpsc;
 
@@ -77,6 +78,27 @@ pub(crate) async fn list_dir(agent: &Agent, path: String, answer: Answer) {
         }
         Err(f) => answer.last(Reply::Error(f)).await,
     }
+}
+
+pub(crate) async fn rename(
+    agent: &Agent,
+    from: String,
+    to: String,
+    overwrite: bool,
+    answer: Answer,
+) {
+    let r = agent
+        .files
+        .call(move |ws| ws.rename(&from, &to, overwrite))
+        .await;
+    answer.result(r.map(|()| Reply::Ok)).await
+}
+
+pub(crate) async fn make_dir(agent: &Agent, path: String, answer: Answer) {
+    let r = agent.files.call(move |ws| ws.make_dir(&path)).await;
+    answer
+        .result(r.map(|created| Reply::MadeDir { created }))
+        .await
 }
 
 pub(crate) async fn delete(agent: &Agent, paths: Vec<String>, recursive: bool, answer: Answer) {

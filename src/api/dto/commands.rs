@@ -16,6 +16,10 @@ pub(in crate::api) struct CommandStarted {
     command_id: String,
     /// The effective timeout: what was asked for, capped to the maximum.
     timeout_ms: u64,
+    /// The pid of its own process in the sandbox; `null` when it could
+    /// not start (it ends at once with 126 or 127).
+    #[schema(required = true)]
+    pid: Option<u32>,
 }
 
 impl From<&Command> for CommandStarted {
@@ -23,6 +27,7 @@ impl From<&Command> for CommandStarted {
         CommandStarted {
             command_id: c.id.clone(),
             timeout_ms: c.timeout_ms,
+            pid: c.pid,
         }
     }
 }
@@ -374,6 +379,10 @@ pub(in crate::api) struct CommandListed {
     /// running); `null` when the sandbox's agent did not say.
     #[schema(required = true)]
     processes: Option<u32>,
+    /// The pid of its own process in the sandbox; `null` when it could
+    /// not start or its agent did not say.
+    #[schema(required = true)]
+    pid: Option<u32>,
 }
 
 impl From<&Listed> for CommandListed {
@@ -396,6 +405,7 @@ impl From<&Listed> for CommandListed {
             summary: c.summary.clone(),
             timeout_ms: c.timeout_ms,
             processes: l.processes,
+            pid: c.pid,
         }
     }
 }

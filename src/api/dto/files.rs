@@ -1,10 +1,23 @@
 //! The bodies of the file routes: a file read, its paths' stat, a search's
-//! matches and a directory's entries.
+//! matches, a directory's entries and whether a directory was made.
 
 use serde::Serialize;
 use utoipa::ToSchema;
 
 use crate::files::{Edited, Entry, EntryKind, FileContent, LinesRead, PathInfo, SearchResult};
+
+/// `POST …/files:mkdir`: whether the directory was made.
+#[derive(Debug, Serialize, ToSchema)]
+pub(in crate::api) struct DirMade {
+    /// `false`: a directory was there already.
+    created: bool,
+}
+
+impl From<bool> for DirMade {
+    fn from(created: bool) -> Self {
+        DirMade { created }
+    }
+}
 
 /// `GET …/files:read`: the content as standard base64 (or, with
 /// `startLine`/`endLine`, a range of lines as text), or not found.

@@ -87,6 +87,8 @@ pub(super) struct Sandbox {
     network: Network,
     ports: Ports,
     running_commands: usize,
+    /// What its creator gave it (`{}` when nothing).
+    metadata: BTreeMap<String, String>,
 }
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -96,12 +98,13 @@ struct Resources {
     memory_mb: u32,
 }
 
-/// Always `running` in this build (a stopped container is started again
-/// when looked at).
+/// `running` (a stopped container is started again when looked at) or
+/// `paused` (its processes frozen until `:resume`).
 #[derive(Debug, Serialize, ToSchema)]
 #[serde(rename_all = "lowercase")]
 enum SandboxState {
     Running,
+    Paused,
 }
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -151,7 +154,11 @@ impl From<SandboxInfo> for Sandbox {
             sandbox_id: s.id,
             session_key: s.session_key,
             runtime: s.runtime,
-            state: SandboxState::Running,
+            state: if s.paused {
+                SandboxState::Paused
+            } else {
+                SandboxState::Running
+            },
             created_at: s.created_at,
             last_used_at: s.last_used_at,
             idle_ttl_ms: s.idle_ttl_ms,
@@ -174,6 +181,7 @@ impl From<SandboxInfo> for Sandbox {
                     .collect(),
             },
             running_commands: s.running_commands,
+            metadata: s.metadata,
         }
     }
 }

@@ -57,6 +57,7 @@ pub(super) async fn run(
         cwd: args.cwd,
         env: None,
         stdin: None,
+        stdin_open: None,
         timeout_ms: Some(args.timeout_ms.unwrap_or(DEFAULT_TIMEOUT_MS)),
         detached: None,
         max_output_bytes: None,

@@ -169,6 +169,7 @@ fn create_request(
             allow: None,
         }),
         ports,
+        metadata: None,
     })
 }
 

@@ -478,6 +478,7 @@ impl Sandboxes {
             network: m.network,
             allow: m.allow.clone(),
             ports: spec.ports.clone(),
+            metadata: spec.metadata.clone(),
         };
         let instance = &self.config.instance;
         self.engine
@@ -518,6 +519,7 @@ mod tests {
             network: NetworkMode::Internet,
             allow: Vec::new(),
             ports: Default::default(),
+            metadata: Default::default(),
         };
         Member {
             sandbox: Arc::new(Sandbox::from_record("t", &record, 1)),

@@ -243,6 +243,7 @@ impl Sandboxes {
             network,
             allow: Vec::new(),
             ports: Default::default(),
+            metadata: Default::default(),
         };
         let record = SandboxRecord {
             id: registry::new_sandbox_id()?,
@@ -255,6 +256,7 @@ impl Sandboxes {
             network,
             allow: Vec::new(),
             ports: Default::default(),
+            metadata: Default::default(),
         };
         let sandbox = Arc::new(Sandbox::from_record(
             &self.config.instance,
