@@ -40,6 +40,7 @@ pub(super) enum Code {
     InvalidArgument,
     DeadlineExceeded,
     NotFound,
+    AlreadyExists,
     PermissionDenied,
     ResourceExhausted,
     FailedPrecondition,
@@ -55,6 +56,7 @@ impl Code {
             Code::InvalidArgument => "invalid_argument",
             Code::DeadlineExceeded => "deadline_exceeded",
             Code::NotFound => "not_found",
+            Code::AlreadyExists => "already_exists",
             Code::PermissionDenied => "permission_denied",
             Code::ResourceExhausted => "resource_exhausted",
             Code::FailedPrecondition => "failed_precondition",
@@ -71,6 +73,7 @@ impl Code {
             Code::InvalidArgument | Code::FailedPrecondition => StatusCode::BAD_REQUEST,
             Code::DeadlineExceeded => StatusCode::GATEWAY_TIMEOUT,
             Code::NotFound => StatusCode::NOT_FOUND,
+            Code::AlreadyExists => StatusCode::CONFLICT,
             Code::PermissionDenied => StatusCode::FORBIDDEN,
             Code::ResourceExhausted => StatusCode::TOO_MANY_REQUESTS,
             Code::Unimplemented => StatusCode::NOT_IMPLEMENTED,
@@ -145,9 +148,16 @@ impl From<ApiError> for ConnectError {
             | E::PtyNotFound
             | E::FileNotFound
             | E::TokenNotFound => Code::NotFound,
-            E::NeedsRecursive | E::PathChanged | E::PreconditionFailed | E::NoNetwork => {
-                Code::FailedPrecondition
-            }
+            E::FileExists => Code::AlreadyExists,
+            E::NeedsRecursive
+            | E::PathChanged
+            | E::PreconditionFailed
+            | E::NoNetwork
+            | E::SandboxPaused
+            | E::SandboxNotPaused
+            | E::CommandFinished
+            | E::StdinClosed
+            | E::StdinNotRead => Code::FailedPrecondition,
             E::BodyTooLarge
             | E::FileTooLarge
             | E::AtCapacity

@@ -295,6 +295,7 @@ pub(super) async fn create(
             resources: None,
             network,
             ports: None,
+            metadata: None,
         })
         .await
         .map_err(ApiError::from)?;

@@ -161,6 +161,7 @@ async fn start_command(e2b: &E2b, sid: &str, p: ProcessConfig) -> Result<Process
         cwd: p.cwd,
         env: (!p.envs.is_empty()).then_some(p.envs),
         stdin: None,
+        stdin_open: None,
         // An E2B process ends when it ends or is killed, not on the
         // stream's deadline: it gets the longest time sandboxd allows.
         timeout_ms: Some(i64::try_from(config.max_timeout.as_millis()).unwrap_or(i64::MAX)),
