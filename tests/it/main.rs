@@ -21,6 +21,7 @@ mod errors;
 mod faults;
 mod files;
 mod files_edit;
+mod files_watch;
 mod gvisor;
 mod health;
 mod host;
