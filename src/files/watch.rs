@@ -171,6 +171,15 @@ impl Pump {
                     let _ = watch.stop(self.limit).await;
                     break WatchEnded::ShuttingDown;
                 }
+                // The overflow due goes as soon as the holder makes room,
+                // not only when the next event comes.
+                permit = self.tx.reserve(), if self.lost => {
+                    if let Ok(permit) = permit {
+                        permit.send(WatchEvent::Overflow);
+                        self.lost = false;
+                    }
+                    continue;
+                }
                 part = watch.next() => part,
             };
             match part {

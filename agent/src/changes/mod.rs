@@ -47,5 +47,5 @@ mod watching;
 pub(crate) use budget::WatchBudget;
 pub(crate) use inotify::{at_limit, close_aside, register};
 pub(crate) use report::Report;
-pub(crate) use watch::Watch;
+pub(crate) use watch::{Watch, join};
 pub(crate) use watching::Watching;

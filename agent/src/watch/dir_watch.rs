@@ -28,7 +28,7 @@ use rustix::io::Errno;
 use sandboxd_proto::{Failure, FailureKind, WatchKind};
 
 use super::queue::EventQueue;
-use crate::changes::{at_limit, close_aside};
+use crate::changes::{at_limit, close_aside, join};
 
 /// A path relative to the watched directory, as bytes (empty: itself).
 type Rel = Vec<u8>;
@@ -55,16 +55,6 @@ const MASK: WatchFlags = WatchFlags::CREATE
 
 /// Bytes read from the inotify descriptor at once.
 const EVENT_BUFFER: usize = 64 * 1024;
-
-fn join(dir: &[u8], name: &[u8]) -> Rel {
-    let mut p = Vec::with_capacity(dir.len() + 1 + name.len());
-    if !dir.is_empty() {
-        p.extend_from_slice(dir);
-        p.push(b'/');
-    }
-    p.extend_from_slice(name);
-    p
-}
 
 /// A subdirectory found and not yet watched: its name in `parent`.
 struct Found {
