@@ -1,7 +1,8 @@
 //! `sandboxd-agent`: the process manager inside every sandbox. It runs as
 //! the sandbox user from container start and owns what happens inside:
 //! commands (each under a keeper that reaps and kills its whole tree),
-//! their output, file I/O confined to the workspace, and port relays.
+//! their output, file I/O confined to the workspace, file watches, and
+//! port relays.
 //! sandboxd talks to it over one connection per sandboxd process (see
 //! `sandboxd-proto`); the agent trusts sandboxd, sandboxd does not trust
 //! the agent.
@@ -44,6 +45,7 @@ mod shape;
 mod splice;
 mod transport;
 mod tree;
+mod watch;
 
 use std::process::ExitCode;
 
@@ -80,7 +82,7 @@ mod layering {
         (7, &["serve", "bridge"]),
         (6, &["ops"]),
         (5, &["pty", "search", "file_thread"]),
-        (4, &["commands", "files", "relay", "egress"]),
+        (4, &["commands", "files", "relay", "egress", "watch"]),
         (3, &["changes", "keeper", "log"]),
         (1, &["tree", "shape", "splice", "cgroup", "transport"]),
     ];

@@ -40,7 +40,8 @@ use tokio_util::codec::{FramedRead, FramedWrite};
 use crate::commands::{Commands, Settings};
 use crate::file_thread::FileThread;
 use crate::ops::commands::Followers;
-use crate::ops::{Agent, Answer, commands, files, ports, ptys, search};
+use crate::ops::watch::Watches;
+use crate::ops::{Agent, Answer, commands, files, ports, ptys, search, watch};
 use crate::pty::Ptys;
 use crate::relay::Relays;
 use crate::{transport, tree};
@@ -256,6 +257,8 @@ struct Conn {
     followers: Followers,
     /// Writes whose content is still coming, by request id.
     uploads: RefCell<HashMap<u64, Upload>>,
+    /// The file watches started through this connection.
+    watches: Watches,
 }
 
 /// Where the pieces of one write's content go: to its file thread call.
@@ -342,6 +345,7 @@ async fn connection(
     // Writes still waiting for content fail now, not after PIECE_WAIT.
     conn.uploads.borrow_mut().clear();
     commands::unfollow_all(&agent, &conn.followers);
+    watch::unwatch_all(&conn.watches);
     let _ = write.await;
 }
 
@@ -405,6 +409,8 @@ async fn handle(
         Op::PtyKill { pty } => ptys::kill(agent, pty, answer).await,
         Op::PtyList => ptys::list(agent, answer).await,
         Op::PtyWait { pty } => ptys::wait(agent, pty, answer).await,
+        Op::Watch(start) => watch::watch(agent, &conn.watches, start, answer).await,
+        Op::Unwatch { watch: id } => watch::unwatch(&conn.watches, id, answer).await,
     }
 }
 

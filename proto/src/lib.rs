@@ -24,11 +24,16 @@
 //! with), and [`VERSION`] is checked at [`Op::Hello`].
 
 pub mod egress;
+pub mod watch;
 
 use bytes::Bytes;
 pub use egress::{Allowlist, Cidr, Denied, DomainPattern, EgressPolicy, NameCheck, never_reason};
 use serde::{Deserialize, Serialize};
 use tokio_util::codec::LengthDelimitedCodec;
+pub use watch::{
+    MAX_FILE_WATCHES, MAX_WATCH_BATCH, MAX_WATCH_DIRS, MAX_WATCH_PATH, MAX_WATCH_QUEUE, WatchEnd,
+    WatchEvent, WatchKind, WatchStart,
+};
 
 /// Bumped on any change to the types below.
 pub const VERSION: u32 = 8;
@@ -219,6 +224,12 @@ pub enum Op {
     PtyList,
     /// Answered by [`Reply::PtyEnded`] once the session's process has ended.
     PtyWait { pty: String },
+    /// Watch a directory (see [`watch`]): [`Reply::Watching`], then
+    /// [`Reply::WatchEvents`] parts, then [`Reply::WatchEnded`].
+    Watch(WatchStart),
+    /// End the watch started by request `watch` of this connection:
+    /// [`Reply::Ok`] (also when there is no such watch).
+    Unwatch { watch: u64 },
 }
 
 /// A terminal session to start.
@@ -567,6 +578,12 @@ pub enum Reply {
         created: bool,
     },
     Error(Failure),
+    /// A watch's inotify watches are in place: events follow.
+    Watching,
+    /// Events of a watch, oldest first: at most [`MAX_WATCH_BATCH`].
+    WatchEvents(Vec<WatchEvent>),
+    /// The last answer of a watch.
+    WatchEnded(WatchEnd),
 }
 
 /// Part of a session's screen output.
@@ -773,7 +790,7 @@ mod tests {
     #[test]
     fn modules_form_no_import_cycle() {
         layering::ModuleGraph::of_crate(env!("CARGO_MANIFEST_DIR"))
-            .assert_layered(&[(1, &["egress"])]);
+            .assert_layered(&[(1, &["egress", "watch"])]);
     }
 
     #[test]
@@ -815,6 +832,32 @@ mod tests {
         };
         let frame = encode(&resp).expect("encode");
         assert!(frame.len() < 310, "bytes travel as bytes: {}", frame.len());
+        assert_eq!(decode::<Response>(&frame).expect("decode"), resp);
+    }
+
+    #[test]
+    fn watch_messages_round_trip() {
+        let req = Request {
+            id: 9,
+            op: Op::Watch(WatchStart {
+                path: "src".into(),
+                recursive: true,
+                max_dirs: 4096,
+                max_queued: 4096,
+            }),
+        };
+        let frame = encode(&req).expect("encode");
+        assert_eq!(decode::<Request>(&frame).expect("decode"), req);
+        let resp = Response {
+            id: 9,
+            more: true,
+            reply: Reply::WatchEvents(vec![WatchEvent {
+                kind: WatchKind::Rename,
+                path: "a/b".into(),
+                is_dir: false,
+            }]),
+        };
+        let frame = encode(&resp).expect("encode");
         assert_eq!(decode::<Response>(&frame).expect("decode"), resp);
     }
 

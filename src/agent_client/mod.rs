@@ -1,7 +1,7 @@
 //! The agent client: one multiplexed connection to the agent inside a
 //! sandbox (`sandboxd-agent`, see `sandboxd-proto`), and one typed method
 //! per operation of the protocol, by family ([`commands`], [`files`],
-//! [`ptys`], [`ports`]). Requests go out with ids; a reader task hands each
+//! [`ptys`], [`ports`], [`file_watch`]). Requests go out with ids; a reader task hands each
 //! response to whoever waits for its id, so a long poll for a command's end
 //! and a file write share the connection. The protocol's envelope (`Op`,
 //! `Reply`) stays in here: the domain gets the answer it asked for, or an
@@ -21,11 +21,13 @@
 //! bridge` on Docker); this module sees only `AsyncRead`/`AsyncWrite`.
 
 mod commands;
+mod file_watch;
 mod files;
 mod ports;
 mod ptys;
 
 pub use commands::TailPiece;
+pub use file_watch::{AgentWatch, WatchPart};
 pub use files::WriteOutcome;
 pub use ports::Probed;
 
@@ -454,6 +456,9 @@ fn reply_name(r: &Reply) -> &'static str {
         Reply::Changes(_) => "Changes",
         Reply::MadeDir { .. } => "MadeDir",
         Reply::Error(_) => "Error",
+        Reply::Watching => "Watching",
+        Reply::WatchEvents(_) => "WatchEvents",
+        Reply::WatchEnded(_) => "WatchEnded",
     }
 }
 

@@ -76,6 +76,7 @@ error_codes! {
     TooManyProcesses = "too_many_processes", TOO_MANY_REQUESTS;
     TooManyPtys = "too_many_ptys", TOO_MANY_REQUESTS;
     TooManyTokens = "too_many_tokens", TOO_MANY_REQUESTS;
+    TooManyWatches = "too_many_watches", TOO_MANY_REQUESTS;
     EngineError = "engine_error", BAD_GATEWAY;
     AgentFailed = "agent_failed", BAD_GATEWAY;
     PortPublishFailed = "port_publish_failed", BAD_GATEWAY;
@@ -261,6 +262,7 @@ impl From<FileError> for ApiError {
             FileError::Changed(_) => ErrorCode::PathChanged,
             FileError::NoSpace(_) => ErrorCode::InsufficientStorage,
             FileError::PermissionDenied(_) => ErrorCode::PermissionDenied,
+            FileError::TooManyWatches(_) => ErrorCode::TooManyWatches,
         };
         ApiError::new(code, message)
     }

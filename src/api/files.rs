@@ -1,12 +1,16 @@
 //! File routes: `files:read`, `files:write`, `files:edit`, `files:list`,
 //! `files:delete`, `files:move`, `files:mkdir`, `files:stat`,
-//! `files:search`. Contents travel as standard base64; it is
-//! decoded and encoded here, at the edge, and the domain sees bytes.
+//! `files:search`, and the NDJSON stream of `files:watch`. Contents travel
+//! as standard base64; it is decoded and encoded here, at the edge, and the
+//! domain sees bytes.
 
 use std::sync::Arc;
 
+use axum::body::Body;
 use axum::extract::State;
+use axum::http::header;
 use axum::response::{IntoResponse, Response};
+use futures_util::StreamExt;
 use serde::Deserialize;
 use utoipa::{IntoParams, ToSchema};
 
@@ -14,7 +18,7 @@ use super::dto;
 use super::error::ApiError;
 use super::extract::{Json, Path, Query};
 use crate::app::App;
-use crate::files::{FileEdit, FileToWrite, SearchRequest};
+use crate::files::{FileEdit, FileToWrite, FileWatch, SearchRequest, WatchEvent};
 
 #[derive(Debug, Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
@@ -333,4 +337,64 @@ pub(super) async fn edit_file(
         )
         .await?;
     Ok(axum::Json(edited.into()))
+}
+
+/// `files:watch`'s query.
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub(super) struct WatchQuery {
+    /// The directory, absolute under the workspace or relative to it;
+    /// default: the workspace.
+    path: Option<String>,
+    /// Every directory below it too, new ones as they appear; default
+    /// `false`.
+    recursive: Option<bool>,
+}
+
+/// `GET /v1/sandboxes/{id}/files:watch?path=P&recursive=B`
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/files:watch", tags = ["files"],
+    summary = "Watch a directory: NDJSON events as things happen",
+    params(("id" = String, Path, description = "The sandboxId"), WatchQuery),
+    responses((status = 200, content_type = "application/x-ndjson", body = dto::WatchLine,
+        description = "One WatchLine per line, until the client closes the stream or an `end` line")))]
+pub(super) async fn watch_files(
+    State(app): State<Arc<App>>,
+    Path(id): Path<String>,
+    Query(q): Query<WatchQuery>,
+) -> Result<Response, ApiError> {
+    let path = q.path.unwrap_or_else(|| app.config.workspace_dir.clone());
+    let watch = app
+        .files
+        .watch(
+            &id,
+            &path,
+            q.recursive.unwrap_or(false),
+            app.shutdown.clone(),
+        )
+        .await?;
+    let heartbeat = app.config.log_heartbeat;
+    // Ends after the `end` line; dropped (the client went), it drops the
+    // watch, which stops it in the sandbox.
+    let lines =
+        futures_util::stream::unfold(Some(watch), move |watch: Option<FileWatch>| async move {
+            let mut watch = watch?;
+            match tokio::time::timeout(heartbeat, watch.next()).await {
+                Err(_) => Some((dto::WatchLine::Heartbeat.render(), Some(watch))),
+                Ok(None) => None,
+                Ok(Some(event)) => {
+                    let last = matches!(event, WatchEvent::Ended(_));
+                    let line = dto::WatchLine::from(event).render();
+                    Some((line, (!last).then_some(watch)))
+                }
+            }
+        });
+    Ok((
+        [
+            (header::CONTENT_TYPE, "application/x-ndjson"),
+            (header::CACHE_CONTROL, "no-cache"),
+        ],
+        Body::from_stream(lines.map(Ok::<_, std::convert::Infallible>)),
+    )
+        .into_response())
 }

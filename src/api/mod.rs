@@ -77,6 +77,7 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/v1/sandboxes/{id}/files:stat", post(files::stat_files))
         .route("/v1/sandboxes/{id}/files:search", post(files::search_files))
         .route("/v1/sandboxes/{id}/files:edit", post(files::edit_file))
+        .route("/v1/sandboxes/{id}/files:watch", get(files::watch_files))
         .route("/v1/sandboxes/{id}/ports/{port}", get(ports::port_url))
         .route(
             "/v1/sandboxes/{id}/ptys",

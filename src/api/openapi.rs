@@ -73,6 +73,7 @@ impl ToSchema for ErrorCode {
         super::files::stat_files,
         super::files::search_files,
         super::files::edit_file,
+        super::files::watch_files,
         super::ports::port_url,
         super::ptys::open_pty,
         super::ptys::list_ptys,
@@ -86,7 +87,7 @@ impl ToSchema for ErrorCode {
         super::metrics,
         serve,
     ),
-    components(schemas(ErrorBody, ErrorCode, dto::LogRecord)),
+    components(schemas(ErrorBody, ErrorCode, dto::LogRecord, dto::WatchLine)),
     modifiers(&Security, &Errors),
     security(("adminToken" = []), ("remcochatToken" = []), ("bearer" = [])),
     tags(

@@ -215,6 +215,12 @@ settings! {
     // --- Files ---
     /// Largest file `files:read` returns.
     max_file_bytes: u64 = 32 * 1024 * 1024, key "max_file_bytes", check |v| within(1, 1 << 32)(v);
+    /// Most directories one `files:watch` watches (a recursive one watches
+    /// each directory below the one named).
+    watch_max_dirs: u32 = 4096, key "watch_max_dirs", check |v| within(1, 65_536)(v);
+    /// Most events of one `files:watch` waiting to be sent, in the sandbox
+    /// and in sandboxd each; past it an `overflow` event replaces the rest.
+    watch_queue_events: usize = 4096, key "watch_queue_events", check |v| within(1, 65_536)(v);
 
     // --- Published ports ---
     /// Host address published sandbox ports bind to.

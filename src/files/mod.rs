@@ -20,12 +20,16 @@
 //! the agent in the same step as the write. An edit ([`edit`]) replaces
 //! one exact text, writing with the hash of what it read; a tree listing
 //! ([`tree`]) lists subdirectories down to a depth with exact counts.
+//!
+//! A directory can be watched ([`watch`]): its events as they happen, from
+//! the agent's inotify watch, until the watcher goes.
 
 mod edit;
 mod moves;
 mod search;
 pub mod text;
 mod tree;
+mod watch;
 
 use std::collections::HashSet;
 use std::marker::PhantomData;
@@ -45,6 +49,7 @@ pub use search::{
     SearchMatch, SearchRequest, SearchResult,
 };
 pub use tree::{TREE_MAX_DEPTH, TREE_MAX_SHOWN, Tree, TreeEntry};
+pub use watch::{FileChange, FileWatch, WatchEnded, WatchEvent};
 
 /// Most entries a listing may have.
 pub const MAX_ENTRIES: usize = 100_000;
@@ -81,6 +86,9 @@ pub enum FileError {
     NoSpace(String),
     #[error("{0}")]
     PermissionDenied(String),
+    /// The sandbox runs as many watches as it may.
+    #[error("{0}")]
+    TooManyWatches(String),
     /// A write's `ifMatch` or `ifNoneMatch` did not hold; nothing was
     /// written.
     #[error("{}", precondition_message(.0))]
@@ -123,6 +131,7 @@ impl From<AgentError> for FileError {
             FailureKind::Changed => FileError::Changed(m),
             FailureKind::NoSpace => FileError::NoSpace(m),
             FailureKind::PermissionDenied => FileError::PermissionDenied(m),
+            FailureKind::TooMany => FileError::TooManyWatches(m),
             FailureKind::Invalid => FieldError::new("path", m).into(),
             _ => FileError::Sandbox(AgentError::Refused(f).into()),
         }

@@ -24,6 +24,7 @@ mod faults;
 mod files;
 mod files_edit;
 mod files_move;
+mod files_watch;
 mod gvisor;
 mod health;
 mod host;

@@ -28,7 +28,7 @@ pub(super) struct Inotify {
 /// The thread lives as long as the close; when it cannot start (the
 /// sandbox at its pids limit) the descriptor is closed here, as the
 /// closure that holds it is dropped.
-pub(super) fn close_aside(fd: OwnedFd) {
+pub(crate) fn close_aside(fd: OwnedFd) {
     let _ = std::thread::Builder::new()
         .name("inotify-close".into())
         .stack_size(64 * 1024)
@@ -41,11 +41,11 @@ pub(super) fn close_aside(fd: OwnedFd) {
     deprecated,
     reason = "tokio deprecated AsyncFd::new for inner types that do not own their descriptor; an OwnedFd owns it, so this is the sound case, and the replacement is unsafe, which this crate forbids"
 )]
-pub(super) fn register(fd: OwnedFd) -> std::io::Result<AsyncFd<OwnedFd>> {
+pub(crate) fn register(fd: OwnedFd) -> std::io::Result<AsyncFd<OwnedFd>> {
     AsyncFd::new(fd)
 }
 
 /// Whether an error says a per-user inotify limit is reached.
-pub(super) fn at_limit(e: rustix::io::Errno) -> bool {
+pub(crate) fn at_limit(e: rustix::io::Errno) -> bool {
     e == rustix::io::Errno::NOSPC || e == rustix::io::Errno::MFILE
 }

@@ -36,6 +36,7 @@
 //! and how it is cut to `max`), [`inotify`] (the instance and its
 //! descriptor), [`watch`] (the listing, the events and the end) and
 //! [`watching`] (the task that reads events while the command runs).
+//! The file watches (`watch`) use the same descriptor handling.
 
 mod budget;
 mod inotify;
@@ -44,6 +45,7 @@ mod watch;
 mod watching;
 
 pub(crate) use budget::WatchBudget;
+pub(crate) use inotify::{at_limit, close_aside, register};
 pub(crate) use report::Report;
-pub(crate) use watch::Watch;
+pub(crate) use watch::{Watch, join};
 pub(crate) use watching::Watching;

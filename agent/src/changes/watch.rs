@@ -42,7 +42,8 @@ fn nanos(t: SystemTime) -> Nanos {
     }
 }
 
-fn join(dir: &[u8], name: &[u8]) -> Rel {
+/// `name` in directory `dir` (both relative; `dir` empty: the top).
+pub(crate) fn join(dir: &[u8], name: &[u8]) -> Rel {
     let mut p = Vec::with_capacity(dir.len() + 1 + name.len());
     if !dir.is_empty() {
         p.extend_from_slice(dir);

@@ -1,6 +1,6 @@
 //! The operations sandboxd asks the agent for: one module per family of
 //! [`Op`](sandboxd_proto::Op) variants (commands, files, searches, ports,
-//! terminal sessions), one function per operation, each answering its
+//! terminal sessions, file watches), one function per operation, each answering its
 //! request in full; and what they share: the agent's state ([`Agent`])
 //! and where one request's answers go ([`Answer`]). `serve` reads the
 //! requests, answers the hello and dispatches the rest here.
@@ -10,6 +10,7 @@ pub(crate) mod files;
 pub(crate) mod ports;
 pub(crate) mod ptys;
 pub(crate) mod search;
+pub(crate) mod watch;
 
 use std::rc::Rc;
 
@@ -45,6 +46,11 @@ impl Answer {
     /// The answers to request `id`, sent on its connection's `tx`.
     pub(crate) fn new(id: u64, tx: mpsc::Sender<Response>) -> Answer {
         Answer { id, tx }
+    }
+
+    /// The request's id (a watch is stopped by it).
+    pub(crate) fn id(&self) -> u64 {
+        self.id
     }
 
     /// One part of a longer answer; false when the connection is gone

@@ -1,10 +1,14 @@
 //! The bodies of the file routes: a file read, its paths' stat, a search's
-//! matches, a directory's entries and whether a directory was made.
+//! matches, a directory's entries, whether a directory was made and a
+//! watch's lines.
 
 use serde::Serialize;
 use utoipa::ToSchema;
 
-use crate::files::{Edited, Entry, EntryKind, FileContent, LinesRead, PathInfo, SearchResult};
+use crate::files::{
+    Edited, Entry, EntryKind, FileChange, FileContent, LinesRead, PathInfo, SearchResult,
+    WatchEvent,
+};
 
 /// `POST …/files:mkdir`: whether the directory was made.
 #[derive(Debug, Serialize, ToSchema)]
@@ -363,6 +367,63 @@ mod tests {
                 .expect("body");
             let got: serde_json::Value = serde_json::from_slice(&body).expect("JSON");
             assert_eq!(got, want);
+        }
+    }
+}
+
+/// One line of `GET …/files:watch` (`application/x-ndjson`), told apart by
+/// `type`; `path` is relative to the workspace.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(tag = "type", rename_all = "lowercase")]
+pub(in crate::api) enum WatchLine {
+    /// Created, or moved in (the new name of a rename).
+    #[serde(rename_all = "camelCase")]
+    Create { path: String, is_dir: bool },
+    /// Written; writes to one path within 50 ms are one event.
+    #[serde(rename_all = "camelCase")]
+    Write { path: String, is_dir: bool },
+    #[serde(rename_all = "camelCase")]
+    Remove { path: String, is_dir: bool },
+    /// Moved away: the old name (the new one follows as a `create` when
+    /// inside the watch).
+    #[serde(rename_all = "camelCase")]
+    Rename { path: String, is_dir: bool },
+    /// Mode, owner or times changed.
+    #[serde(rename_all = "camelCase")]
+    Chmod { path: String, is_dir: bool },
+    /// Events were lost: look at the directory again.
+    Overflow,
+    /// Nothing happened for `log_heartbeat_ms`.
+    Heartbeat,
+    /// The watch ended by itself; the stream ends here.
+    End { reason: String },
+}
+
+impl WatchLine {
+    /// The line as sent: JSON and a newline.
+    pub(in crate::api) fn render(&self) -> bytes::Bytes {
+        let mut line = serde_json::to_vec(self).unwrap_or_default();
+        line.push(b'\n');
+        line.into()
+    }
+}
+
+impl From<WatchEvent> for WatchLine {
+    fn from(e: WatchEvent) -> Self {
+        match e {
+            WatchEvent::Change {
+                kind, path, is_dir, ..
+            } => match kind {
+                FileChange::Create => WatchLine::Create { path, is_dir },
+                FileChange::Write => WatchLine::Write { path, is_dir },
+                FileChange::Remove => WatchLine::Remove { path, is_dir },
+                FileChange::Rename => WatchLine::Rename { path, is_dir },
+                FileChange::Chmod => WatchLine::Chmod { path, is_dir },
+            },
+            WatchEvent::Overflow => WatchLine::Overflow,
+            WatchEvent::Ended(why) => WatchLine::End {
+                reason: why.reason(),
+            },
         }
     }
 }

@@ -165,6 +165,7 @@ impl From<ApiError> for ConnectError {
             | E::TooManyProcesses
             | E::TooManyPtys
             | E::TooManyTokens
+            | E::TooManyWatches
             | E::InsufficientStorage => Code::ResourceExhausted,
             E::EngineError | E::AgentFailed | E::PortPublishFailed => Code::Internal,
             E::EngineUnavailable
