@@ -39,3 +39,4 @@ mod security;
 mod session_tokens;
 mod shaping;
 mod shell;
+mod ui;

@@ -169,6 +169,128 @@ pub(crate) fn under_gvisor() -> bool {
     oci_runtime().as_deref() == Some("runsc")
 }
 
+/// A venv under the repository with the pinned packages of `requirements`
+/// (both paths relative to the repository), made again only when that
+/// file changed; returns its python. A missing python3 or venv module
+/// fails the test: nothing is skipped.
+pub(crate) fn python_venv(requirements: &str, venv: &str) -> PathBuf {
+    let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let requirements = repo.join(requirements);
+    let pinned = std::fs::read_to_string(&requirements).expect("requirements.txt");
+    let venv = repo.join(venv);
+    let stamp = venv.join("requirements.txt");
+    if std::fs::read_to_string(&stamp).ok().as_deref() != Some(pinned.as_str()) {
+        let made = Command::new("python3")
+            .args(["-m", "venv", "--clear"])
+            .arg(&venv)
+            .status()
+            .expect("python3 is needed for the Python client tests");
+        assert!(
+            made.success(),
+            "python3 -m venv failed (python3-venv is needed)"
+        );
+        let installed = Command::new(venv.join("bin/pip"))
+            .args(["install", "--quiet", "-r"])
+            .arg(&requirements)
+            .status()
+            .expect("run pip");
+        assert!(
+            installed.success(),
+            "pip install -r {}",
+            requirements.display()
+        );
+        std::fs::write(&stamp, &pinned).expect("stamp");
+    }
+    venv.join("bin/python")
+}
+
+/// A Python client script run by a test (with `SANDBOXD_TOKEN` set): its
+/// stdout read line by line, its stdin written a line at a time, its
+/// stderr (tracebacks) in the test's own output. Killed when dropped.
+pub(crate) struct ScriptRun {
+    child: tokio::process::Child,
+    stdin: tokio::process::ChildStdin,
+    lines: tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>,
+    seen: Vec<String>,
+}
+
+impl ScriptRun {
+    pub(crate) fn start(
+        python: &std::path::Path,
+        script: &str,
+        args: &[&str],
+        token: &str,
+    ) -> ScriptRun {
+        use tokio::io::AsyncBufReadExt;
+        let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+        let mut child = tokio::process::Command::new(python)
+            .arg(repo.join(script))
+            .args(args)
+            .env("SANDBOXD_TOKEN", token)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap_or_else(|e| panic!("run {script}: {e}"));
+        let stdin = child.stdin.take().expect("stdin");
+        let lines = tokio::io::BufReader::new(child.stdout.take().expect("stdout")).lines();
+        ScriptRun {
+            child,
+            stdin,
+            lines,
+            seen: Vec::new(),
+        }
+    }
+
+    /// Reads lines until one starts with `prefix` (bounded); returns it.
+    pub(crate) async fn until(&mut self, prefix: &str) -> String {
+        let found = tokio::time::timeout(Duration::from_secs(240), async {
+            while let Ok(Some(line)) = self.lines.next_line().await {
+                self.seen.push(line.clone());
+                if line.starts_with(prefix) {
+                    return Some(line);
+                }
+            }
+            None
+        })
+        .await;
+        match found {
+            Ok(Some(line)) => line,
+            _ => panic!(
+                "no line {prefix:?}; output so far:\n{}",
+                self.seen.join("\n")
+            ),
+        }
+    }
+
+    pub(crate) async fn tell(&mut self, line: &str) {
+        use tokio::io::AsyncWriteExt;
+        self.stdin
+            .write_all(format!("{line}\n").as_bytes())
+            .await
+            .expect("write to the script");
+        self.stdin.flush().await.expect("flush to the script");
+    }
+
+    /// Waits for the end, asserts it succeeded; every line it printed.
+    pub(crate) async fn finish(mut self) -> Vec<String> {
+        while let Ok(Some(line)) = self.lines.next_line().await {
+            self.seen.push(line);
+        }
+        let status = tokio::time::timeout(Duration::from_secs(60), self.child.wait())
+            .await
+            .expect("the script ends")
+            .expect("wait");
+        assert!(
+            status.success(),
+            "the script failed; output:\n{}",
+            self.seen.join("\n")
+        );
+        self.seen
+    }
+}
+
 /// Path of the binary under test.
 pub(crate) fn binary() -> &'static str {
     env!("CARGO_BIN_EXE_sandboxd")
