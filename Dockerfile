@@ -3,11 +3,16 @@
 #   docker build -t sandboxd .                    # compile here (needs a registry for the Rust image)
 #   docker build --target prebuilt -t sandboxd .  # copy target/release/sandboxd built on the host
 #
+# The web console (ui/) is embedded in the binary: the builder gets it from
+# the `ui` stage (npm from a registry too); for `prebuilt`, run
+# scripts/build-ui.sh before `cargo build --release` on the host.
+#
 # Stage order matters for the classic builder, which builds every stage up
 # to the target: `prebuilt` comes before the Rust builder, so machines
 # without a registry never need the Rust image.
 ARG BASE_IMAGE=debian:bookworm-slim
 ARG RUST_IMAGE=rust:1-bookworm
+ARG NODE_IMAGE=node:22-bookworm-slim
 
 FROM ${BASE_IMAGE} AS base
 # A system user without a home or shell. It reaches the engine socket
@@ -31,8 +36,17 @@ ENTRYPOINT ["sandboxd"]
 FROM base AS prebuilt
 COPY target/release/sandboxd /usr/local/bin/sandboxd
 
+FROM ${NODE_IMAGE} AS ui
+WORKDIR /ui
+COPY ui/package.json ui/package-lock.json ./
+RUN npm ci --no-audit --no-fund --loglevel=error
+COPY ui/tsconfig.json ui/build.mjs ./
+COPY ui/src ./src
+RUN npm run build
+
 FROM ${RUST_IMAGE} AS builder
 WORKDIR /src
+COPY --from=ui /ui/dist ./ui/dist
 COPY Cargo.toml Cargo.lock build.rs ./
 COPY src ./src
 COPY proto ./proto

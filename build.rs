@@ -10,6 +10,11 @@
 //!
 //! `SANDBOXD_AGENT_BIN` names a prebuilt agent instead (a packaging step
 //! that built it already).
+//!
+//! It also writes `ui_assets.rs` to `OUT_DIR`: a table of the web console's
+//! files in `ui/dist` (built by `scripts/build-ui.sh`), each embedded with
+//! `include_bytes!`, which `src/api/ui.rs` serves at `/ui/`. Without
+//! `ui/dist` the table is empty and sandboxd builds all the same.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -36,6 +41,49 @@ fn main() {
         hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
     }
     println!("cargo:rustc-env=SANDBOXD_AGENT_VERSION={hash:016x}");
+    embed_ui(&out);
+}
+
+/// Writes the table of `ui/dist`'s files (relative path, bytes), sorted.
+fn embed_ui(out: &Path) {
+    let manifest = PathBuf::from(std::env::var_os("CARGO_MANIFEST_DIR").expect("manifest dir"));
+    let dist = manifest.join("ui/dist");
+    let mut files = Vec::new();
+    if dist.is_dir() {
+        println!("cargo:rerun-if-changed=ui/dist");
+        collect_files(&dist, &mut files);
+    } else {
+        // `ui` changes when `dist` appears in it.
+        println!("cargo:rerun-if-changed=ui");
+    }
+    files.sort();
+    let mut table = String::from("pub(super) static UI_ASSETS: &[(&str, &[u8])] = &[\n");
+    for file in &files {
+        let relative = file
+            .strip_prefix(&dist)
+            .expect("a file under ui/dist")
+            .to_str()
+            .unwrap_or_else(|| panic!("a non-UTF-8 file name in ui/dist: {}", file.display()));
+        let absolute = file.to_str().expect("a UTF-8 path to ui/dist");
+        table.push_str(&format!(
+            "    ({relative:?}, include_bytes!({absolute:?})),\n"
+        ));
+    }
+    table.push_str("];\n");
+    std::fs::write(out.join("ui_assets.rs"), table).expect("write ui_assets.rs");
+}
+
+fn collect_files(dir: &Path, files: &mut Vec<PathBuf>) {
+    let entries =
+        std::fs::read_dir(dir).unwrap_or_else(|e| panic!("cannot read {}: {e}", dir.display()));
+    for entry in entries {
+        let path = entry.expect("a directory entry of ui/dist").path();
+        if path.is_dir() {
+            collect_files(&path, files);
+        } else {
+            files.push(path);
+        }
+    }
 }
 
 fn build_agent(out: &Path) -> PathBuf {

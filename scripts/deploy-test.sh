@@ -28,7 +28,8 @@ command -v jq >/dev/null 2>&1 || DEBIAN_FRONTEND=noninteractive apt-get install 
 sandbox-images/build.sh
 BASE_IMAGE=$(sandbox-images/build.sh --base-only)
 export BASE_IMAGE
-log "building the release binary"
+log "building the web console and the release binary"
+scripts/build-ui.sh
 cargo build --release --locked --quiet
 # The prebuilt image copies target/release/sandboxd from this directory;
 # bring it here when CARGO_TARGET_DIR put it elsewhere.
@@ -99,7 +100,7 @@ cleanup() {
   for p in $(ip netns pids "$listen_ns" 2>/dev/null); do kill "$p" 2>/dev/null || true; done
   ip netns del "$listen_ns" 2>/dev/null || true
   ip link del "${listen_ns}h" 2>/dev/null || true
-  rm -rf "/tmp/deploy-test-www-$$" "$listen_log"
+  rm -rf "/tmp/deploy-test-www-$$" "$listen_log" /tmp/deploy-test-ui.html
   docker network rm "$direct_net" >/dev/null 2>&1 || true
   compose logs --no-color >/tmp/deploy-test-sandboxd.log 2>&1 || true
   # -v: the project's state volume (the session tokens) goes too.
@@ -157,6 +158,11 @@ ok "non-root, and the image healthcheck (sandboxd healthcheck) reports healthy"
 
 [ "$(curl -s -o /dev/null -w '%{http_code}' "$base/v1/sandboxes")" = 401 ] || fail "no token -> 401"
 ok "the token is required"
+
+ui_headers=$(curl -s -D - -o /tmp/deploy-test-ui.html "$base/ui/")
+grep -qi "^content-security-policy: default-src 'self'" <<<"$ui_headers" || fail "/ui/ CSP: $ui_headers"
+grep -q 'app.js' /tmp/deploy-test-ui.html || fail "/ui/ is the built console: $(head -c 300 /tmp/deploy-test-ui.html)"
+ok "the web console is served at /ui/ with its CSP"
 
 sid=$(api POST /v1/sandboxes '{"sessionKey":"deploy:1","ports":[3000]}' | jq -r .sandboxId)
 [ -n "$sid" ] && [ "$sid" != null ] || fail "create"

@@ -8,8 +8,10 @@ cd "$(dirname "$0")/.."
 
 # What the suite needs besides an engine, installed from Debian's packages
 # on a root Debian machine when missing: node and npm (the TypeScript
-# client test), python3 with venv (the OpenAPI validator, from PyPI), ip
-# (the egress tests' network namespaces). Those tests also need root.
+# client test and the web console's build), python3 with venv (the OpenAPI
+# validator and Selenium, from PyPI), ip (the egress tests' network
+# namespaces), chromium and its driver (the web console's browser test).
+# Those tests also need root.
 need_root() {
   echo "test.sh: $1 is missing and this is not a root Debian machine: install it, or run as root" >&2
   exit 1
@@ -18,6 +20,8 @@ missing=()
 command -v node >/dev/null 2>&1 && command -v npm >/dev/null 2>&1 || missing+=(nodejs npm)
 python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || missing+=(python3-venv)
 command -v ip >/dev/null 2>&1 || missing+=(iproute2)
+[ -x /usr/bin/chromium ] || missing+=(chromium)
+[ -x /usr/bin/chromedriver ] || missing+=(chromium-driver)
 if ((${#missing[@]})); then
   if [ "$(id -u)" != 0 ] || [ ! -f /etc/debian_version ]; then need_root "${missing[*]}"; fi
   echo "test.sh: installing ${missing[*]} from Debian's packages" >&2
@@ -31,6 +35,9 @@ fi
 
 scripts/ensure-docker.sh
 sandbox-images/build.sh
+# The web console, embedded into sandboxd by build.rs: the ui:: tests
+# drive the real one.
+scripts/build-ui.sh
 
 # Test servers use instances named sbt-*; a killed run can leave objects.
 leftovers=$(docker ps -aq --filter 'name=^sbt-' || true)
@@ -44,8 +51,9 @@ for n in $(docker network ls --format '{{.Name}}' | grep '^sbt-' || true); do do
 # sandboxes runs again with all of them under gVisor
 # (SANDBOXD_TEST_OCI_RUNTIME=runsc; see tests/it/harness/mod.rs);
 # openapi is about the document and its client, not the runtime; of mcp
-# (the protocol over the same domain) and of files_watch (gVisor's inotify)
-# only their smoke tests run again.
+# (the protocol over the same domain), of files_watch (gVisor's inotify), of
+# e2b (E2B's Python SDK; its JavaScript SDK runs under runc only) and of ui
+# (the web console) only their smoke tests run again.
 under_gvisor=(env SANDBOXD_TEST_OCI_RUNTIME=runsc)
 if ! docker info --format '{{range $k, $v := .Runtimes}}{{$k}} {{end}}' | grep -qw runsc; then
   echo "test.sh: the engine has no runsc runtime, which the gVisor pass needs;" \
@@ -64,13 +72,13 @@ if cargo nextest --version >/dev/null 2>&1; then
   cargo nextest run --no-fail-fast -E 'not (binary(it) and test(/^engine_restart::/))' "$@"
   cargo nextest run --no-fail-fast --test-threads 1 -E 'binary(it) and test(/^engine_restart::/)' "$@"
   "${under_gvisor[@]}" cargo nextest run --no-fail-fast \
-    -E 'binary(it) and not test(/^(engine_restart|gvisor|http_contract|openapi)::/) and not (test(/^mcp::/) and not test(/^mcp::smoke_/)) and not (test(/^files_watch::/) and not test(/^files_watch::smoke_/))' "$@"
+    -E 'binary(it) and not test(/^(engine_restart|gvisor|http_contract|openapi)::/) and not (test(/^mcp::/) and not test(/^mcp::smoke_/)) and not (test(/^files_watch::/) and not test(/^files_watch::smoke_/)) and not (test(/^ui::/) and not test(/^ui::smoke_/)) and not (test(/^e2b::/) and not test(/^e2b::smoke_/)) and not test(/^e2b_js::/)' "$@"
 else
   # libtest filters match substrings of the test path (module::test).
   cargo test --no-fail-fast --workspace "$@" -- --skip engine_restart::
   cargo test --no-fail-fast --test it "$@" -- engine_restart:: --test-threads 1
   "${under_gvisor[@]}" cargo test --no-fail-fast --test it "$@" -- \
     --skip engine_restart:: --skip gvisor:: --skip http_contract:: --skip openapi:: --skip mcp:: \
-    --skip files_watch::
-  "${under_gvisor[@]}" cargo test --no-fail-fast --test it "$@" -- mcp::smoke_ files_watch::smoke_
+    --skip files_watch:: --skip ui:: --skip e2b:: --skip e2b_js::
+  "${under_gvisor[@]}" cargo test --no-fail-fast --test it "$@" -- mcp::smoke_ files_watch::smoke_ ui::smoke_ e2b::smoke_
 fi

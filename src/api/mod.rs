@@ -16,6 +16,7 @@ mod ports;
 mod ptys;
 mod sandboxes;
 mod tokens;
+mod ui;
 
 use std::sync::Arc;
 
@@ -109,6 +110,11 @@ pub fn router(app: Arc<App>) -> Router {
         axum::middleware::from_fn_with_state(Arc::clone(&app), auth::require_session_access);
     let routes = Router::new()
         .route(HEALTH, get(health::health))
+        // The web console's files: no token (every API call it makes
+        // carries one), the Host and Origin checks below as everywhere.
+        .route("/ui", get(ui::redirect))
+        .route("/ui/", get(ui::index))
+        .route("/ui/{*path}", get(ui::asset))
         .route(
             "/v1/sessions/{sessionKey}/mcp",
             any(mcp::endpoint)

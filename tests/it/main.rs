@@ -46,3 +46,4 @@ mod session_tokens;
 mod shaping;
 mod shell;
 mod stdin;
+mod ui;

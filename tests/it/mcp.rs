@@ -9,21 +9,14 @@
 //! skipped. `smoke_initialize_and_tools` is the short one kept under
 //! gVisor.
 
-use std::path::{Path, PathBuf};
-use std::process::Stdio;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use serde_json::json;
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
-use tokio::process::{Child, ChildStdin, ChildStdout, Command};
 
-use crate::harness::{self, ServerOptions, TestServer};
+use crate::harness::{self, ScriptRun, ServerOptions, TestServer};
 
 const TOKEN: &str = "mcp-Test-Token-40";
-
-fn repo() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-}
 
 /// The venv with the pinned SDK.
 fn python() -> PathBuf {
@@ -41,85 +34,13 @@ fn endpoint(server: &TestServer, key: &str, query: &str) -> String {
 }
 
 /// A running scenario of clients/mcp-python/check.py.
-struct Scenario {
-    child: Child,
-    stdin: ChildStdin,
-    lines: tokio::io::Lines<BufReader<ChildStdout>>,
-    seen: Vec<String>,
-}
-
-impl Scenario {
-    fn start(args: &[&str]) -> Scenario {
-        let mut child = Command::new(python())
-            .arg(repo().join("clients/mcp-python/check.py"))
-            .args(args)
-            .env("SANDBOXD_TOKEN", TOKEN)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            // Python's tracebacks land in the test's own output.
-            .stderr(Stdio::inherit())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("run check.py");
-        let stdin = child.stdin.take().expect("stdin");
-        let lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
-        Scenario {
-            child,
-            stdin,
-            lines,
-            seen: Vec::new(),
-        }
-    }
-
-    /// Reads lines until one starts with `prefix` (bounded).
-    async fn until(&mut self, prefix: &str) -> String {
-        let found = tokio::time::timeout(Duration::from_secs(240), async {
-            while let Ok(Some(line)) = self.lines.next_line().await {
-                self.seen.push(line.clone());
-                if line.starts_with(prefix) {
-                    return Some(line);
-                }
-            }
-            None
-        })
-        .await;
-        match found {
-            Ok(Some(line)) => line,
-            _ => panic!(
-                "no line {prefix:?}; output so far:\n{}",
-                self.seen.join("\n")
-            ),
-        }
-    }
-
-    async fn tell(&mut self, line: &str) {
-        self.stdin
-            .write_all(format!("{line}\n").as_bytes())
-            .await
-            .expect("write to check.py");
-    }
-
-    /// Waits for the end; asserts it succeeded.
-    async fn finish(mut self) -> Vec<String> {
-        while let Ok(Some(line)) = self.lines.next_line().await {
-            self.seen.push(line);
-        }
-        let status = tokio::time::timeout(Duration::from_secs(60), self.child.wait())
-            .await
-            .expect("check.py ends")
-            .expect("wait");
-        assert!(
-            status.success(),
-            "check.py failed; output:\n{}",
-            self.seen.join("\n")
-        );
-        self.seen
-    }
+fn scenario(args: &[&str]) -> ScriptRun {
+    ScriptRun::start(&python(), "clients/mcp-python/check.py", args, TOKEN)
 }
 
 async fn happy(mode: &str, want_protocol: &str) {
     let server = server().await;
-    let out = Scenario::start(&["happy", &endpoint(&server, "mcp-happy", ""), mode])
+    let out = scenario(&["happy", &endpoint(&server, "mcp-happy", ""), mode])
         .finish()
         .await;
     let text = out.join("\n");
@@ -172,7 +93,7 @@ async fn every_tool_over_the_handshake_revision() {
 async fn a_server_started_by_bash_answers_at_its_url_from_the_host() {
     let server = server().await;
     let port = "8765";
-    let mut s = Scenario::start(&[
+    let mut s = scenario(&[
         "url",
         &endpoint(&server, "mcp-url", &format!("?ports={port}")),
         "auto",
@@ -201,7 +122,7 @@ async fn marker_processes(server: &TestServer, sid: &str) -> String {
 async fn cancel(mode: &str) {
     let server = server().await;
     let key = format!("mcp-cancel-{mode}");
-    let mut s = Scenario::start(&["cancel", &endpoint(&server, &key, ""), mode]);
+    let mut s = scenario(&["cancel", &endpoint(&server, &key, ""), mode]);
     s.until("running").await;
     let sid = server.create(json!({"sessionKey": key})).await;
     // Positive control: the command's tree is there while it runs.
@@ -239,7 +160,7 @@ async fn restart(mode: &str, want: &str) {
             .env("SANDBOXD_PORT", &port),
     )
     .await;
-    let mut s = Scenario::start(&["restart", &endpoint(&server, "mcp-restart", ""), mode]);
+    let mut s = scenario(&["restart", &endpoint(&server, "mcp-restart", ""), mode]);
     s.until("written").await;
     server.restart().await;
     s.tell("go").await;

@@ -169,6 +169,93 @@ pub(crate) fn under_gvisor() -> bool {
     oci_runtime().as_deref() == Some("runsc")
 }
 
+/// A Python client script run by a test (with `SANDBOXD_TOKEN` set): its
+/// stdout read line by line, its stdin written a line at a time, its
+/// stderr (tracebacks) in the test's own output. Killed when dropped.
+pub(crate) struct ScriptRun {
+    child: tokio::process::Child,
+    stdin: tokio::process::ChildStdin,
+    lines: tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>,
+    seen: Vec<String>,
+}
+
+impl ScriptRun {
+    pub(crate) fn start(
+        python: &std::path::Path,
+        script: &str,
+        args: &[&str],
+        token: &str,
+    ) -> ScriptRun {
+        use tokio::io::AsyncBufReadExt;
+        let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+        let mut child = tokio::process::Command::new(python)
+            .arg(repo.join(script))
+            .args(args)
+            .env("SANDBOXD_TOKEN", token)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap_or_else(|e| panic!("run {script}: {e}"));
+        let stdin = child.stdin.take().expect("stdin");
+        let lines = tokio::io::BufReader::new(child.stdout.take().expect("stdout")).lines();
+        ScriptRun {
+            child,
+            stdin,
+            lines,
+            seen: Vec::new(),
+        }
+    }
+
+    /// Reads lines until one starts with `prefix` (bounded); returns it.
+    pub(crate) async fn until(&mut self, prefix: &str) -> String {
+        let found = tokio::time::timeout(Duration::from_secs(240), async {
+            while let Ok(Some(line)) = self.lines.next_line().await {
+                self.seen.push(line.clone());
+                if line.starts_with(prefix) {
+                    return Some(line);
+                }
+            }
+            None
+        })
+        .await;
+        match found {
+            Ok(Some(line)) => line,
+            _ => panic!(
+                "no line {prefix:?}; output so far:\n{}",
+                self.seen.join("\n")
+            ),
+        }
+    }
+
+    pub(crate) async fn tell(&mut self, line: &str) {
+        use tokio::io::AsyncWriteExt;
+        self.stdin
+            .write_all(format!("{line}\n").as_bytes())
+            .await
+            .expect("write to the script");
+        self.stdin.flush().await.expect("flush to the script");
+    }
+
+    /// Waits for the end, asserts it succeeded; every line it printed.
+    pub(crate) async fn finish(mut self) -> Vec<String> {
+        while let Ok(Some(line)) = self.lines.next_line().await {
+            self.seen.push(line);
+        }
+        let status = tokio::time::timeout(Duration::from_secs(60), self.child.wait())
+            .await
+            .expect("the script ends")
+            .expect("wait");
+        assert!(
+            status.success(),
+            "the script failed; output:\n{}",
+            self.seen.join("\n")
+        );
+        self.seen
+    }
+}
+
 /// Path of the binary under test.
 pub(crate) fn binary() -> &'static str {
     env!("CARGO_BIN_EXE_sandboxd")

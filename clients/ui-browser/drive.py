@@ -1,0 +1,275 @@
+"""Drives sandboxd's web console in Debian's headless Chromium for
+tests/it/ui.rs, which set up what it looks at through the API.
+
+    drive.py smoke BASE SHOTS
+    drive.py full  BASE SHOTS SANDBOX_ID TICKER_COMMAND_ID PORT_URL
+
+The admin token comes in SANDBOXD_TOKEN. Each step prints one line,
+`ok STEP [what it saw]`; after an upload it prints `uploaded PATH CONTENT`
+and waits for a line on stdin (the test reads the file back through the
+API). At the end it prints every request the browser made
+(`request PHASE URL`, from Chromium's performance log; PHASE is `port`
+while the port link was followed, else `console`), every console message
+(`console LEVEL TEXT`), then `done`. Screenshots go to SHOTS.
+"""
+
+import json
+import os
+import re
+import sys
+import tempfile
+import time
+
+from selenium import webdriver
+from selenium.common.exceptions import (
+    NoSuchElementException,
+    StaleElementReferenceException,
+)
+from selenium.webdriver.common.action_chains import ActionChains
+from selenium.webdriver.chrome.options import Options
+from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.common.by import By
+from selenium.webdriver.common.keys import Keys
+from selenium.webdriver.support.ui import WebDriverWait
+
+TIMEOUT = 60
+
+
+def say(line):
+    print(line, flush=True)
+
+
+def browser():
+    opts = Options()
+    opts.binary_location = "/usr/bin/chromium"
+    for arg in (
+        "--headless=new",
+        "--no-sandbox",  # the test runs as root
+        "--disable-dev-shm-usage",
+        "--window-size=1280,800",
+        "--no-proxy-server",
+        "--no-first-run",
+    ):
+        opts.add_argument(arg)
+    opts.set_capability("goog:loggingPrefs", {"performance": "ALL", "browser": "ALL"})
+    # An explicit driver path: Selenium Manager downloads nothing.
+    d = webdriver.Chrome(service=Service(executable_path="/usr/bin/chromedriver"), options=opts)
+    viewport(d, 1280, 800)
+    return d
+
+
+def viewport(d, width, height):
+    """Sizes the window so that the page itself gets width x height."""
+    d.set_window_size(width, height)
+    inner_w, inner_h = d.execute_script("return [innerWidth, innerHeight]")
+    d.set_window_size(2 * width - inner_w, 2 * height - inner_h)
+
+
+class Console:
+    def __init__(self, driver, base, shots):
+        self.d = driver
+        self.base = base
+        self.shots = shots
+
+    def wait(self, what, cond, timeout=TIMEOUT):
+        def attempt(_):
+            try:
+                return cond()
+            except (NoSuchElementException, StaleElementReferenceException):
+                return False
+
+        try:
+            return WebDriverWait(self.d, timeout, poll_frequency=0.2).until(attempt)
+        except Exception:
+            self.shot("failed")
+            raise AssertionError(f"timed out waiting for {what}; page text:\n{self.text('body')}")
+
+    def find(self, css):
+        return self.d.find_element(By.CSS_SELECTOR, css)
+
+    def text(self, css):
+        try:
+            return self.find(css).text
+        except NoSuchElementException:
+            return ""
+
+    def click(self, css):
+        """Clicks once the element is there (lists re-render as they poll)."""
+        def go():
+            self.find(css).click()
+            return True
+
+        self.wait(f"{css} to click", go)
+
+    def shot(self, name):
+        self.d.save_screenshot(os.path.join(self.shots, f"{name}.png"))
+
+    def sign_in(self, token):
+        self.wait("the token field", lambda: self.find("#token").is_displayed())
+        field = self.find("#token")
+        field.clear()
+        field.send_keys(token, Keys.ENTER)
+
+    def drain(self, phase):
+        for entry in self.d.get_log("performance"):
+            msg = json.loads(entry["message"])["message"]
+            if msg["method"] == "Network.requestWillBeSent":
+                url = msg["params"]["request"]["url"]
+            elif msg["method"] == "Network.webSocketCreated":
+                url = msg["params"]["url"]
+            else:
+                continue
+            if url.startswith("blob:"):
+                url = url[len("blob:"):]
+            say(f"request {phase} {url}")
+
+    def console_messages(self):
+        for entry in self.d.get_log("browser"):
+            say(f"console {entry['level']} {entry['message']}")
+
+
+def sign_in_steps(c):
+    """Refused with a wrong token, then in with the right one."""
+    c.d.get(c.base + "/ui/")
+    c.shot("signin")
+    c.sign_in("not-the-token")
+    c.wait("the refused page", lambda: "Token refused" in c.text("#refused"))
+    c.shot("refused")
+    say("ok refused")
+    c.click("#try-again")
+    c.sign_in(os.environ["SANDBOXD_TOKEN"])
+    c.wait("the sandboxes list", lambda: c.find("#sandboxes").is_displayed())
+    say("ok signed-in")
+
+
+def full(c, sid, ticker, port_url):
+    row = f'tr[data-sandbox="{sid}"]'
+    c.wait("the test's sandbox in the list", lambda: c.find(row).is_displayed())
+    filt = c.find("#filter")
+    filt.send_keys("no-such-session")
+    c.wait("the filter to hide it", lambda: not c.d.find_elements(By.CSS_SELECTOR, row))
+    filt.clear()
+    filt.send_keys("ui:con")
+    c.wait("the filter to show it", lambda: c.find(row).is_displayed())
+    c.shot("sandboxes")
+    viewport(c.d, 390, 844)
+    c.shot("sandboxes-phone-width")
+    viewport(c.d, 1280, 800)
+    say("ok listed")
+
+    # Commands: a finished one's retained output, then the running one live.
+    c.click(f"{row} a")
+    c.wait("the finished command", lambda: "finished-output" in c.text("#commands"))
+    for tr in c.d.find_elements(By.CSS_SELECTOR, "#commands tr[data-command]"):
+        if "finished-output" in tr.text:
+            tr.find_element(By.CSS_SELECTOR, "button").click()
+            break
+    c.wait("the finished command's output", lambda: "[exit 0" in c.text("#log") and "finished-output" in c.text("#log"))
+    c.click(f'tr[data-command="{ticker}"] button')
+    ticks = lambda: [int(n) for n in re.findall(r"tick-(\d+)", c.text("#log"))]
+    c.wait("tick lines", lambda: ticks())
+    first = max(ticks())
+    c.wait("a later tick arriving live", lambda: max(ticks()) > first)
+    c.d.execute_script("document.getElementById('log-head').scrollIntoView({block: 'center'})")
+    c.shot("commands")
+    say(f"ok live-log tick-{first} then tick-{max(ticks())}")
+
+    # Terminal: type a command, see it echoed and answered; detach and
+    # attach again, and the scrollback still has it.
+    c.click("#to-terminal")
+    c.click("#new-terminal")
+    c.wait("the terminal to attach", lambda: "typing goes in" in c.text("#term-state"))
+    # Keys go to what has focus: xterm's hidden textarea, once attached.
+    ActionChains(c.d).send_keys("echo hello-from-ui", Keys.ENTER).perform()
+    screen = lambda: c.text("#terminal .xterm-rows")
+    c.wait("the echo and its output", lambda: screen().count("hello-from-ui") >= 2)
+    c.shot("terminal")
+    c.click("#detach")
+    c.wait("detached", lambda: "Detached" in c.text("#term-state"))
+    c.click("#ptys button.attach")
+    c.wait("the scrollback after attaching again", lambda: screen().count("hello-from-ui") >= 2)
+    say("ok terminal")
+
+    # Files: view one, upload one.
+    c.click("#to-files")
+    c.click('li[data-file="notes"] button')
+    c.click('li[data-file="readme.txt"] button')
+    c.wait("the file's text", lambda: "written through the API" in c.text("#file-text"))
+    href = c.find("#download").get_attribute("href")
+    assert href.startswith("blob:"), href
+    c.shot("files")
+    say("ok file-viewed")
+    content = f"uploaded-through-the-console-{os.getpid()}"
+    folder = tempfile.mkdtemp()
+    local = os.path.join(folder, "from-the-browser.txt")
+    with open(local, "w") as f:
+        f.write(content + "\n")
+    c.find("#upload").send_keys(local)
+    c.wait("the upload", lambda: "Uploaded" in c.text("#files-status"))
+    c.wait("the upload listed", lambda: c.find('li[data-file="from-the-browser.txt"]').is_displayed())
+    say(f"uploaded /workspace/notes/from-the-browser.txt {content}")
+    sys.stdin.readline()
+
+    # Ports: the link is the port's URL, and following it shows its page.
+    c.click("#to-ports")
+    c.wait("the port link", lambda: c.find('li[data-port="8000"] a').get_attribute("href").startswith(port_url))
+    c.shot("ports")
+    c.drain("console")
+    console_window = c.d.current_window_handle
+    c.click('li[data-port="8000"] a')
+    c.wait("a new tab", lambda: len(c.d.window_handles) == 2)
+    c.d.switch_to.window([h for h in c.d.window_handles if h != console_window][0])
+    c.wait("the port's page", lambda: "served-to-the-console" in c.text("body"))
+    say(f"ok port-page {c.text('body')}")
+    c.d.close()
+    c.d.switch_to.window(console_window)
+    c.drain("port")
+
+    c.click('a[href="#/status"]')
+    c.wait("the status table", lambda: "Pool target" in c.text("#status"))
+    c.shot("status")
+    say("ok status")
+
+    # Restart after confirming (the test sees its running command end).
+    c.click('a[href="#/sandboxes"]')
+    c.click(f"{row} button.restart")
+    c.wait("the confirmation", lambda: c.find("#confirm").is_displayed())
+    c.click("#confirm-ok")
+    c.wait("the dialog closed", lambda: not c.find("#confirm").is_displayed())
+    say("ok restarted")
+
+    # Stop: cancel first (it stays), then confirm (it goes).
+    c.click(f"{row} button.stop")
+    c.wait("the confirmation", lambda: c.find("#confirm").is_displayed())
+    c.shot("confirm-stop")
+    c.click("#confirm-cancel")
+    time.sleep(2.5)  # two polls of the list: nothing may have stopped it
+    assert c.find(row).is_displayed(), "cancel kept the sandbox"
+    c.click(f"{row} button.stop")
+    c.wait("the confirmation", lambda: c.find("#confirm").is_displayed())
+    c.click("#confirm-ok")
+    c.wait("the sandbox gone from the list", lambda: not c.d.find_elements(By.CSS_SELECTOR, row))
+    c.shot("stopped")
+    say("ok stopped")
+
+
+def main():
+    scenario, base, shots = sys.argv[1:4]
+    d = browser()
+    try:
+        c = Console(d, base, shots)
+        sign_in_steps(c)
+        if scenario == "full":
+            full(c, *sys.argv[4:7])
+        else:
+            c.wait("the empty list", lambda: "0 of 0 sandboxes" in c.text("main"))
+            c.shot("smoke-sandboxes")
+        c.drain("console")
+        c.console_messages()
+        say("done")
+    finally:
+        d.quit()
+
+
+if __name__ == "__main__":
+    main()

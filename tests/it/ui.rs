@@ -1,0 +1,277 @@
+//! The web console at `/ui/`, driven in a real headless Chromium (Debian's
+//! `chromium` and `chromium-driver`) through Selenium
+//! (clients/ui-browser/drive.py, pinned in its requirements.txt, installed
+//! into a venv under target/) against a real sandboxd with an admin token.
+//! The driver reports what the browser saw line by line; this side set up
+//! the sandbox, command, file and port server through the API, checks the
+//! upload and the stop through the API, and judges the browser's network
+//! and console logs. Screenshots land in target/ui-screenshots/.
+//! `smoke_signs_in` is the short one kept under gVisor.
+
+use serde_json::json;
+use std::path::{Path, PathBuf};
+
+use crate::harness::{self, ScriptRun, ServerOptions, TestServer};
+
+const TOKEN: &str = "ui-Test-Token-43";
+
+fn repo() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn python() -> PathBuf {
+    static VENV: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    VENV.get_or_init(|| harness::python_venv("clients/ui-browser", "ui-browser-venv"))
+        .clone()
+}
+
+/// Starts the browser driver on one scenario.
+fn drive(server: &TestServer, scenario: &str, args: &[&str]) -> ScriptRun {
+    for (tool, package) in [
+        ("/usr/bin/chromium", "chromium"),
+        ("/usr/bin/chromedriver", "chromium-driver"),
+    ] {
+        assert!(
+            Path::new(tool).exists(),
+            "{tool} is missing: install Debian's {package} (scripts/test.sh does)"
+        );
+    }
+    let shots = repo().join("target/ui-screenshots");
+    std::fs::create_dir_all(&shots).expect("screenshot directory");
+    let shots = shots.to_str().expect("a UTF-8 path");
+    let mut all = vec![scenario, server.base.as_str(), shots];
+    all.extend_from_slice(args);
+    ScriptRun::start(&python(), "clients/ui-browser/drive.py", &all, TOKEN)
+}
+
+/// The rest of the line after `prefix`.
+async fn until(driver: &mut ScriptRun, prefix: &str) -> String {
+    let line = driver.until(prefix).await;
+    line[prefix.len()..].trim().to_string()
+}
+
+/// Waits for the end; every request URL and console message it logged.
+async fn finish(driver: ScriptRun) -> (Vec<String>, Vec<String>) {
+    let seen = driver.finish().await;
+    assert_eq!(seen.last().map(String::as_str), Some("done"), "{seen:?}");
+    let of = |kind: &str| -> Vec<String> {
+        seen.iter()
+            .filter_map(|l| l.strip_prefix(kind).map(|r| r.trim().to_string()))
+            .collect()
+    };
+    (of("request "), of("console "))
+}
+
+async fn server() -> TestServer {
+    TestServer::start_with(ServerOptions::default().token(TOKEN)).await
+}
+
+/// `scheme://host:port` of a URL.
+fn origin_of(url: &str) -> String {
+    let (scheme, rest) = url.split_once("://").unwrap_or(("", url));
+    let authority = rest.split('/').next().unwrap_or("");
+    format!("{scheme}://{authority}")
+}
+
+/// Every request went to the console's own origin (its WebSocket as
+/// `ws://` of the same host and port), or, while the port link was
+/// followed, to that port's URL.
+fn assert_only_own_origin(requests: &[String], base: &str, port_url: &str) {
+    let own = origin_of(base);
+    let own_ws = own.replacen("http://", "ws://", 1);
+    let port = origin_of(port_url);
+    assert!(
+        requests.iter().any(|r| r.starts_with("console ")),
+        "the network log was read: {requests:?}"
+    );
+    assert!(
+        requests
+            .iter()
+            .any(|r| r.starts_with("console ws://") && r.contains("ticket=")),
+        "the terminal's WebSocket is in the network log: {requests:?}"
+    );
+    for r in requests {
+        let (phase, url) = r.split_once(' ').unwrap_or(("", r));
+        let origin = origin_of(url);
+        let allowed = origin == own || origin == own_ws || (phase == "port" && origin == port);
+        assert!(allowed, "a request to another origin ({phase}): {url}");
+    }
+}
+
+#[tokio::test]
+async fn the_console_shows_and_drives_a_sandbox() {
+    let server = server().await;
+    let client = harness::http_client();
+
+    // The page and its headers, and the same Host and Origin rules.
+    let page = client
+        .get(format!("{}/ui/", server.base))
+        .send()
+        .await
+        .expect("GET /ui/");
+    assert_eq!(page.status(), 200);
+    let header = |name: &str| {
+        page.headers()
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_string()
+    };
+    let csp = header("content-security-policy");
+    for directive in [
+        "default-src 'self'",
+        "script-src 'self'",
+        "style-src 'self'",
+        "frame-ancestors 'none'",
+    ] {
+        assert!(csp.contains(directive), "CSP {csp:?} lacks {directive}");
+    }
+    assert!(!csp.contains("unsafe-inline"), "{csp}");
+    assert_eq!(header("x-frame-options"), "DENY");
+    assert_eq!(header("x-content-type-options"), "nosniff");
+    assert_eq!(header("referrer-policy"), "no-referrer");
+    assert_eq!(header("cache-control"), "no-cache");
+    assert!(header("content-type").starts_with("text/html"));
+    let html = page.text().await.expect("body");
+    assert!(
+        html.contains("app.js"),
+        "the built console, not the how-to page: {html}"
+    );
+    let js = client
+        .get(format!("{}/ui/app.js", server.base))
+        .send()
+        .await
+        .expect("GET app.js");
+    assert_eq!(js.status(), 200);
+    assert!(
+        js.headers()[reqwest::header::CONTENT_TYPE]
+            .to_str()
+            .is_ok_and(|t| t.starts_with("text/javascript"))
+    );
+    let bare = client
+        .get(format!("{}/ui", server.base))
+        .send()
+        .await
+        .expect("GET /ui");
+    assert!(
+        bare.url().path() == "/ui/" && bare.status() == 200,
+        "/ui redirects to /ui/"
+    );
+    let rebound = client
+        .get(format!("{}/ui/", server.base))
+        .header("host", "rebound.example")
+        .send()
+        .await
+        .expect("GET with another Host");
+    assert_eq!(
+        rebound.status(),
+        421,
+        "a rebound name is refused at /ui/ too"
+    );
+    let foreign = client
+        .get(format!("{}/ui/", server.base))
+        .header("origin", "http://other.example")
+        .send()
+        .await
+        .expect("GET with another Origin");
+    assert_eq!(
+        foreign.status(),
+        403,
+        "another site's Origin is refused at /ui/ too"
+    );
+
+    // What the console is to show: a sandbox with a port, a file, a
+    // command printing for a while, and a web server on the port.
+    let sid = server
+        .create(json!({"sessionKey": "ui:console", "ports": [8000]}))
+        .await;
+    let (status, body) = server
+        .write_files(
+            &sid,
+            json!([{"path": "notes/readme.txt", "contentBase64": harness::b64("written through the API\n")}]),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    server
+        .start_command(
+            &sid,
+            json!({"command": "mkdir -p /tmp/www && echo served-to-the-console > /tmp/www/index.html && cd /tmp/www && exec python3 -m http.server 8000 --bind 127.0.0.1", "timeoutMs": 600000}),
+        )
+        .await;
+    let (status, port) = server
+        .get(&format!("/v1/sandboxes/{sid}/ports/8000?waitMs=20000"))
+        .await;
+    assert_eq!(status, 200, "{port}");
+    assert_eq!(port["ready"], true, "{port}");
+    let port_url = port["url"].as_str().expect("url").to_string();
+    let finished = server.sh(&sid, "echo finished-output").await;
+    assert_eq!(finished["exitCode"], 0, "{finished}");
+    let ticker = server
+        .start_command(
+            &sid,
+            json!({"command": "for i in $(seq 1 90); do echo tick-$i; sleep 1; done", "timeoutMs": 600000}),
+        )
+        .await;
+
+    let mut driver = drive(&server, "full", &[&sid, &ticker, &port_url]);
+    until(&mut driver, "ok refused").await;
+    until(&mut driver, "ok signed-in").await;
+    until(&mut driver, "ok listed").await;
+    // Two different tick lines seen in the log view, a second apart: it
+    // followed the running command.
+    let live = until(&mut driver, "ok live-log").await;
+    assert!(live.contains("tick-"), "{live}");
+    until(&mut driver, "ok terminal").await;
+    until(&mut driver, "ok file-viewed").await;
+    let uploaded = until(&mut driver, "uploaded").await;
+    let (path, content) = uploaded.split_once(' ').expect("path and content");
+    let (status, read) = server.read_file(&sid, path).await;
+    assert_eq!(status, 200, "{read}");
+    assert_eq!(
+        read["contentBase64"].as_str(),
+        Some(harness::b64(format!("{content}\n")).as_str()),
+        "the uploaded file as the API reads it: {read}"
+    );
+    driver.tell("checked").await;
+    let served = until(&mut driver, "ok port-page").await;
+    assert!(served.contains("served-to-the-console"), "{served}");
+    until(&mut driver, "ok status").await;
+    until(&mut driver, "ok restarted").await;
+    let ended = server.wait_command(&sid, &ticker).await;
+    assert_eq!(
+        ended["exitCode"], 137,
+        "the restart ended the running command: {ended}"
+    );
+    until(&mut driver, "ok stopped").await;
+    let (status, gone) = server.get(&format!("/v1/sandboxes/{sid}")).await;
+    assert_eq!(
+        status, 404,
+        "the sandbox is gone after the console stopped it: {gone}"
+    );
+    let (requests, console) = finish(driver).await;
+    assert_only_own_origin(&requests, &server.base, &port_url);
+    let refused: Vec<&String> = console
+        .iter()
+        .filter(|m| m.contains("Content Security Policy") || m.contains("Refused"))
+        .collect();
+    assert!(refused.is_empty(), "the CSP refused something: {refused:?}");
+}
+
+#[tokio::test]
+async fn smoke_signs_in() {
+    let server = server().await;
+    let driver = drive(&server, "smoke", &[]);
+    let (requests, console) = finish(driver).await;
+    assert!(
+        requests.iter().all(|r| r
+            .split_once(' ')
+            .is_some_and(|(_, u)| origin_of(u) == origin_of(&server.base))),
+        "{requests:?}"
+    );
+    assert!(
+        !console
+            .iter()
+            .any(|m| m.contains("Content Security Policy")),
+        "{console:?}"
+    );
+}
