@@ -894,6 +894,11 @@ pub(crate) fn python_venv(client: &str, venv: &str) -> PathBuf {
     let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
     let requirements = repo.join(client).join("requirements.txt");
     let pinned = std::fs::read_to_string(&requirements).expect("requirements.txt");
+    // Tests run in processes of their own: one makes the venv, the others
+    // wait for it.
+    let lock = std::fs::File::create(repo.join("target").join(format!("{venv}.lock")))
+        .expect("the venv's lock file");
+    rustix::fs::flock(&lock, rustix::fs::FlockOperation::LockExclusive).expect("lock the venv");
     let venv = repo.join("target").join(venv);
     let stamp = venv.join("requirements.txt");
     if std::fs::read_to_string(&stamp).ok().as_deref() != Some(pinned.as_str()) {
