@@ -219,10 +219,14 @@ async fn a_stop_waits_for_what_the_engine_is_making_so_nothing_appears_after_exi
     let ran = server.sh(&sid, "true").await;
     assert_eq!(ran["exitCode"], 0, "a command in the new sandbox: {ran}");
     let pid = server.pid().expect("sandboxd runs");
+    // Background work starts 100 ms after the user's last create ended
+    // (`SETTLE` in src/sandbox/foreground.rs): a time rule, not a state
+    // this test can poll. Past it, making the next link network (its
+    // network, then its spare port proxy) is under way.
+    std::thread::sleep(Duration::from_millis(150));
     let paused = EnginePaused::pause();
-    // Nothing can be asked while the engine is paused: sandboxd's request
-    // for the next link network reaches the engine's socket within
-    // milliseconds of the create's answer.
+    // Nothing can be answered while the engine is paused: sandboxd's
+    // request for the next link network waits at the engine's socket.
     std::thread::sleep(Duration::from_millis(500));
     let ok = Command::new("kill")
         .args(["-TERM", &pid.to_string()])
