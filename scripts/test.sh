@@ -51,8 +51,9 @@ for n in $(docker network ls --format '{{.Name}}' | grep '^sbt-' || true); do do
 # sandboxes runs again with all of them under gVisor
 # (SANDBOXD_TEST_OCI_RUNTIME=runsc; see tests/it/harness/mod.rs);
 # openapi is about the document and its client, not the runtime; of mcp
-# (the protocol over the same domain), of files_watch (gVisor's inotify) and
-# of ui (the web console) only their smoke tests run again.
+# (the protocol over the same domain), of files_watch (gVisor's inotify), of
+# e2b (E2B's Python SDK; its JavaScript SDK runs under runc only) and of ui
+# (the web console) only their smoke tests run again.
 under_gvisor=(env SANDBOXD_TEST_OCI_RUNTIME=runsc)
 if ! docker info --format '{{range $k, $v := .Runtimes}}{{$k}} {{end}}' | grep -qw runsc; then
   echo "test.sh: the engine has no runsc runtime, which the gVisor pass needs;" \
@@ -71,13 +72,13 @@ if cargo nextest --version >/dev/null 2>&1; then
   cargo nextest run --no-fail-fast -E 'not (binary(it) and test(/^engine_restart::/))' "$@"
   cargo nextest run --no-fail-fast --test-threads 1 -E 'binary(it) and test(/^engine_restart::/)' "$@"
   "${under_gvisor[@]}" cargo nextest run --no-fail-fast \
-    -E 'binary(it) and not test(/^(engine_restart|gvisor|http_contract|openapi)::/) and not (test(/^mcp::/) and not test(/^mcp::smoke_/)) and not (test(/^files_watch::/) and not test(/^files_watch::smoke_/)) and not (test(/^ui::/) and not test(/^ui::smoke_/))' "$@"
+    -E 'binary(it) and not test(/^(engine_restart|gvisor|http_contract|openapi)::/) and not (test(/^mcp::/) and not test(/^mcp::smoke_/)) and not (test(/^files_watch::/) and not test(/^files_watch::smoke_/)) and not (test(/^ui::/) and not test(/^ui::smoke_/)) and not (test(/^e2b::/) and not test(/^e2b::smoke_/)) and not test(/^e2b_js::/)' "$@"
 else
   # libtest filters match substrings of the test path (module::test).
   cargo test --no-fail-fast --workspace "$@" -- --skip engine_restart::
   cargo test --no-fail-fast --test it "$@" -- engine_restart:: --test-threads 1
   "${under_gvisor[@]}" cargo test --no-fail-fast --test it "$@" -- \
     --skip engine_restart:: --skip gvisor:: --skip http_contract:: --skip openapi:: --skip mcp:: \
-    --skip files_watch:: --skip ui::
-  "${under_gvisor[@]}" cargo test --no-fail-fast --test it "$@" -- mcp::smoke_ files_watch::smoke_ ui::smoke_
+    --skip files_watch:: --skip ui:: --skip e2b:: --skip e2b_js::
+  "${under_gvisor[@]}" cargo test --no-fail-fast --test it "$@" -- mcp::smoke_ files_watch::smoke_ ui::smoke_ e2b::smoke_
 fi

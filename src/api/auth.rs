@@ -85,10 +85,24 @@ fn presented_matches(headers: &HeaderMap, token: &str) -> bool {
     ];
     // Check every header, without stopping early, so timing says nothing
     // about which one was tried.
-    candidates.iter().fold(false, |ok, c| {
-        let matched = c.is_some_and(|c| !c.is_empty() && bool::from(c.ct_eq(token.as_bytes())));
-        ok | matched
-    })
+    candidates
+        .iter()
+        .fold(false, |ok, c| ok | one_matches(*c, token))
+}
+
+/// Whether one presented value is the token, compared in constant time.
+fn one_matches(presented: Option<&[u8]>, token: &str) -> bool {
+    presented.is_some_and(|c| !c.is_empty() && bool::from(c.ct_eq(token.as_bytes())))
+}
+
+/// Whether a dialect's own key header (E2B's `X-API-KEY`) holds the
+/// configured admin token, compared as the admin headers are; true when
+/// none is configured, like [`require_token`].
+pub(super) fn key_matches(app: &App, presented: Option<&[u8]>) -> bool {
+    app.config
+        .admin_token
+        .as_ref()
+        .is_none_or(|token| one_matches(presented, token.expose()))
 }
 
 /// The value of `Authorization: Bearer <value>`.

@@ -5,6 +5,7 @@
 mod auth;
 mod commands;
 mod dto;
+mod e2b;
 pub mod error;
 mod extract;
 mod files;
@@ -125,6 +126,9 @@ pub fn router(app: Arc<App>) -> Router {
             get(ptys::attach_pty).post(ptys::pty_action.layer(token_layer)),
         )
         .merge(protected)
+        // E2B's SDKs: its control plane and envd, each with its own
+        // credentials (see `e2b`).
+        .merge(e2b::routes(&app))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         // A declared length over the limit is refused before reading; a

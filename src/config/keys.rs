@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use super::ConfigError;
 use super::auth::AdminToken;
+use super::e2b::validate_template_entries;
 use super::network::{egress_list_fits, validate_network_mode};
 use super::runtimes::{MAX_POOL_SIZE, RuntimeConfig};
 use super::sources::{Setting, Sources};
@@ -260,6 +261,12 @@ settings! {
     /// Image of the egress proxy containers; default: `image`.
     egress_image: Option<String> = None, key "egress_image";
 
+    // --- The E2B dialect ---
+    /// E2B template names and the runtime each creates, `TEMPLATE=RUNTIME`;
+    /// an unknown template is refused.
+    e2b_templates: Vec<String> = vec!["base=default".into()], key "e2b_templates",
+        check |v| validate_template_entries(v);
+
     // --- State kept across restarts ---
     /// Directory on the host of what must survive a restart (the session
     /// tokens' hashes); never mounted into a sandbox. Default: see
@@ -327,7 +334,10 @@ mod tests {
                 if let Some((key, value)) = line
                     .strip_prefix("# ")
                     .and_then(|l| l.split_once(" = "))
-                    .filter(|(k, _)| k.bytes().all(|b| b.is_ascii_lowercase() || b == b'_'))
+                    .filter(|(k, _)| {
+                        k.bytes()
+                            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+                    })
                 {
                     documented.push((key, value, *block));
                 }

@@ -11,11 +11,12 @@
 //! `config.example.toml` documents every key; a test holds it to this table.
 //!
 //! This file loads and validates; `sources` reads one value from the
-//! environment or the file; `auth`, `network`, `runtimes`, `state` and
+//! environment or the file; `auth`, `e2b`, `network`, `runtimes`, `state` and
 //! `workspace` hold what is particular to each (types, defaults worked out after
 //! reading, and the checks that span keys).
 
 mod auth;
+mod e2b;
 mod keys;
 mod network;
 mod runtimes;
@@ -156,6 +157,7 @@ impl Config {
         self.validate_workspace_aliases()?;
         self.validate_workspace_volume()?;
         self.validate_runtimes()?;
+        self.validate_e2b_templates()?;
         self.validate_session_tokens()?;
         Ok(())
     }

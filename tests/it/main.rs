@@ -14,6 +14,8 @@ mod codes;
 mod commands;
 mod config;
 mod disk;
+mod e2b;
+mod e2b_js;
 mod egress;
 mod engine;
 mod engine_restart;

@@ -1,0 +1,224 @@
+"""E2B's Python SDK (`e2b`, pinned in requirements.txt), unchanged, against
+a real sandboxd: tests/it/e2b.rs runs one scenario per call with
+E2B_API_KEY, E2B_API_URL and E2B_SANDBOX_URL set to sandboxd, and reads
+the `ok NAME JSON` lines it prints. Each check asserts here what the SDK
+gave; the Rust side checks the same sandbox through sandboxd's own API.
+Any failed assertion or exception ends the run with a traceback."""
+
+import asyncio
+import json
+import sys
+import time
+
+import e2b
+from e2b import (
+    AsyncSandbox,
+    AuthenticationException,
+    CommandExitException,
+    NotFoundException,
+    Sandbox,
+    SandboxException,
+)
+from e2b.connection_config import ConnectionConfig
+from e2b.sandbox.commands.command_handle import PtySize
+
+HOME = "/home/user"
+
+
+def ok(name, **fields):
+    print(f"ok {name} {json.dumps(fields, sort_keys=True)}", flush=True)
+
+
+def classes(e):
+    """The exception's class and its bases, by name."""
+    return [c.__name__ for c in type(e).__mro__]
+
+
+def raised(fn):
+    try:
+        fn()
+    except Exception as e:  # noqa: BLE001 - the type is what is checked
+        return e
+    raise AssertionError("no exception was raised")
+
+
+def smoke():
+    sbx = Sandbox.create()
+    chunks = []
+    r = sbx.commands.run("echo hi; echo oops >&2", on_stdout=chunks.append)
+    assert r.exit_code == 0, r
+    assert r.stdout == "hi\n", repr(r.stdout)
+    assert r.stderr == "oops\n", repr(r.stderr)
+    assert "".join(chunks) == "hi\n", chunks
+    info = sbx.files.write(f"{HOME}/smoke.txt", "written by e2b\n")
+    assert info.path == f"{HOME}/smoke.txt", info
+    assert sbx.files.read(f"{HOME}/smoke.txt") == "written by e2b\n"
+    ok("smoke", sandbox=sbx.sandbox_id)
+    assert sbx.kill() is True
+
+
+def commands():
+    sbx = Sandbox.create()
+    ok("created", sandbox=sbx.sandbox_id)
+    # Output streams while the command runs: each line is handed over
+    # before the next is printed.
+    seen = []
+    r = sbx.commands.run(
+        "for i in 1 2 3; do echo line$i; sleep 0.5; done",
+        on_stdout=lambda s: seen.append((time.monotonic(), s)),
+    )
+    assert r.stdout == "line1\nline2\nline3\n", repr(r.stdout)
+    assert len(seen) >= 3, seen
+    spread = seen[-1][0] - seen[0][0]
+    assert spread > 0.7, f"the output came at once ({spread:.2f} s): {seen}"
+    ok("streaming", spread=round(spread, 2))
+
+    # /home/user is the workspace's alias: the command runs in the same
+    # directory, which the shell names by the workspace's own path.
+    sbx.commands.run("touch here", cwd=f"{HOME}/sub")
+    assert sbx.files.exists(f"{HOME}/sub/here")
+    r = sbx.commands.run('echo "$FOO-$BAR"', envs={"FOO": "foo", "BAR": "bar"})
+    assert r.stdout == "foo-bar\n", repr(r.stdout)
+    ok("cwd_env")
+
+    e = raised(lambda: sbx.commands.run("echo bye; exit 3"))
+    assert isinstance(e, CommandExitException), classes(e)
+    assert e.exit_code == 3, e.exit_code
+    assert e.stdout == "bye\n", repr(e.stdout)
+    ok("exit", exit_code=e.exit_code, classes=classes(e))
+
+    h = sbx.commands.run("sleep 300", background=True)
+    assert h.pid > 0
+    pids = [p.pid for p in sbx.commands.list()]
+    assert h.pid in pids, (h.pid, pids)
+    ok("background", pid=h.pid)
+    assert sbx.commands.kill(h.pid) is True
+    deadline = time.monotonic() + 30
+    while h.pid in [p.pid for p in sbx.commands.list()]:
+        assert time.monotonic() < deadline, "the killed command is still listed"
+        time.sleep(0.2)
+    assert sbx.commands.kill(h.pid + 1 if h.pid < 2**31 - 1 else 1) is False
+    ok("killed", pid=h.pid)
+
+
+def files():
+    sbx = Sandbox.create()
+    ok("created", sandbox=sbx.sandbox_id)
+    sbx.files.write(f"{HOME}/dir/a.txt", "alpha")
+    sbx.files.write("b.bin", b"\x00\x01\x02beta")
+    assert sbx.files.read(f"{HOME}/dir/a.txt") == "alpha"
+    assert bytes(sbx.files.read(f"{HOME}/b.bin", format="bytes")) == b"\x00\x01\x02beta"
+    names = {(e.name, e.type.value) for e in sbx.files.list(HOME)}
+    assert ("dir", "dir") in names and ("b.bin", "file") in names, names
+    deep = {e.path for e in sbx.files.list(HOME, depth=2)}
+    assert f"{HOME}/dir/a.txt" in deep, deep
+    assert sbx.files.exists(f"{HOME}/dir/a.txt") is True
+    assert sbx.files.exists(f"{HOME}/nope.txt") is False
+    info = sbx.files.get_info(f"{HOME}/dir/a.txt")
+    assert (info.name, info.type.value, info.size) == ("a.txt", "file", 5), info
+    ok("files", listed=sorted(n for n, _ in names))
+    sbx.files.remove(f"{HOME}/dir")
+    assert sbx.files.exists(f"{HOME}/dir/a.txt") is False
+    e = raised(lambda: sbx.files.read(f"{HOME}/missing.txt"))
+    assert isinstance(e, NotFoundException), classes(e)
+    ok("missing", classes=classes(e))
+
+
+async def pty():
+    sbx = await AsyncSandbox.create()
+    ok("created", sandbox=sbx.sandbox_id)
+    out = bytearray()
+    h = await sbx.pty.create(PtySize(rows=24, cols=80), on_data=out.extend)
+
+    async def until(text):
+        deadline = time.monotonic() + 30
+        while text.encode() not in out:
+            assert time.monotonic() < deadline, f"no {text!r} in {bytes(out)!r}"
+            await asyncio.sleep(0.1)
+
+    await sbx.pty.send_stdin(h.pid, b"echo $((6*7))\n")
+    await until("42")
+    await sbx.pty.resize(h.pid, PtySize(rows=30, cols=100))
+    await sbx.pty.send_stdin(h.pid, b"stty size\n")
+    await until("30 100")
+    ok("pty", pid=h.pid)
+    assert await sbx.pty.kill(h.pid) is True
+
+
+def lifecycle():
+    sbx = Sandbox.create()
+    ok("created", sandbox=sbx.sandbox_id)
+    info = sbx.get_info()
+    assert info.sandbox_id == sbx.sandbox_id, info
+    assert info.template_id == "base", info
+    assert info.state.value == "running", info
+    listed = []
+    paginator = Sandbox.list()
+    while paginator.has_next:
+        listed.extend(s.sandbox_id for s in paginator.next_items())
+    assert sbx.sandbox_id in listed, listed
+    again = Sandbox.connect(sbx.sandbox_id)
+    assert again.commands.run("echo again").stdout == "again\n"
+    ok("info_list", template=info.template_id, cpus=info.cpu_count)
+    assert sbx.kill() is True
+    assert Sandbox.kill(sbx.sandbox_id) is False
+    assert sbx.is_running() is False
+    e = raised(lambda: sbx.commands.run("true"))
+    ok("after_kill", classes=classes(e), message=str(e))
+
+
+def errors():
+    e = raised(lambda: Sandbox.create(api_key="e2b_" + "0" * 40))
+    assert isinstance(e, AuthenticationException), classes(e)
+    ok("api_key", classes=classes(e))
+    e = raised(lambda: Sandbox.create(template="no-such-template"))
+    assert isinstance(e, SandboxException), classes(e)
+    ok("template", classes=classes(e), message=str(e))
+    e = raised(lambda: Sandbox.connect("nosuchsandbox0000000000"))
+    assert isinstance(e, SandboxException), classes(e)
+    ok("unknown", classes=classes(e), message=str(e))
+
+    a = Sandbox.create()
+    b = Sandbox.create()
+    ok("created", sandbox=a.sandbox_id, other=b.sandbox_id)
+    assert a.commands.run("echo a").stdout == "a\n"
+    # `a`'s id with `b`'s token, then with a made-up one: the SDK's own
+    # sandbox object, built as `connect` builds it.
+    for name, token in [("other_token", b._envd_access_token), ("wrong_token", "0" * 64)]:
+        forged = Sandbox(
+            sandbox_id=a.sandbox_id,
+            sandbox_domain=a.sandbox_domain,
+            envd_version=a._envd_version,
+            envd_access_token=token,
+            traffic_access_token=None,
+            # A configuration of its own: `a`'s carries `a`'s token.
+            connection_config=ConnectionConfig(
+                extra_sandbox_headers={
+                    "E2b-Sandbox-Id": a.sandbox_id,
+                    "X-Access-Token": token,
+                }
+            ),
+        )
+        e = raised(lambda: forged.commands.run("echo forged"))
+        assert isinstance(e, AuthenticationException), classes(e)
+        e2 = raised(lambda: forged.files.read(f"{HOME}/x"))
+        assert isinstance(e2, AuthenticationException), classes(e2)
+        ok(name, classes=classes(e))
+    a.kill()
+    b.kill()
+
+
+SCENARIOS = {
+    "smoke": smoke,
+    "commands": commands,
+    "files": files,
+    "pty": lambda: asyncio.run(pty()),
+    "lifecycle": lifecycle,
+    "errors": errors,
+}
+
+if __name__ == "__main__":
+    print(f"e2b {e2b.__version__ if hasattr(e2b, '__version__') else '?'}", flush=True)
+    for name in sys.argv[1:]:
+        SCENARIOS[name]()
+    print("done", flush=True)

@@ -1,0 +1,622 @@
+//! envd's `process.Process` service over sandboxd's commands and terminal
+//! sessions. `Start` without `pty` starts a command (`Commands::start`)
+//! and streams its log (`Commands::follow_logs`) as E2B's events: `start`
+//! with the pid, `data` with stdout and stderr, `end` with the exit; with
+//! `pty` it opens a terminal session (`Ptys::open`) and streams what a
+//! viewer of it sees (`Ptys::view`). The stream ending kills nothing: a
+//! background command outlives its client's disconnect, as in envd.
+//! `Connect` follows a running command (from its first output) or session
+//! again; `List`, `SendSignal`, `SendInput` (a session's keys) and
+//! `Update` (a session's size) address them by pid.
+//!
+//! E2B addresses processes by pid, and the domain does not expose a
+//! command's pid yet: the pid shown is 31 bits of SHA-256 of the command's
+//! (or session's) id, so it is the same after a sandboxd restart and no
+//! map is kept. Writing to a command's stdin and closing it need
+//! interactive stdin in the domain, and tags a place to keep them: those
+//! answer `unimplemented`.
+
+use std::pin::Pin;
+use std::sync::Arc;
+
+use axum::Extension;
+use axum::extract::{Path as AxumPath, State};
+use axum::http::HeaderMap;
+use axum::response::Response;
+use bytes::Bytes;
+use futures_util::{Stream, StreamExt};
+use sha2::{Digest, Sha256};
+use tokio::sync::mpsc;
+
+use super::connect::{
+    self, Code, ConnectError, Streaming, Timing, Unary, stream_error, stream_reply, to_json,
+};
+use super::wire::{
+    B64, DataEvent, Empty, EndEvent, EventMessage, ListResponse, ProcessConfig, ProcessEvent,
+    ProcessInfo, ProcessSelector, SelectRequest, SendInputRequest, SendSignalRequest, Signal,
+    StartRequest, UpdateRequest,
+};
+use super::{E2b, SandboxId, failed};
+use crate::command::spec::CommandRequest;
+use crate::pty::{MAX_WINDOW, PtyCommand, PtyRequest, ViewerEvent, ViewerInput};
+
+/// Events waiting for the client of a process's stream.
+const EVENT_BUFFER: usize = 16;
+
+/// The pid E2B clients know a command or session by (see the module docs).
+fn pid_of(id: &str) -> u32 {
+    let h = Sha256::digest(id.as_bytes());
+    (u32::from_be_bytes([h[0], h[1], h[2], h[3]]) & 0x7fff_ffff).max(1)
+}
+
+/// A process of a sandbox, as sandboxd knows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Process {
+    Command(String),
+    Session(String),
+}
+
+impl E2b {
+    /// The command or session a selector names.
+    async fn find(&self, sandbox_id: &str, sel: &ProcessSelector) -> Result<Process, ConnectError> {
+        if sel.tag.is_some() {
+            return Err(ConnectError::unimplemented(
+                "selecting a process by tag (tags need a place in the domain)",
+            ));
+        }
+        let pid = sel.pid.ok_or_else(|| {
+            ConnectError::new(Code::InvalidArgument, "process: a pid is required")
+        })?;
+        let commands = self
+            .app
+            .commands
+            .list(sandbox_id)
+            .await
+            .map_err(failed(sandbox_id))?;
+        if let Some(c) = commands.iter().find(|c| pid_of(&c.command.id) == pid) {
+            return Ok(Process::Command(c.command.id.clone()));
+        }
+        let sessions = self
+            .app
+            .ptys
+            .list(sandbox_id)
+            .await
+            .map_err(failed(sandbox_id))?;
+        sessions
+            .into_iter()
+            .find(|p| pid_of(&p.pty_id) == pid)
+            .map(|p| Process::Session(p.pty_id))
+            .ok_or_else(|| {
+                ConnectError::new(Code::NotFound, format!("process with pid {pid} not found"))
+            })
+    }
+
+    /// Types `input` into a session, as a viewer of its own: the newest
+    /// viewer is the one whose input counts, and the viewer the session's
+    /// `Start` or `Connect` stream holds writes again once this one goes.
+    async fn type_into_session(
+        &self,
+        sandbox_id: &str,
+        pty_id: String,
+        input: ViewerInput,
+    ) -> Result<(), ConnectError> {
+        let sandbox = self
+            .app
+            .ptys
+            .check(sandbox_id, &pty_id)
+            .await
+            .map_err(failed(sandbox_id))?;
+        let input = futures_util::stream::iter([input]);
+        self.app
+            .ptys
+            .view(sandbox, pty_id, input, futures_util::sink::drain())
+            .await;
+        Ok(())
+    }
+}
+
+/// The keepalive event's JSON.
+fn keepalive() -> Bytes {
+    to_json(&EventMessage {
+        event: ProcessEvent::Keepalive {},
+    })
+    .unwrap_or_default()
+}
+
+fn event(event: ProcessEvent) -> Result<Bytes, ConnectError> {
+    to_json(&EventMessage { event })
+}
+
+/// `POST /process.Process/Start`.
+pub(super) async fn start(
+    State(e2b): State<Arc<E2b>>,
+    Extension(SandboxId(sid)): Extension<SandboxId>,
+    call: Streaming<StartRequest>,
+) -> Response {
+    let (req, timing) = (call.message, call.timing);
+    if req.tag.is_some() {
+        return stream_error(&ConnectError::unimplemented(
+            "process tags (they need a place in the domain)",
+        ));
+    }
+    let started = match req.pty {
+        Some(pty) => start_session(&e2b, &sid, req.process, pty).await,
+        None => start_command(&e2b, &sid, req.process).await,
+    };
+    match started {
+        Ok(process) => follow(e2b, sid, process, timing),
+        Err(e) => stream_error(&e),
+    }
+}
+
+async fn start_command(e2b: &E2b, sid: &str, p: ProcessConfig) -> Result<Process, ConnectError> {
+    let config = &e2b.app.config;
+    let req = CommandRequest {
+        cmd: Some(p.cmd),
+        args: Some(p.args),
+        command: None,
+        shell: None,
+        // The argv runs as it is (bash -l -c SCRIPT, as the SDKs send it).
+        login: Some(false),
+        cwd: p.cwd,
+        env: (!p.envs.is_empty()).then_some(p.envs),
+        stdin: None,
+        stdin_open: None,
+        // An E2B process ends when it ends or is killed, not on the
+        // stream's deadline: it gets the longest time sandboxd allows.
+        timeout_ms: Some(i64::try_from(config.max_timeout.as_millis()).unwrap_or(i64::MAX)),
+        detached: None,
+        max_output_bytes: None,
+        output: None,
+        changes: None,
+    };
+    let cmd = e2b
+        .app
+        .commands
+        .start(sid, req)
+        .await
+        .map_err(failed(sid))?;
+    Ok(Process::Command(cmd.id.clone()))
+}
+
+async fn start_session(
+    e2b: &E2b,
+    sid: &str,
+    p: ProcessConfig,
+    pty: super::wire::Pty,
+) -> Result<Process, ConnectError> {
+    let size = pty.size.unwrap_or_default();
+    let dim = |v: u32| (v != 0).then_some(i64::from(v));
+    let mut argv = vec![p.cmd];
+    argv.extend(p.args);
+    let req = PtyRequest {
+        command: Some(PtyCommand::Argv(argv)),
+        cwd: p.cwd,
+        env: (!p.envs.is_empty()).then_some(p.envs),
+        cols: dim(size.cols),
+        rows: dim(size.rows),
+    };
+    let id = e2b.app.ptys.open(sid, req).await.map_err(failed(sid))?;
+    Ok(Process::Session(id))
+}
+
+/// The event stream of a process: `start`, then its output and its end.
+fn follow(e2b: Arc<E2b>, sid: String, process: Process, timing: Timing) -> Response {
+    let pid = match &process {
+        Process::Command(id) | Process::Session(id) => pid_of(id),
+    };
+    let first = futures_util::stream::once(async move { event(ProcessEvent::Start { pid }) });
+    let rest: Pin<Box<dyn Stream<Item = Result<Bytes, ConnectError>> + Send>> = match process {
+        Process::Command(id) => Box::pin(command_events(e2b, sid, id)),
+        Process::Session(id) => Box::pin(session_events(e2b, sid, id)),
+    };
+    stream_reply(timing, keepalive(), first.chain(rest))
+}
+
+/// A command's log from its first record, as E2B's events, to its end.
+fn command_events(
+    e2b: Arc<E2b>,
+    sid: String,
+    command_id: String,
+) -> impl Stream<Item = Result<Bytes, ConnectError>> + Send {
+    let (tx, rx) = mpsc::channel(EVENT_BUFFER);
+    let work = async move {
+        let shutdown = e2b.app.shutdown.clone();
+        let lines = match e2b
+            .app
+            .commands
+            .follow_logs(&sid, &command_id, 0, false, shutdown)
+            .await
+        {
+            Ok(lines) => lines,
+            Err(e) => {
+                let _ = tx.send(Err(failed(&sid)(e))).await;
+                return;
+            }
+        };
+        let mut lines = std::pin::pin!(lines);
+        let mut state = LogState::default();
+        while let Some(chunk) = lines.next().await {
+            for ev in state.events(&chunk) {
+                if tx.send(ev).await.is_err() {
+                    return;
+                }
+            }
+            if state.ended {
+                return;
+            }
+        }
+        let _ = tx
+            .send(Err(ConnectError::new(
+                Code::Unavailable,
+                "the command's log ended before its exit (sandboxd is shutting down)",
+            )))
+            .await;
+    };
+    driven(work, rx)
+}
+
+/// What the log's records have said so far.
+#[derive(Debug, Default)]
+struct LogState {
+    /// The last `error` record (sandboxd ended the command): the end's
+    /// `error`.
+    error: Option<String>,
+    ended: bool,
+}
+
+impl LogState {
+    /// The events of one chunk of NDJSON records.
+    fn events(&mut self, chunk: &[u8]) -> Vec<Result<Bytes, ConnectError>> {
+        let mut out = Vec::new();
+        for line in chunk.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
+            if self.ended {
+                break;
+            }
+            let Ok(record) = serde_json::from_slice::<serde_json::Value>(line) else {
+                continue;
+            };
+            let text = |k: &str| record[k].as_str().unwrap_or_default().as_bytes().to_vec();
+            match record["stream"].as_str() {
+                Some("stdout") => out.push(event(ProcessEvent::Data(DataEvent::Stdout(B64(
+                    text("data"),
+                ))))),
+                Some("stderr") => out.push(event(ProcessEvent::Data(DataEvent::Stderr(B64(
+                    text("data"),
+                ))))),
+                Some("error") => self.error = record["message"].as_str().map(str::to_string),
+                Some("exit") => {
+                    self.ended = true;
+                    let killed = record["killed"].as_bool().unwrap_or(false)
+                        || record["timedOut"].as_bool().unwrap_or(false);
+                    let code = record["exitCode"].as_i64().unwrap_or(-1);
+                    out.push(event(ProcessEvent::End(end_event(
+                        (!killed).then_some(code),
+                        killed.then_some(9),
+                        self.error.take(),
+                    ))));
+                }
+                _ => {}
+            }
+        }
+        out
+    }
+}
+
+/// envd's end event: an exit code, or the signal that ended it (code -1,
+/// not `exited`).
+fn end_event(exit_code: Option<i64>, signal: Option<i64>, error: Option<String>) -> EndEvent {
+    match exit_code {
+        Some(code) => EndEvent {
+            exit_code: code,
+            exited: true,
+            status: format!("exit status {code}"),
+            error,
+        },
+        None => EndEvent {
+            exit_code: -1,
+            exited: false,
+            status: match signal {
+                Some(9) => "signal: killed".to_string(),
+                Some(s) => format!("signal: {s}"),
+                None => "ended".to_string(),
+            },
+            error,
+        },
+    }
+}
+
+/// What a viewer of a session sees, as E2B's events, to its end.
+fn session_events(
+    e2b: Arc<E2b>,
+    sid: String,
+    pty_id: String,
+) -> impl Stream<Item = Result<Bytes, ConnectError>> + Send {
+    let (tx, rx) = mpsc::channel(EVENT_BUFFER);
+    let work = async move {
+        let sandbox = match e2b.app.ptys.check(&sid, &pty_id).await {
+            Ok(s) => s,
+            Err(e) => {
+                let _ = tx.send(Err(failed(&sid)(e))).await;
+                return;
+            }
+        };
+        let sink = futures_util::sink::unfold(tx, |tx, ev: ViewerEvent| async move {
+            let item = match ev {
+                ViewerEvent::Output(data) => {
+                    event(ProcessEvent::Data(DataEvent::Pty(B64(data.to_vec()))))
+                }
+                ViewerEvent::Exit { exit_code, signal } => {
+                    let end = end_event(exit_code.map(i64::from), signal.map(i64::from), None);
+                    event(ProcessEvent::End(end))
+                }
+                ViewerEvent::Writer(_) | ViewerEvent::Lagged { .. } => return Ok(tx),
+            };
+            tx.send(item).await.map(|()| tx)
+        });
+        // The session's keys come through SendInput, each as a viewer of
+        // its own: this one never types.
+        let input = futures_util::stream::pending::<ViewerInput>();
+        e2b.app
+            .ptys
+            .view(sandbox, pty_id, input, Box::pin(sink))
+            .await;
+    };
+    driven(work, rx)
+}
+
+/// The items `work` sends while it runs, as a stream: the work is polled
+/// as the stream is read (nothing is spawned, and a client that goes
+/// drops it), and the stream ends once the work returned and what it sent
+/// is out, or after the first error.
+fn driven<W>(
+    work: W,
+    rx: mpsc::Receiver<Result<Bytes, ConnectError>>,
+) -> impl Stream<Item = Result<Bytes, ConnectError>> + Send
+where
+    W: Future<Output = ()> + Send + 'static,
+{
+    let state = (Some(Box::pin(work)), rx, false);
+    futures_util::stream::unfold(state, |(mut work, mut rx, failed)| async move {
+        if failed {
+            return None;
+        }
+        loop {
+            let item = {
+                let running = async {
+                    match work.as_mut() {
+                        Some(w) => w.await,
+                        None => std::future::pending().await,
+                    }
+                };
+                tokio::select! {
+                    item = rx.recv() => Some(item),
+                    () = running => None,
+                }
+            };
+            match item {
+                // The work returned: what it sent is drained, then the end.
+                None => work = None,
+                Some(None) => return None,
+                Some(Some(item)) => {
+                    let failed = item.is_err();
+                    return Some((item, (work, rx, failed)));
+                }
+            }
+        }
+    })
+}
+
+/// `POST /process.Process/Connect`: the events of a running process again.
+pub(super) async fn connect(
+    State(e2b): State<Arc<E2b>>,
+    Extension(SandboxId(sid)): Extension<SandboxId>,
+    call: Streaming<SelectRequest>,
+) -> Response {
+    match e2b.find(&sid, &call.message.process).await {
+        Ok(process) => follow(e2b, sid, process, call.timing),
+        Err(e) => stream_error(&e),
+    }
+}
+
+/// `POST /process.Process/List`: the running commands and sessions.
+pub(super) async fn list(
+    State(e2b): State<Arc<E2b>>,
+    Extension(SandboxId(sid)): Extension<SandboxId>,
+    call: Unary<serde_json::Value>,
+) -> Response {
+    connect::unary(call.deadline, async move {
+        let info = |id: &str, summary: String| ProcessInfo {
+            pid: pid_of(id),
+            tag: None,
+            // What sandboxd keeps of a process is its summary line.
+            config: ProcessConfig {
+                cmd: summary,
+                ..ProcessConfig::default()
+            },
+        };
+        let mut processes: Vec<ProcessInfo> = e2b
+            .app
+            .commands
+            .list(&sid)
+            .await
+            .map_err(failed(&sid))?
+            .into_iter()
+            .filter(|c| c.command.finished().is_none())
+            .map(|c| info(&c.command.id, c.command.summary.clone()))
+            .collect();
+        let sessions = e2b.app.ptys.list(&sid).await.map_err(failed(&sid))?;
+        processes.extend(
+            sessions
+                .into_iter()
+                .filter(|p| p.ended.is_none())
+                .map(|p| info(&p.pty_id, p.command)),
+        );
+        Ok(ListResponse { processes })
+    })
+    .await
+}
+
+/// `POST /process.Process/SendSignal`: SIGTERM and SIGKILL both end the
+/// process's whole tree (SIGTERM, the grace period, SIGKILL).
+pub(super) async fn send_signal(
+    State(e2b): State<Arc<E2b>>,
+    Extension(SandboxId(sid)): Extension<SandboxId>,
+    call: Unary<SendSignalRequest>,
+) -> Response {
+    connect::unary(call.deadline, async move {
+        let req = call.message;
+        if req.signal == Signal::Unspecified {
+            return Err(ConnectError::new(
+                Code::InvalidArgument,
+                "signal: SIGNAL_SIGTERM or SIGNAL_SIGKILL",
+            ));
+        }
+        match e2b.find(&sid, &req.process).await? {
+            Process::Command(id) => e2b
+                .app
+                .commands
+                .kill(&sid, &id)
+                .await
+                .map_err(failed(&sid))?,
+            Process::Session(id) => e2b.app.ptys.kill(&sid, &id).await.map_err(failed(&sid))?,
+        }
+        Ok(Empty {})
+    })
+    .await
+}
+
+/// `POST /process.Process/SendInput`: keys for a session; a command's
+/// stdin needs the domain's interactive stdin.
+pub(super) async fn send_input(
+    State(e2b): State<Arc<E2b>>,
+    Extension(SandboxId(sid)): Extension<SandboxId>,
+    call: Unary<SendInputRequest>,
+) -> Response {
+    connect::unary(call.deadline, async move {
+        let req = call.message;
+        let process = e2b.find(&sid, &req.process).await?;
+        match (process, req.input.pty, req.input.stdin) {
+            (Process::Session(id), Some(B64(keys)), _) => {
+                e2b.type_into_session(&sid, id, ViewerInput::Bytes(Bytes::from(keys)))
+                    .await?;
+            }
+            (Process::Session(_), None, _) => {
+                return Err(ConnectError::new(
+                    Code::InvalidArgument,
+                    "input: a terminal session takes pty input",
+                ));
+            }
+            (Process::Command(_), _, _) => {
+                return Err(ConnectError::unimplemented(
+                    "writing to a running command's stdin (it needs interactive stdin, send_stdin)",
+                ));
+            }
+        }
+        Ok(Empty {})
+    })
+    .await
+}
+
+/// `POST /process.Process/Update`: a session's new size.
+pub(super) async fn update(
+    State(e2b): State<Arc<E2b>>,
+    Extension(SandboxId(sid)): Extension<SandboxId>,
+    call: Unary<UpdateRequest>,
+) -> Response {
+    connect::unary(call.deadline, async move {
+        let req = call.message;
+        let Process::Session(id) = e2b.find(&sid, &req.process).await? else {
+            return Err(ConnectError::new(
+                Code::InvalidArgument,
+                "process: only a terminal session has a size",
+            ));
+        };
+        let size = req.pty.and_then(|p| p.size).unwrap_or_default();
+        let dim = |v: u32| {
+            u16::try_from(v)
+                .ok()
+                .filter(|v| (1..=MAX_WINDOW).contains(v))
+        };
+        let (Some(cols), Some(rows)) = (dim(size.cols), dim(size.rows)) else {
+            return Err(ConnectError::new(
+                Code::InvalidArgument,
+                format!("pty.size: cols and rows are 1 to {MAX_WINDOW}"),
+            ));
+        };
+        e2b.type_into_session(&sid, id, ViewerInput::Resize { cols, rows })
+            .await?;
+        Ok(Empty {})
+    })
+    .await
+}
+
+/// Every other method of the service (`CloseStdin`, `StreamInput`):
+/// `unimplemented`, naming what the domain lacks.
+pub(super) async fn other(AxumPath(method): AxumPath<String>, headers: HeaderMap) -> Response {
+    let what = match method.as_str() {
+        "CloseStdin" => "closing a command's stdin (it needs interactive stdin, close_stdin)",
+        "StreamInput" => "streaming a command's stdin (it needs interactive stdin)",
+        _ => "this method of process.Process",
+    };
+    connect::refuse(&headers, &ConnectError::unimplemented(what))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn decoded(events: Vec<Result<Bytes, ConnectError>>) -> Vec<serde_json::Value> {
+        events
+            .into_iter()
+            .map(|e| serde_json::from_slice(&e.expect("an event")).expect("json"))
+            .collect()
+    }
+
+    #[test]
+    fn a_pid_is_stable_positive_and_31_bits() {
+        let a = pid_of("018f2a3b4c5d6e7f8a9b0c1d");
+        assert_eq!(a, pid_of("018f2a3b4c5d6e7f8a9b0c1d"));
+        assert_ne!(a, pid_of("018f2a3b4c5d6e7f8a9b0c1e"));
+        assert!((1..=0x7fff_ffff).contains(&a));
+    }
+
+    #[test]
+    fn log_records_become_data_and_one_end() {
+        let mut s = LogState::default();
+        let chunk = concat!(
+            "{\"stream\":\"stdout\",\"data\":\"hi\\n\",\"seq\":1}\n",
+            "{\"stream\":\"heartbeat\",\"seq\":1}\n",
+            "{\"stream\":\"stderr\",\"data\":\"oops\",\"seq\":2}\n",
+            "{\"stream\":\"exit\",\"exitCode\":3,\"timedOut\":false,\"killed\":false,\"seq\":3}\n",
+            "{\"stream\":\"stdout\",\"data\":\"after\",\"seq\":4}\n",
+        );
+        let got = decoded(s.events(chunk.as_bytes()));
+        assert_eq!(
+            got,
+            [
+                serde_json::json!({"event": {"data": {"stdout": "aGkK"}}}),
+                serde_json::json!({"event": {"data": {"stderr": "b29wcw=="}}}),
+                serde_json::json!({"event": {"end": {"exitCode": 3, "exited": true, "status": "exit status 3"}}}),
+            ]
+        );
+        assert!(s.ended);
+    }
+
+    #[test]
+    fn a_killed_command_ends_by_signal_with_sandboxds_reason() {
+        let mut s = LogState::default();
+        let chunk = concat!(
+            "{\"stream\":\"error\",\"message\":\"the sandbox restarted\",\"seq\":1}\n",
+            "{\"stream\":\"exit\",\"exitCode\":137,\"timedOut\":false,\"killed\":true,\"seq\":2}\n",
+        );
+        let got = decoded(s.events(chunk.as_bytes()));
+        assert_eq!(
+            got,
+            [serde_json::json!({"event": {"end": {
+                "exitCode": -1, "exited": false, "status": "signal: killed",
+                "error": "the sandbox restarted"
+            }}})]
+        );
+    }
+}

@@ -1,0 +1,492 @@
+//! The E2B dialect driven by E2B's own Python SDK (`e2b`, pinned in
+//! clients/e2b-python/requirements.txt, installed into a venv under
+//! target/), with only E2B_API_KEY, E2B_API_URL and E2B_SANDBOX_URL set to
+//! sandboxd: clients/e2b-python/check.py runs each scenario and asserts
+//! what the SDK gave; here the same sandboxes are checked through
+//! sandboxd's own API (an E2B sandbox is an ordinary one), and the wire's
+//! edges (credentials, restarts, what answers `unimplemented`) are checked
+//! by hand. The workspace gets E2B's home as an alias (`/home/user`), as
+//! docs/E2B.md tells operators. `smoke_*` is the short run kept under
+//! gVisor. A missing python3 or venv fails the test: nothing is skipped.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use crate::harness::{self, ServerOptions, TestServer};
+
+/// The admin token, which is also the E2B API key (in E2B's key format).
+pub(crate) const KEY: &str = "e2b_0123456789abcdef0123456789abcdef01234567";
+
+fn python() -> PathBuf {
+    static VENV: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    VENV.get_or_init(|| harness::python_venv("clients/e2b-python", "e2b-python-venv"))
+        .clone()
+}
+
+/// A sandboxd whose workspace is also at E2B's home.
+pub(crate) async fn server() -> TestServer {
+    TestServer::start_with(ServerOptions::default().token(KEY).env(
+        "SANDBOXD_WORKSPACE_ALIASES",
+        "/vercel/sandbox/workspace,/home/user",
+    ))
+    .await
+}
+
+/// The only settings an E2B SDK gets: the key and sandboxd's address as
+/// both of its URLs (and nothing of E2B's own from the environment).
+pub(crate) fn sdk_env<'a>(
+    cmd: &'a mut tokio::process::Command,
+    server: &TestServer,
+) -> &'a mut tokio::process::Command {
+    cmd.env("E2B_API_KEY", KEY)
+        .env("E2B_API_URL", &server.base)
+        .env("E2B_SANDBOX_URL", &server.base)
+        .env_remove("E2B_DOMAIN")
+        .env_remove("E2B_DEBUG")
+        .kill_on_drop(true)
+}
+
+/// Runs check.py's scenarios; the `ok NAME JSON` lines, by name.
+async fn check(server: &TestServer, scenarios: &[&str]) -> Vec<(String, Value)> {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("clients/e2b-python/check.py");
+    let mut cmd = tokio::process::Command::new(python());
+    cmd.arg(script).args(scenarios);
+    let run = sdk_env(&mut cmd, server).output();
+    let out = tokio::time::timeout(Duration::from_secs(300), run)
+        .await
+        .expect("check.py ends within 300 s")
+        .expect("run check.py");
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        out.status.success() && stdout.lines().any(|l| l == "done"),
+        "check.py {scenarios:?} failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+        .lines()
+        .filter_map(|l| l.strip_prefix("ok "))
+        .filter_map(|l| l.split_once(' '))
+        .map(|(name, json)| {
+            (
+                name.to_string(),
+                serde_json::from_str(json).expect("an ok line's JSON"),
+            )
+        })
+        .collect()
+}
+
+/// The fields of the first `ok` line named `name`.
+fn line<'a>(lines: &'a [(String, Value)], name: &str) -> &'a Value {
+    lines
+        .iter()
+        .find(|(n, _)| n == name)
+        .map(|(_, v)| v)
+        .unwrap_or_else(|| panic!("no `ok {name}` line in {lines:?}"))
+}
+
+/// The sandbox a scenario made.
+fn sandbox_of(lines: &[(String, Value)]) -> String {
+    line(lines, "created")["sandbox"]
+        .as_str()
+        .expect("a sandbox id")
+        .to_string()
+}
+
+/// Whether the exception's classes include `name`.
+fn raised(v: &Value, name: &str) -> bool {
+    v["classes"]
+        .as_array()
+        .is_some_and(|c| c.iter().any(|c| c == name))
+}
+
+/// A control-plane call with the API key.
+async fn control(
+    server: &TestServer,
+    method: reqwest::Method,
+    path: &str,
+    body: Option<Value>,
+    headers: &[(&str, &str)],
+) -> (u16, Value, reqwest::header::HeaderMap) {
+    let mut rb = server
+        .client
+        .request(method, format!("{}{path}", server.base))
+        .header("x-api-key", KEY);
+    for (k, v) in headers {
+        rb = rb.header(*k, *v);
+    }
+    if let Some(b) = body {
+        rb = rb.json(&b);
+    }
+    let resp = rb.send().await.expect("control-plane call");
+    let status = resp.status().as_u16();
+    let headers = resp.headers().clone();
+    let text = resp.text().await.unwrap_or_default();
+    (
+        status,
+        serde_json::from_str(&text).unwrap_or(Value::Null),
+        headers,
+    )
+}
+
+/// A unary envd call with the sandbox's id and `token`.
+async fn envd(
+    server: &TestServer,
+    sid: &str,
+    token: &str,
+    method: &str,
+    body: Value,
+) -> (u16, Value) {
+    let resp = server
+        .client
+        .post(format!("{}/{method}", server.base))
+        .header("e2b-sandbox-id", sid)
+        .header("x-access-token", token)
+        .header("connect-protocol-version", "1")
+        .json(&body)
+        .send()
+        .await
+        .expect("envd call");
+    let status = resp.status().as_u16();
+    (status, resp.json().await.unwrap_or(Value::Null))
+}
+
+/// envd's `GET /health` status for the sandbox with `token`.
+async fn health(server: &TestServer, sid: &str, token: &str) -> u16 {
+    server
+        .client
+        .get(format!("{}/health", server.base))
+        .header("e2b-sandbox-id", sid)
+        .header("x-access-token", token)
+        .send()
+        .await
+        .expect("health")
+        .status()
+        .as_u16()
+}
+
+/// `POST /v2/sandboxes`: the sandbox and its access token.
+async fn create(server: &TestServer, headers: &[(&str, &str)]) -> (String, String) {
+    let (status, body, _) = control(
+        server,
+        reqwest::Method::POST,
+        "/v2/sandboxes",
+        Some(json!({"templateID": "base", "metadata": {}, "envVars": {}})),
+        headers,
+    )
+    .await;
+    assert_eq!(status, 201, "create: {body}");
+    (
+        body["sandboxID"].as_str().expect("sandboxID").to_string(),
+        body["envdAccessToken"].as_str().expect("token").to_string(),
+    )
+}
+
+#[tokio::test]
+async fn smoke_create_run_write_read_and_kill() {
+    let server = server().await;
+    let lines = check(&server, &["smoke"]).await;
+    let sid = line(&lines, "smoke")["sandbox"].as_str().expect("id");
+    // The SDK's kill went through the domain: the sandbox is gone.
+    let (status, _) = server.get(&format!("/v1/sandboxes/{sid}")).await;
+    assert_eq!(status, 404, "the killed sandbox is gone from /v1/sandboxes");
+}
+
+#[tokio::test]
+async fn commands_stream_take_cwd_and_env_fail_with_their_code_and_run_in_the_background() {
+    let server = server().await;
+    let lines = check(&server, &["commands"]).await;
+    let sid = sandbox_of(&lines);
+    assert!(line(&lines, "streaming")["spread"].as_f64().unwrap_or(0.0) > 0.7);
+    line(&lines, "cwd_env");
+    let exit = line(&lines, "exit");
+    assert_eq!(exit["exit_code"], 3);
+    assert!(raised(exit, "CommandExitException"), "{exit}");
+    line(&lines, "killed");
+    // The same commands, as sandboxd lists them: the background one was
+    // killed, its tree ended by the domain's kill.
+    let (status, listed) = server.get(&format!("/v1/sandboxes/{sid}/commands")).await;
+    assert_eq!(status, 200, "{listed}");
+    let sleeper = listed["commands"]
+        .as_array()
+        .and_then(|c| {
+            c.iter()
+                .find(|c| c["summary"].as_str() == Some("sleep 300"))
+        })
+        .unwrap_or_else(|| panic!("no sleep 300 in {listed}"))
+        .clone();
+    assert_eq!(sleeper["state"], "exited", "{sleeper}");
+    assert_eq!(sleeper["killed"], true, "{sleeper}");
+}
+
+#[tokio::test]
+async fn files_land_in_the_workspace_and_a_missing_one_is_not_found() {
+    let server = server().await;
+    let lines = check(&server, &["files"]).await;
+    let sid = sandbox_of(&lines);
+    line(&lines, "files");
+    assert!(raised(line(&lines, "missing"), "NotFoundException"));
+    // What the SDK wrote under /home/user is the workspace's.
+    let (status, read) = server.read_file(&sid, "/workspace/b.bin").await;
+    assert_eq!(status, 200, "{read}");
+    assert_eq!(read["contentBase64"], harness::b64(b"\x00\x01\x02beta"));
+    let (_, gone) = server.read_file(&sid, "/workspace/dir/a.txt").await;
+    assert_eq!(
+        gone["found"], false,
+        "the SDK removed the directory: {gone}"
+    );
+}
+
+#[tokio::test]
+async fn a_terminal_session_takes_keys_a_new_size_and_a_kill() {
+    let server = server().await;
+    let lines = check(&server, &["pty"]).await;
+    let sid = sandbox_of(&lines);
+    line(&lines, "pty");
+    harness::eventually(Duration::from_secs(30), "the killed session ended", || {
+        let server = &server;
+        let sid = sid.clone();
+        async move {
+            let (_, ptys) = server.get(&format!("/v1/sandboxes/{sid}/ptys")).await;
+            ptys["ptys"]
+                .as_array()
+                .is_some_and(|p| !p.is_empty() && p.iter().all(|p| p["state"] == "exited"))
+        }
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn info_list_connect_and_kill_and_a_killed_sandbox_is_not_running() {
+    let server = server().await;
+    let lines = check(&server, &["lifecycle"]).await;
+    assert_eq!(line(&lines, "info_list")["template"], "base");
+    let after = line(&lines, "after_kill");
+    assert!(
+        after["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("was not found")),
+        "{after}"
+    );
+    assert!(raised(after, "SandboxNotRunningException"), "{after}");
+}
+
+#[tokio::test]
+async fn wrong_credentials_unknown_sandboxes_and_templates_raise_the_sdks_exceptions() {
+    let server = server().await;
+    let lines = check(&server, &["errors"]).await;
+    assert!(raised(line(&lines, "api_key"), "AuthenticationException"));
+    assert!(raised(
+        line(&lines, "other_token"),
+        "AuthenticationException"
+    ));
+    assert!(raised(
+        line(&lines, "wrong_token"),
+        "AuthenticationException"
+    ));
+    let template = line(&lines, "template");
+    assert!(
+        template["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("no-such-template")),
+        "{template}"
+    );
+    let unknown = line(&lines, "unknown");
+    assert!(raised(unknown, "SandboxNotFoundException"), "{unknown}");
+}
+
+#[tokio::test]
+async fn the_access_token_opens_its_own_sandbox_only_and_survives_a_restart() {
+    let mut server = server().await;
+    let (a, token_a) = create(&server, &[]).await;
+    let (b, token_b) = create(&server, &[]).await;
+    assert_ne!(token_a, token_b);
+    assert!(!token_a.contains(KEY) && token_a.len() == 64, "{token_a}");
+    assert_eq!(
+        health(&server, &a, &token_a).await,
+        204,
+        "the positive control"
+    );
+    assert_eq!(
+        health(&server, &a, &token_b).await,
+        401,
+        "another sandbox's token"
+    );
+    assert_eq!(
+        health(&server, &a, KEY).await,
+        401,
+        "the API key is no access token"
+    );
+    let (status, body) = envd(
+        &server,
+        &a,
+        "",
+        "filesystem.Filesystem/Stat",
+        json!({"path": "/home/user"}),
+    )
+    .await;
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (401, Some("unauthenticated")),
+        "{body}"
+    );
+
+    server.restart().await;
+    assert_eq!(
+        health(&server, &a, &token_a).await,
+        204,
+        "tokens survive a restart"
+    );
+    assert_eq!(health(&server, &b, &token_a).await, 401);
+
+    // A sandbox that is gone: 502, "was not found".
+    let (status, _, _) = control(
+        &server,
+        reqwest::Method::DELETE,
+        &format!("/sandboxes/{a}"),
+        None,
+        &[],
+    )
+    .await;
+    assert_eq!(status, 204);
+    let (status, _, _) = control(
+        &server,
+        reqwest::Method::DELETE,
+        &format!("/sandboxes/{a}"),
+        None,
+        &[],
+    )
+    .await;
+    assert_eq!(status, 404, "a second kill finds nothing");
+    let (status, body) = envd(&server, &a, &token_a, "process.Process/List", json!({})).await;
+    assert_eq!(status, 502, "{body}");
+    assert!(
+        body["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("was not found")),
+        "{body}"
+    );
+}
+
+#[tokio::test]
+async fn an_e2b_sandbox_is_an_ordinary_one_and_a_retried_create_finds_it() {
+    let server = server().await;
+    let (first, _) = create(&server, &[("idempotency-key", "retry-1")]).await;
+    let (again, _) = create(&server, &[("idempotency-key", "retry-1")]).await;
+    assert_eq!(first, again, "the same Idempotency-Key, the same sandbox");
+    let (other, _) = create(&server, &[]).await;
+    assert_ne!(first, other);
+    let (status, info) = server.get(&format!("/v1/sandboxes/{first}")).await;
+    assert_eq!(status, 200, "{info}");
+    assert!(
+        info["sessionKey"]
+            .as_str()
+            .is_some_and(|k| k.starts_with("e2b-")),
+        "{info}"
+    );
+
+    // Paging: one at a time, the next page's token in x-next-token.
+    let (status, page, headers) = control(
+        &server,
+        reqwest::Method::GET,
+        "/v2/sandboxes?limit=1",
+        None,
+        &[],
+    )
+    .await;
+    assert_eq!(status, 200, "{page}");
+    assert_eq!(page.as_array().map(Vec::len), Some(1));
+    let next = headers
+        .get("x-next-token")
+        .and_then(|v| v.to_str().ok())
+        .expect("a next page")
+        .to_string();
+    let (_, rest, headers) = control(
+        &server,
+        reqwest::Method::GET,
+        &format!("/v2/sandboxes?limit=1&nextToken={next}"),
+        None,
+        &[],
+    )
+    .await;
+    assert_eq!(rest.as_array().map(Vec::len), Some(1));
+    assert!(
+        headers.get("x-next-token").is_none(),
+        "two sandboxes, two pages"
+    );
+    assert_ne!(page[0]["sandboxID"], rest[0]["sandboxID"]);
+
+    let (status, body, _) = control(
+        &server,
+        reqwest::Method::POST,
+        "/v2/sandboxes",
+        Some(json!({"templateID": "nope"})),
+        &[],
+    )
+    .await;
+    assert_eq!((status, body["code"].as_u64()), (404, Some(404)), "{body}");
+    let wrong = server
+        .client
+        .get(format!("{}/v2/sandboxes", server.base))
+        .header("x-api-key", "e2b_ffff")
+        .send()
+        .await
+        .expect("list");
+    assert_eq!(wrong.status().as_u16(), 401);
+}
+
+#[tokio::test]
+async fn what_the_domain_lacks_answers_unimplemented_naming_it() {
+    let server = server().await;
+    let (sid, token) = create(&server, &[]).await;
+    let (status, body, _) = control(
+        &server,
+        reqwest::Method::POST,
+        &format!("/sandboxes/{sid}/pause"),
+        Some(json!({})),
+        &[],
+    )
+    .await;
+    assert_eq!(status, 501, "{body}");
+    assert!(
+        body["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("pause")),
+        "{body}"
+    );
+    let (status, body, _) = control(
+        &server,
+        reqwest::Method::POST,
+        &format!("/sandboxes/{sid}/timeout"),
+        Some(json!({"timeout": 60})),
+        &[],
+    )
+    .await;
+    assert_eq!(status, 501, "{body}");
+    for (method, word) in [
+        ("filesystem.Filesystem/MakeDir", "make_dir"),
+        ("filesystem.Filesystem/Move", "rename"),
+        ("process.Process/CloseStdin", "close_stdin"),
+    ] {
+        let (status, body) = envd(
+            &server,
+            &sid,
+            &token,
+            method,
+            json!({"path": "/home/user/x"}),
+        )
+        .await;
+        assert_eq!(
+            (status, body["code"].as_str()),
+            (501, Some("unimplemented")),
+            "{method}: {body}"
+        );
+        assert!(
+            body["message"].as_str().is_some_and(|m| m.contains(word)),
+            "{method}: {body}"
+        );
+    }
+    let (status, body) = envd(&server, &sid, &token, "process.Process/List", json!({})).await;
+    assert_eq!(status, 200, "the positive control: {body}");
+}
