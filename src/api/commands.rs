@@ -15,6 +15,7 @@ use super::dto;
 use super::error::ApiError;
 use super::extract::{Json, Path, Query};
 use crate::app::App;
+use crate::command::log::LogLine;
 use crate::command::spec::CommandRequest;
 
 /// `POST /v1/sandboxes/{id}/commands`
@@ -160,7 +161,7 @@ pub(super) async fn stream_logs(
 ) -> Result<Response, ApiError> {
     let lines = app
         .commands
-        .follow_logs(
+        .follow_lines(
             &id,
             &cid,
             q.after.unwrap_or(0),
@@ -173,7 +174,9 @@ pub(super) async fn stream_logs(
             (header::CONTENT_TYPE, "application/x-ndjson"),
             (header::CACHE_CONTROL, "no-cache"),
         ],
-        Body::from_stream(lines.map(Ok::<_, std::convert::Infallible>)),
+        Body::from_stream(
+            lines.map(|l| Ok::<_, std::convert::Infallible>(LogLine::render_all(&l))),
+        ),
     )
         .into_response())
 }

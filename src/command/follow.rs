@@ -1,4 +1,4 @@
-//! Following a command's log: its records as the agent gives them (a read
+//! Following a command's log: its records as the agent gives them, typed (a read
 //! at a time, each waiting up to a heartbeat interval for news), a
 //! heartbeat line when there was none, until the `exit` record (or, for a
 //! reader of the leftovers' output, until the processes the command left
@@ -11,13 +11,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::{Bytes, BytesMut};
 use futures_util::Stream;
 use sandboxd_proto::{FailureKind, ReadLog, RecordBody};
 use tokio_util::sync::CancellationToken;
 
-use super::Command;
-use super::log::{check_order, error_line, exit_line, heartbeat_line, render, render_exit};
+use super::log::{ExitRecord, LogLine, check_order};
+use super::{Command, Finished};
 use crate::agent_client::AgentError;
 use crate::config::Config;
 use crate::sandbox::registry::OpenRequest;
@@ -69,8 +68,8 @@ impl Follow {
         })
     }
 
-    /// The next chunk of NDJSON lines; `None` at the end.
-    async fn next(&mut self) -> Option<Bytes> {
+    /// The next records; `None` at the end.
+    async fn next(&mut self) -> Option<Vec<LogLine>> {
         loop {
             if self.done || self.shutdown.is_cancelled() {
                 return None;
@@ -89,7 +88,7 @@ impl Follow {
                 _ => {
                     tokio::select! {
                         _ = self.cmd.ended() => {}
-                        _ = tokio::time::sleep(self.heartbeat) => return Some(heartbeat_line(self.after)),
+                        _ = tokio::time::sleep(self.heartbeat) => return Some(vec![LogLine::Heartbeat { seq: self.after }]),
                         _ = self.shutdown.cancelled() => return None,
                     }
                     continue;
@@ -120,10 +119,12 @@ impl Follow {
                         Err(why) => {
                             tracing::warn!(command_id = %self.cmd.id, why, "the agent sent a log out of order");
                             self.done = true;
-                            return Some(error_line(
-                                "the sandbox's agent sent this log out of order; it ends here",
-                                self.after + 1,
-                            ));
+                            return Some(vec![LogLine::Error {
+                                message:
+                                    "the sandbox's agent sent this log out of order; it ends here"
+                                        .into(),
+                                seq: self.after + 1,
+                            }]);
                         }
                     };
                     self.done = chunk.complete;
@@ -131,9 +132,9 @@ impl Follow {
                         if self.done {
                             return None;
                         }
-                        return Some(heartbeat_line(self.after));
+                        return Some(vec![LogLine::Heartbeat { seq: self.after }]);
                     }
-                    let mut buf = BytesMut::new();
+                    let mut lines = Vec::with_capacity(chunk.records.len());
                     for r in &chunk.records {
                         match &r.body {
                             // A command that asked for shaped streams or
@@ -151,30 +152,21 @@ impl Follow {
                                     None => None,
                                 };
                                 let changes = self.cmd.changes(&conn, self.agent_timeout).await;
-                                buf.extend_from_slice(&render_exit(
-                                    e,
-                                    r.seq,
-                                    shaped.as_ref(),
-                                    changes.as_ref(),
-                                ));
+                                lines.push(LogLine::Exit(Box::new(ExitRecord::of_agent(
+                                    e, r.seq, shaped, changes,
+                                ))));
                             }
-                            _ => buf.extend_from_slice(&render(r)),
+                            _ => lines.push(LogLine::of_record(r)),
                         }
                     }
                     self.after = last;
-                    return Some(buf.freeze());
+                    return Some(lines);
                 }
                 // The agent forgot it (pruned): its end is all that is left.
                 Err(AgentError::Refused(f)) if f.kind == FailureKind::NoSuchCommand => {
                     self.done = true;
                     let f = self.cmd.ended().await;
-                    return Some(exit_line(
-                        f.exit,
-                        f.oom_killed,
-                        f.usage,
-                        None,
-                        self.after + 1,
-                    ));
+                    return Some(vec![sandboxd_exit(&f, self.after + 1)]);
                 }
                 Err(_) => tokio::time::sleep(RETRY_EVERY).await,
             }
@@ -183,21 +175,30 @@ impl Follow {
 
     /// The records sandboxd writes for a command whose sandbox ended under
     /// it: why, then how.
-    async fn ended_by_sandboxd(&mut self) -> Bytes {
+    async fn ended_by_sandboxd(&mut self) -> Vec<LogLine> {
         self.done = true;
         let f = self.cmd.ended().await;
-        let why = self.cmd.ended_by_sandboxd().unwrap_or_default();
-        let mut buf = BytesMut::new();
-        buf.extend_from_slice(&error_line(&why, self.after + 1));
-        buf.extend_from_slice(&exit_line(
-            f.exit,
-            f.oom_killed,
-            f.usage,
-            None,
-            self.after + 2,
-        ));
-        buf.freeze()
+        let message = self.cmd.ended_by_sandboxd().unwrap_or_default();
+        vec![
+            LogLine::Error {
+                message,
+                seq: self.after + 1,
+            },
+            sandboxd_exit(&f, self.after + 2),
+        ]
     }
+}
+
+/// The `exit` record sandboxd writes from what it knows of the end.
+fn sandboxd_exit(f: &Finished, seq: u64) -> LogLine {
+    LogLine::Exit(Box::new(ExitRecord {
+        exit: f.exit,
+        oom_killed: f.oom_killed,
+        usage: f.usage,
+        shaped: None,
+        changes: None,
+        seq,
+    }))
 }
 
 /// Resolves when sandboxd has ended `cmd` itself; never otherwise.
@@ -226,11 +227,12 @@ impl Drop for Follow {
     }
 }
 
-/// The reader as a stream of chunks; `busy` keeps the sandbox busy.
+/// The reader as a stream of records, a read's worth at a time; `busy`
+/// keeps the sandbox busy.
 pub(super) fn follow(
     reader: Follow,
     busy: OpenRequest,
-) -> impl Stream<Item = Bytes> + Send + 'static {
+) -> impl Stream<Item = Vec<LogLine>> + Send + 'static {
     futures_util::stream::unfold((reader, busy), |(mut reader, busy)| async move {
         let chunk = reader.next().await?;
         Some((chunk, (reader, busy)))

@@ -181,69 +181,136 @@ fn line<T: Serialize>(value: &T) -> Bytes {
     Bytes::from(v)
 }
 
-/// A `heartbeat` line: the stream is alive, at record `seq`.
-pub fn heartbeat_line(seq: u64) -> Bytes {
-    line(&HeartbeatLine {
-        stream: "heartbeat",
-        seq,
-    })
+/// One record of a command's log as a reader gets it: what
+/// `Commands::follow_lines` streams, typed, and what [`LogLine::render`]
+/// writes as one NDJSON line for the REST log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LogLine {
+    /// Output of one stream, as UTF-8 text.
+    Output {
+        stream: Stream,
+        text: String,
+        seq: u64,
+    },
+    /// Records dropped before this reader read them, and the output bytes
+    /// they held.
+    Dropped { bytes: u64, seq: u64 },
+    /// Something outside the command went wrong (sandboxd ended it).
+    Error { message: String, seq: u64 },
+    /// The command ended.
+    Exit(Box<ExitRecord>),
+    /// Nothing new: the stream is alive, at record `seq`.
+    Heartbeat { seq: u64 },
 }
 
-/// An `error` line: something outside the command went wrong.
-pub fn error_line(message: &str, seq: u64) -> Bytes {
-    line(&ErrorLine {
-        stream: "error",
-        message,
-        seq,
-    })
+/// The `exit` record: how the command ended; `oom_killed` and `usage`
+/// when the agent said them, and the shaped streams and changes of a
+/// command that asked for them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExitRecord {
+    pub exit: ExitInfo,
+    pub oom_killed: Option<bool>,
+    pub usage: Option<Usage>,
+    pub shaped: Option<Shaped>,
+    pub changes: Option<Changes>,
+    pub seq: u64,
 }
 
-/// An `exit` line; `oom_killed` and `usage` when the agent said them, and
-/// the shaped streams of a command that asked for them.
-pub fn exit_line(
-    exit: ExitInfo,
-    oom_killed: Option<bool>,
-    usage: Option<Usage>,
-    shaped: Option<&Shaped>,
-    seq: u64,
-) -> Bytes {
-    line(&ExitLine {
-        stream: "exit",
-        exit_code: exit.exit_code,
-        timed_out: exit.timed_out,
-        killed: exit.killed,
-        oom_killed,
-        usage,
-        stdout: shaped.map(|s| s.stdout.as_str()),
-        stderr: shaped.map(|s| s.stderr.as_str()),
-        output: shaped.map(|s| &s.shapes),
-        changes: None,
-        seq,
-    })
+impl ExitRecord {
+    /// The agent's end record, with what the command asked for.
+    pub fn of_agent(e: &Ended, seq: u64, shaped: Option<Shaped>, changes: Option<Changes>) -> Self {
+        ExitRecord {
+            exit: exit_of(e),
+            oom_killed: Some(e.oom_killed),
+            usage: Some(Usage::from(e.usage)),
+            shaped,
+            changes,
+            seq,
+        }
+    }
 }
 
-/// The agent's `exit` record, with the shaped streams and what the command
-/// changed when it was started with `output` or `changes` (and its agent
-/// could say).
-pub fn render_exit(
-    e: &Ended,
-    seq: u64,
-    shaped: Option<&Shaped>,
-    changes: Option<&Changes>,
-) -> Bytes {
-    line(&ExitLine {
-        stream: "exit",
-        exit_code: i64::from(e.exit_code),
-        timed_out: e.timed_out,
-        killed: e.killed,
-        oom_killed: Some(e.oom_killed),
-        usage: Some(Usage::from(e.usage)),
-        stdout: shaped.map(|s| s.stdout.as_str()),
-        stderr: shaped.map(|s| s.stderr.as_str()),
-        output: shaped.map(|s| &s.shapes),
-        changes,
-        seq,
-    })
+impl LogLine {
+    /// One agent record, as it reads to a client.
+    pub fn of_record(r: &Record) -> LogLine {
+        let seq = r.seq;
+        match &r.body {
+            RecordBody::Output { stream, text, .. } => LogLine::Output {
+                stream: *stream,
+                text: text.clone(),
+                seq,
+            },
+            RecordBody::Dropped { bytes } => LogLine::Dropped { bytes: *bytes, seq },
+            RecordBody::Error { message } => LogLine::Error {
+                message: message.clone(),
+                seq,
+            },
+            RecordBody::Exit(e) => {
+                LogLine::Exit(Box::new(ExitRecord::of_agent(e, seq, None, None)))
+            }
+        }
+    }
+
+    /// The record's number in the log.
+    pub fn seq(&self) -> u64 {
+        match self {
+            LogLine::Output { seq, .. }
+            | LogLine::Dropped { seq, .. }
+            | LogLine::Error { seq, .. }
+            | LogLine::Heartbeat { seq } => *seq,
+            LogLine::Exit(e) => e.seq,
+        }
+    }
+
+    /// The record as one NDJSON line (see docs/API.md, the log).
+    pub fn render(&self) -> Bytes {
+        match self {
+            LogLine::Output { stream, text, seq } => line(&OutputLine {
+                stream: match stream {
+                    Stream::Stdout => "stdout",
+                    Stream::Stderr => "stderr",
+                },
+                data: text,
+                seq: *seq,
+            }),
+            LogLine::Dropped { bytes, seq } => line(&DroppedLine {
+                stream: "dropped",
+                bytes: *bytes,
+                seq: *seq,
+            }),
+            LogLine::Error { message, seq } => line(&ErrorLine {
+                stream: "error",
+                message,
+                seq: *seq,
+            }),
+            LogLine::Heartbeat { seq } => line(&HeartbeatLine {
+                stream: "heartbeat",
+                seq: *seq,
+            }),
+            LogLine::Exit(e) => line(&ExitLine {
+                stream: "exit",
+                exit_code: e.exit.exit_code,
+                timed_out: e.exit.timed_out,
+                killed: e.exit.killed,
+                oom_killed: e.oom_killed,
+                usage: e.usage,
+                stdout: e.shaped.as_ref().map(|s| s.stdout.as_str()),
+                stderr: e.shaped.as_ref().map(|s| s.stderr.as_str()),
+                output: e.shaped.as_ref().map(|s| &s.shapes),
+                changes: e.changes.as_ref(),
+                seq: e.seq,
+            }),
+        }
+    }
+
+    /// Records as consecutive NDJSON lines.
+    pub fn render_all(lines: &[LogLine]) -> Bytes {
+        lines
+            .iter()
+            .flat_map(|l| l.render())
+            .collect::<Vec<u8>>()
+            .into()
+    }
 }
 
 /// How the agent's end record reads to a client.
@@ -252,27 +319,6 @@ pub fn exit_of(e: &Ended) -> ExitInfo {
         exit_code: i64::from(e.exit_code),
         timed_out: e.timed_out,
         killed: e.killed,
-    }
-}
-
-/// Renders one agent record.
-pub fn render(r: &Record) -> Bytes {
-    match &r.body {
-        RecordBody::Output { stream, text, .. } => line(&OutputLine {
-            stream: match stream {
-                Stream::Stdout => "stdout",
-                Stream::Stderr => "stderr",
-            },
-            data: text,
-            seq: r.seq,
-        }),
-        RecordBody::Dropped { bytes } => line(&DroppedLine {
-            stream: "dropped",
-            bytes: *bytes,
-            seq: r.seq,
-        }),
-        RecordBody::Error { message } => error_line(message, r.seq),
-        RecordBody::Exit(e) => render_exit(e, r.seq, None, None),
     }
 }
 
@@ -300,19 +346,20 @@ mod tests {
 
     #[test]
     fn records_render_as_the_contract_says() {
-        let out = render(&Record {
+        let out = LogLine::of_record(&Record {
             seq: 1,
             body: RecordBody::Output {
                 stream: Stream::Stderr,
                 text: "a \"b\"\n".into(),
                 raw: 7,
             },
-        });
+        })
+        .render();
         assert_eq!(
             parse(&out),
             serde_json::json!({"stream": "stderr", "data": "a \"b\"\n", "seq": 1})
         );
-        let exit = render(&Record {
+        let exit = LogLine::of_record(&Record {
             seq: 2,
             body: RecordBody::Exit(Ended {
                 exit_code: 137,
@@ -327,21 +374,25 @@ mod tests {
                 },
                 seq: 2,
             }),
-        });
+        })
+        .render();
         assert_eq!(
             parse(&exit),
             serde_json::json!({"stream": "exit", "exitCode": 137, "timedOut": false, "killed": false,
                 "oomKilled": true, "usage": {"cpuUserMs": 1, "cpuSystemMs": 2, "maxRssKb": 3}, "seq": 2})
         );
         assert_eq!(
-            parse(&heartbeat_line(9)),
+            parse(&LogLine::Heartbeat { seq: 9 }.render()),
             serde_json::json!({"stream": "heartbeat", "seq": 9})
         );
         assert_eq!(
-            parse(&render(&Record {
-                seq: 4,
-                body: RecordBody::Dropped { bytes: 10 }
-            })),
+            parse(
+                &LogLine::of_record(&Record {
+                    seq: 4,
+                    body: RecordBody::Dropped { bytes: 10 }
+                })
+                .render()
+            ),
             serde_json::json!({"stream": "dropped", "bytes": 10, "seq": 4})
         );
     }

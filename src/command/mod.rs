@@ -543,17 +543,18 @@ impl Commands {
         Ok((sandbox, cmd))
     }
 
-    /// The command's NDJSON log after record `after`: replayed, then
+    /// The command's log after record `after`, typed (the REST log renders
+    /// each as an NDJSON line): replayed, then
     /// followed live until its `exit` record (or `shutdown`); with
     /// `leftovers`, on past it until the processes it left are gone.
-    pub async fn follow_logs(
+    pub async fn follow_lines(
         &self,
         sandbox_id: &str,
         command_id: &str,
         after: u64,
         leftovers: bool,
         shutdown: CancellationToken,
-    ) -> CommandResult<impl futures_util::Stream<Item = bytes::Bytes> + Send + 'static> {
+    ) -> CommandResult<impl futures_util::Stream<Item = Vec<log::LogLine>> + Send + use<>> {
         let (sandbox, cmd) = self.get(sandbox_id, command_id).await?;
         let busy = sandbox.open_request();
         Ok(follow::follow(

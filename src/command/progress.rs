@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use futures_util::StreamExt;
 use tokio_util::sync::CancellationToken;
 
+use super::log::LogLine;
 use super::spec::CommandRequest;
 use super::{CommandResult, Commands, RunResult};
 
@@ -121,7 +122,7 @@ impl Commands {
             mut report,
         } = progress;
         let Ok(lines) = self
-            .follow_logs(sandbox_id, command_id, 0, false, stop.clone())
+            .follow_lines(sandbox_id, command_id, 0, false, stop.clone())
             .await
         else {
             return;
@@ -136,16 +137,10 @@ impl Commands {
                 _ = stop.cancelled() => None,
             };
             let Some(chunk) = chunk else { break };
-            // The records are the log's own NDJSON lines.
-            for line in chunk.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
-                let Ok(record) = serde_json::from_slice::<serde_json::Value>(line) else {
-                    continue;
-                };
-                if matches!(record["stream"].as_str(), Some("stdout" | "stderr"))
-                    && let Some(data) = record["data"].as_str()
-                {
-                    seen += data.len() as u64;
-                    pending.push_str(data);
+            for line in chunk {
+                if let LogLine::Output { text, .. } = line {
+                    seen += text.len() as u64;
+                    pending.push_str(&text);
                     keep_newest(&mut pending, max_chars);
                 }
             }

@@ -48,7 +48,7 @@ pub use search::{
     DEFAULT_SEARCH_RESULTS, MAX_GLOBS, MAX_PATTERN_BYTES, MAX_SEARCH_CONTEXT, MAX_SEARCH_RESULTS,
     SearchMatch, SearchRequest, SearchResult,
 };
-pub use tree::{TREE_MAX_DEPTH, TREE_MAX_SHOWN, Tree, TreeEntry};
+pub use tree::{TREE_MAX_DEPTH, TREE_MAX_SHOWN, Tree, TreeEntry, WHOLE_TREE_MAX_DEPTH};
 pub use watch::{FileChange, FileWatch, WatchEnded, WatchEvent};
 
 /// Most entries a listing may have.

@@ -475,19 +475,33 @@ mod tests {
                 },
             },
         };
-        let lines = [
-            log::heartbeat_line(3),
-            log::error_line("gone", 4),
-            log::exit_line(exit, None, None, None, 5),
-            log::exit_line(
+        let exit_line = |oom_killed, usage, shaped, seq| {
+            log::LogLine::Exit(Box::new(log::ExitRecord {
                 exit,
+                oom_killed,
+                usage,
+                shaped,
+                changes: None,
+                seq,
+            }))
+            .render()
+        };
+        let lines = [
+            log::LogLine::Heartbeat { seq: 3 }.render(),
+            log::LogLine::Error {
+                message: "gone".into(),
+                seq: 4,
+            }
+            .render(),
+            exit_line(None, None, None, 5),
+            exit_line(
                 Some(false),
                 Some(log::Usage {
                     cpu_user_ms: 1,
                     cpu_system_ms: 2,
                     max_rss_kb: 3,
                 }),
-                Some(&shaped),
+                Some(shaped),
                 6,
             ),
         ];

@@ -188,7 +188,8 @@ mod tests {
 
     #[test]
     fn an_unusable_secret_turns_tokens_off_and_is_kept() {
-        for (bytes, mode) in [(vec![1u8; 31], 0o600), (vec![1u8; 32], 0o644)] {
+        let cases = [(vec![1u8; 31], 0o600), (vec![1u8; 32], 0o644)];
+        cases.into_iter().for_each(|(bytes, mode)| {
             let dir = temp_dir();
             std::fs::create_dir_all(&dir.0).expect("dir");
             let path = dir.0.join(FILE_NAME);
@@ -203,7 +204,7 @@ mod tests {
             assert_eq!(tokens.token("sbx-a"), None);
             assert!(!tokens.verify("sbx-a", b"anything"));
             assert_eq!(std::fs::read(&path).expect("kept"), bytes);
-        }
+        });
         let none = AccessTokens::load(None);
         assert!(none.unusable().is_some());
     }

@@ -497,15 +497,15 @@ mod tests {
     }
 
     /// Splits a body into its envelopes: (flags, JSON).
-    fn envelopes(mut body: &[u8]) -> Vec<(u8, serde_json::Value)> {
-        let mut out = Vec::new();
-        while let Some((head, rest)) = body.split_first_chunk::<5>() {
-            let len = u32::from_be_bytes([head[1], head[2], head[3], head[4]]) as usize;
-            let json = serde_json::from_slice(&rest[..len]).expect("json");
-            out.push((head[0], json));
-            body = &rest[len..];
-        }
-        assert!(body.is_empty(), "a partial envelope at the end");
+    fn envelopes(body: &[u8]) -> Vec<(u8, serde_json::Value)> {
+        let Some((head, rest)) = body.split_first_chunk::<5>() else {
+            assert!(body.is_empty(), "a partial envelope at the end");
+            return Vec::new();
+        };
+        let len = u32::from_be_bytes([head[1], head[2], head[3], head[4]]) as usize;
+        let json = serde_json::from_slice(&rest[..len]).expect("json");
+        let mut out = vec![(head[0], json)];
+        out.extend(envelopes(&rest[len..]));
         out
     }
 
@@ -535,18 +535,20 @@ mod tests {
         );
         let mut two = envelope(0, b"{}").to_vec();
         two.extend_from_slice(&envelope(0, b"{}"));
-        for bad in [
+        [
             &b""[..],
             &b"\x00\x00\x00"[..],
             &b"\x00\x00\x00\x00\x05{}"[..],
             &two[..],
-        ] {
+        ]
+        .iter()
+        .for_each(|bad| {
             assert_eq!(
                 unwrap_envelope(bad).map_err(|e| e.code),
                 Err(Code::InvalidArgument),
                 "{bad:?}"
             );
-        }
+        });
         assert_eq!(
             unwrap_envelope(&envelope(COMPRESSED, b"x")).map_err(|e| e.code),
             Err(Code::Unimplemented)

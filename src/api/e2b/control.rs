@@ -21,8 +21,8 @@ use super::wire::rfc3339;
 use super::{E2b, ENVD_VERSION};
 use crate::api::error::{ApiError, ErrorCode};
 use crate::api::extract::Path;
-use crate::sandbox::SandboxInfo;
 use crate::sandbox::spec::{CreateSandboxRequest, NetworkRequest};
+use crate::sandbox::{SandboxInfo, metadata};
 
 /// Most sandboxes one page of a list holds, and the default.
 const MAX_PAGE: usize = 1000;
@@ -111,9 +111,7 @@ impl NewSandbox {
     /// What the request asks that the domain cannot do yet, if anything.
     fn unsupported(&self) -> Option<&'static str> {
         let set = |v: &Option<serde_json::Value>| v.as_ref().is_some_and(|v| !v.is_null());
-        if self.metadata.as_ref().is_some_and(|m| !m.is_empty()) {
-            Some("sandbox metadata (it needs metadata kept in the sandbox's labels)")
-        } else if self.env_vars.as_ref().is_some_and(|m| !m.is_empty()) {
+        if self.env_vars.as_ref().is_some_and(|m| !m.is_empty()) {
             Some("sandbox-wide environment variables (envVars); pass envs to each command")
         } else if self.auto_pause == Some(true) {
             Some("autoPause (it needs pause and resume)")
@@ -201,8 +199,8 @@ impl E2b {
             cpu_count: s.resources.vcpus,
             memory_mb: s.resources.memory_mb,
             disk_size_mb: disk,
-            metadata: BTreeMap::new(),
-            state: "running",
+            metadata: s.metadata.clone(),
+            state: if s.paused { "paused" } else { "running" },
         }
     }
 
@@ -295,7 +293,7 @@ pub(super) async fn create(
             resources: None,
             network,
             ports: None,
-            metadata: None,
+            metadata: req.metadata,
         })
         .await
         .map_err(ApiError::from)?;
@@ -304,14 +302,20 @@ pub(super) async fn create(
 }
 
 /// `POST /v2/sandboxes/{id}/connect`: a running sandbox is connected to
-/// as it is (200); sandboxd has no paused ones.
+/// as it is (200); a paused one is resumed first (201).
 pub(super) async fn connect(
     State(e2b): State<Arc<E2b>>,
     Path(id): Path<String>,
 ) -> Result<Response, ControlError> {
     let s = e2b.sandbox(&id).await?;
+    let status = if s.paused {
+        e2b.app.resume_sandbox(&id).await.map_err(ApiError::from)?;
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
     let answer = e2b.created(s.id, &s.runtime)?;
-    Ok(axum::Json(answer).into_response())
+    Ok((status, axum::Json(answer)).into_response())
 }
 
 /// `GET /sandboxes/{id}`.
@@ -323,61 +327,71 @@ pub(super) async fn info(
     Ok(axum::Json(e2b.detail(&s)).into_response())
 }
 
-/// `DELETE /sandboxes/{id}`: 204 once it is gone, 404 if there was none.
+/// `DELETE /sandboxes/{id}`: 204 once it is gone (paused or not), 404 if
+/// there was none.
 pub(super) async fn kill(
     State(e2b): State<Arc<E2b>>,
     Path(id): Path<String>,
 ) -> Result<StatusCode, ControlError> {
-    e2b.app.sandboxes.lookup(&id).await.map_err(|e| {
-        let e = ApiError::from(e);
-        if e.code == ErrorCode::SandboxNotFound {
-            ControlError::new(StatusCode::NOT_FOUND, format!("sandbox {id:?} not found"))
-        } else {
-            e.into()
-        }
-    })?;
+    e2b.sandbox(&id).await?;
     e2b.app.sandboxes.stop(&id).await.map_err(ApiError::from)?;
     Ok(StatusCode::NO_CONTENT)
 }
 
-/// `GET /v2/sandboxes`' query, read by hand: `state` may repeat.
+/// `GET /v2/sandboxes`' query: `state` may repeat or hold a comma-separated
+/// list; `metadata` is itself a query string (`k=v&k2=v2`, encoded).
 #[derive(Debug, Default)]
 struct ListQuery {
     states: Vec<String>,
-    metadata: bool,
+    metadata: Vec<(String, String)>,
     limit: Option<String>,
     next_token: Option<String>,
 }
 
 fn list_query(raw: Option<&str>) -> ListQuery {
-    let mut q = ListQuery::default();
-    for pair in raw.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
-        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-        match k {
-            "state" => q
-                .states
-                .extend(v.split([',']).filter(|s| !s.is_empty()).map(str::to_string)),
-            "metadata" => q.metadata |= !v.is_empty(),
-            "limit" => q.limit = Some(v.to_string()),
-            "nextToken" => q.next_token = Some(v.to_string()).filter(|t| !t.is_empty()),
-            _ => {}
-        }
+    let pairs: Vec<(String, String)> = form_urlencoded::parse(raw.unwrap_or("").as_bytes())
+        .into_owned()
+        .collect();
+    let last = |key: &str| {
+        pairs
+            .iter()
+            .rev()
+            .find(|(k, v)| k == key && !v.is_empty())
+            .map(|(_, v)| v.clone())
+    };
+    ListQuery {
+        states: pairs
+            .iter()
+            .filter(|(k, _)| k == "state")
+            .flat_map(|(_, v)| v.split(','))
+            .filter(|s| !s.is_empty())
+            .map(str::to_string)
+            .collect(),
+        metadata: pairs
+            .iter()
+            .filter(|(k, _)| k == "metadata")
+            .flat_map(|(_, v)| form_urlencoded::parse(v.as_bytes()).into_owned())
+            .collect(),
+        limit: last("limit"),
+        next_token: last("nextToken"),
     }
-    q
 }
 
-/// `GET /v2/sandboxes`: running sandboxes by id, a page at a time; the
+/// `GET /v2/sandboxes`: sandboxes by id, running and paused (or the states
+/// asked), whose metadata holds every pair asked, a page at a time; the
 /// next page's token in `x-next-token`.
 pub(super) async fn list(
     State(e2b): State<Arc<E2b>>,
     uri: axum::http::Uri,
 ) -> Result<Response, ControlError> {
     let q = list_query(uri.query());
-    if q.metadata {
-        return Err(ControlError::unimplemented(
-            "filtering by metadata (it needs metadata kept in the sandbox's labels)",
-        ));
-    }
+    let wanted = metadata::filter_of(
+        q.metadata
+            .into_iter()
+            .map(|(k, v)| (format!("metadata.{k}"), v))
+            .collect(),
+    )
+    .map_err(|e| ControlError::new(StatusCode::BAD_REQUEST, e.to_string()))?;
     let limit = match q.limit.as_deref() {
         None => DEFAULT_PAGE,
         Some(l) => l
@@ -391,12 +405,19 @@ pub(super) async fn list(
                 )
             })?,
     };
-    let running_asked = q.states.is_empty() || q.states.iter().any(|s| s == "running");
-    let mut all = if running_asked {
-        e2b.app.sandboxes.list().await.map_err(ApiError::from)?
-    } else {
-        Vec::new()
+    let state_asked = |paused: bool| {
+        let state = if paused { "paused" } else { "running" };
+        q.states.is_empty() || q.states.iter().any(|s| s == state)
     };
+    let mut all: Vec<SandboxInfo> = e2b
+        .app
+        .sandboxes
+        .list_matching(&wanted)
+        .await
+        .map_err(ApiError::from)?
+        .into_iter()
+        .filter(|s| state_asked(s.paused))
+        .collect();
     all.sort_by(|a, b| a.id.cmp(&b.id));
     let after: Vec<&SandboxInfo> = all
         .iter()
@@ -422,12 +443,15 @@ pub(super) async fn set_timeout(
     lacking(&e2b, &id, what).await
 }
 
-/// `POST /sandboxes/{id}/pause`: needs pause and resume in the domain.
+/// `POST /sandboxes/{id}/pause`: the engine's pause (see
+/// `Sandboxes::pause`); 409 when it is paused already.
 pub(super) async fn pause(
     State(e2b): State<Arc<E2b>>,
     Path(id): Path<String>,
 ) -> Result<StatusCode, ControlError> {
-    lacking(&e2b, &id, "pausing a sandbox (it needs pause and resume)").await
+    e2b.sandbox(&id).await?;
+    e2b.app.sandboxes.pause(&id).await.map_err(ApiError::from)?;
+    Ok(StatusCode::NO_CONTENT)
 }
 
 /// A call the domain cannot serve yet: 404 for an unknown sandbox, else
@@ -457,9 +481,14 @@ mod tests {
         assert_eq!(q.states, ["running", "paused", "x"]);
         assert_eq!(q.limit.as_deref(), Some("5"));
         assert_eq!(q.next_token.as_deref(), Some("abc"));
-        assert!(!q.metadata);
-        assert!(list_query(Some("metadata=user%3Dx")).metadata);
-        assert!(!list_query(Some("metadata=")).metadata);
+        assert!(q.metadata.is_empty());
+        let pair = |k: &str, v: &str| (k.to_string(), v.to_string());
+        assert_eq!(
+            list_query(Some("metadata=user%3Dx%26app%3Dmy%2520app")).metadata,
+            [pair("user", "x"), pair("app", "my app")],
+            "the value is a query string of its own, decoded once more"
+        );
+        assert!(list_query(Some("metadata=")).metadata.is_empty());
         assert!(list_query(None).states.is_empty());
     }
 
@@ -482,18 +511,19 @@ mod tests {
         let parse =
             |v: serde_json::Value| -> NewSandbox { serde_json::from_value(v).expect("body") };
         assert!(
-            parse(serde_json::json!({"templateID": "base", "metadata": {}, "envVars": {}}))
+            parse(serde_json::json!({"templateID": "base", "metadata": {"a": "b"}, "envVars": {}}))
                 .unsupported()
                 .is_none()
         );
-        for (body, word) in [
-            (serde_json::json!({"metadata": {"a": "b"}}), "metadata"),
+        [
             (serde_json::json!({"envVars": {"A": "1"}}), "envVars"),
             (serde_json::json!({"autoPause": true}), "pause"),
             (serde_json::json!({"volumeMounts": []}), "volume"),
-        ] {
+        ]
+        .into_iter()
+        .for_each(|(body, word)| {
             let why = parse(body).unsupported().expect("refused");
             assert!(why.contains(word), "{why}");
-        }
+        });
     }
 }

@@ -19,10 +19,7 @@ use super::wire::{
     permissions, rfc3339,
 };
 use super::{E2b, SandboxId, absolute, failed};
-use crate::files::{EntryKind, MAX_ENTRIES};
-
-/// The deepest `ListDir` goes.
-const MAX_DEPTH: u32 = 64;
+use crate::files::EntryKind;
 
 fn file_type(kind: EntryKind) -> FileType {
     match kind {
@@ -92,8 +89,8 @@ pub(super) async fn stat(
 }
 
 /// `POST /filesystem.Filesystem/ListDir`: the entries down to `depth`
-/// levels (0 and 1: the directory's own), at most the domain's
-/// [`MAX_ENTRIES`] in all.
+/// levels (0 and 1: the directory's own), none left out
+/// (`Files::list_whole_tree`).
 pub(super) async fn list_dir(
     State(e2b): State<Arc<E2b>>,
     Extension(SandboxId(sid)): Extension<SandboxId>,
@@ -101,31 +98,27 @@ pub(super) async fn list_dir(
 ) -> Response {
     connect::unary(call.deadline, async move {
         let req = call.message;
-        let depth = req.depth.max(1);
-        if depth > MAX_DEPTH {
-            return Err(ConnectError::new(
-                Code::InvalidArgument,
-                format!("depth: at most {MAX_DEPTH}"),
-            ));
-        }
-        let mut entries = Vec::new();
-        let mut dirs = vec![(absolute(&e2b.app, &req.path), 1u32)];
-        while let Some((dir, level)) = dirs.pop() {
-            let listed = e2b.app.files.list(&sid, &dir).await.map_err(failed(&sid))?;
-            for e in listed {
-                let path = format!("{}/{}", dir.trim_end_matches('/'), e.name);
-                if e.kind == EntryKind::Dir && level < depth {
-                    dirs.push((path.clone(), level + 1));
-                }
-                entries.push(entry_info(path, e.kind, e.size, e.mode, e.mtime_ms));
-            }
-            if entries.len() > MAX_ENTRIES {
-                return Err(ConnectError::new(
-                    Code::ResourceExhausted,
-                    format!("more than {MAX_ENTRIES} entries; ask for less depth"),
-                ));
-            }
-        }
+        let dir = absolute(&e2b.app, &req.path);
+        let tree = e2b
+            .app
+            .files
+            .list_whole_tree(&sid, &dir, req.depth.max(1))
+            .await
+            .map_err(failed(&sid))?;
+        let base = dir.trim_end_matches('/');
+        let entries = tree
+            .into_iter()
+            .map(|t| {
+                let e = t.entry;
+                entry_info(
+                    format!("{base}/{}", t.path),
+                    e.kind,
+                    e.size,
+                    e.mode,
+                    e.mtime_ms,
+                )
+            })
+            .collect();
         Ok(ListDirResponse { entries })
     })
     .await

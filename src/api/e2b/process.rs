@@ -24,7 +24,9 @@ use axum::extract::{Path as AxumPath, State};
 use axum::http::HeaderMap;
 use axum::response::Response;
 use bytes::Bytes;
-use futures_util::{Stream, StreamExt};
+use std::future::ready;
+
+use futures_util::{Stream, StreamExt, stream};
 use sha2::{Digest, Sha256};
 use tokio::sync::mpsc;
 
@@ -37,8 +39,10 @@ use super::wire::{
     StartRequest, UpdateRequest,
 };
 use super::{E2b, SandboxId, failed};
+use crate::command::log::LogLine;
 use crate::command::spec::CommandRequest;
 use crate::pty::{MAX_WINDOW, PtyCommand, PtyRequest, ViewerEvent, ViewerInput};
+use sandboxd_proto::Stream as LogStream;
 
 /// Events waiting for the client of a process's stream.
 const EVENT_BUFFER: usize = 16;
@@ -219,41 +223,31 @@ fn command_events(
     sid: String,
     command_id: String,
 ) -> impl Stream<Item = Result<Bytes, ConnectError>> + Send {
-    let (tx, rx) = mpsc::channel(EVENT_BUFFER);
-    let work = async move {
+    let opened = async move {
         let shutdown = e2b.app.shutdown.clone();
-        let lines = match e2b
-            .app
+        e2b.app
             .commands
-            .follow_logs(&sid, &command_id, 0, false, shutdown)
+            .follow_lines(&sid, &command_id, 0, false, shutdown)
             .await
-        {
-            Ok(lines) => lines,
-            Err(e) => {
-                let _ = tx.send(Err(failed(&sid)(e))).await;
-                return;
-            }
-        };
-        let mut lines = std::pin::pin!(lines);
-        let mut state = LogState::default();
-        while let Some(chunk) = lines.next().await {
-            for ev in state.events(&chunk) {
-                if tx.send(ev).await.is_err() {
-                    return;
-                }
-            }
-            if state.ended {
-                return;
-            }
-        }
-        let _ = tx
-            .send(Err(ConnectError::new(
-                Code::Unavailable,
-                "the command's log ended before its exit (sandboxd is shutting down)",
-            )))
-            .await;
+            .map_err(failed(&sid))
     };
-    driven(work, rx)
+    stream::once(opened).flat_map(|opened| match opened {
+        Ok(lines) => log_events(lines).left_stream(),
+        Err(e) => stream::iter([Err(e)]).right_stream(),
+    })
+}
+
+/// A command's records as E2B's events: its output, then one `end`; an
+/// error when the log stops short of the exit (shutdown).
+fn log_events(
+    lines: impl Stream<Item = Vec<LogLine>> + Send,
+) -> impl Stream<Item = Result<Bytes, ConnectError>> + Send {
+    lines
+        .flat_map(stream::iter)
+        .map(Some)
+        .chain(stream::iter([None]))
+        .scan(LogState::default(), |state, line| ready(state.step(line)))
+        .filter_map(ready)
 }
 
 /// What the log's records have said so far.
@@ -266,40 +260,40 @@ struct LogState {
 }
 
 impl LogState {
-    /// The events of one chunk of NDJSON records.
-    fn events(&mut self, chunk: &[u8]) -> Vec<Result<Bytes, ConnectError>> {
-        let mut out = Vec::new();
-        for line in chunk.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
-            if self.ended {
-                break;
-            }
-            let Ok(record) = serde_json::from_slice::<serde_json::Value>(line) else {
-                continue;
-            };
-            let text = |k: &str| record[k].as_str().unwrap_or_default().as_bytes().to_vec();
-            match record["stream"].as_str() {
-                Some("stdout") => out.push(event(ProcessEvent::Data(DataEvent::Stdout(B64(
-                    text("data"),
-                ))))),
-                Some("stderr") => out.push(event(ProcessEvent::Data(DataEvent::Stderr(B64(
-                    text("data"),
-                ))))),
-                Some("error") => self.error = record["message"].as_str().map(str::to_string),
-                Some("exit") => {
-                    self.ended = true;
-                    let killed = record["killed"].as_bool().unwrap_or(false)
-                        || record["timedOut"].as_bool().unwrap_or(false);
-                    let code = record["exitCode"].as_i64().unwrap_or(-1);
-                    out.push(event(ProcessEvent::End(end_event(
-                        (!killed).then_some(code),
-                        killed.then_some(9),
-                        self.error.take(),
-                    ))));
-                }
-                _ => {}
-            }
+    /// The event of one record (`None`: the log ended), if it makes one;
+    /// `None` once the end is out.
+    fn step(&mut self, line: Option<LogLine>) -> Option<Option<Result<Bytes, ConnectError>>> {
+        if self.ended {
+            return None;
         }
-        out
+        let data = |d| Some(event(ProcessEvent::Data(d)));
+        Some(match line {
+            None => {
+                self.ended = true;
+                Some(Err(ConnectError::new(
+                    Code::Unavailable,
+                    "the command's log ended before its exit (sandboxd is shutting down)",
+                )))
+            }
+            Some(LogLine::Output { stream, text, .. }) => match stream {
+                LogStream::Stdout => data(DataEvent::Stdout(B64(text.into_bytes()))),
+                LogStream::Stderr => data(DataEvent::Stderr(B64(text.into_bytes()))),
+            },
+            Some(LogLine::Error { message, .. }) => {
+                self.error = Some(message);
+                None
+            }
+            Some(LogLine::Exit(e)) => {
+                self.ended = true;
+                let killed = e.exit.killed || e.exit.timed_out;
+                Some(event(ProcessEvent::End(end_event(
+                    (!killed).then_some(e.exit.exit_code),
+                    killed.then_some(9),
+                    self.error.take(),
+                ))))
+            }
+            Some(LogLine::Dropped { .. } | LogLine::Heartbeat { .. }) => None,
+        })
     }
 }
 
@@ -368,7 +362,7 @@ fn session_events(
 /// The items `work` sends while it runs, as a stream: the work is polled
 /// as the stream is read (nothing is spawned, and a client that goes
 /// drops it), and the stream ends once the work returned and what it sent
-/// is out, or after the first error.
+/// is out.
 fn driven<W>(
     work: W,
     rx: mpsc::Receiver<Result<Bytes, ConnectError>>,
@@ -376,35 +370,11 @@ fn driven<W>(
 where
     W: Future<Output = ()> + Send + 'static,
 {
-    let state = (Some(Box::pin(work)), rx, false);
-    futures_util::stream::unfold(state, |(mut work, mut rx, failed)| async move {
-        if failed {
-            return None;
-        }
-        loop {
-            let item = {
-                let running = async {
-                    match work.as_mut() {
-                        Some(w) => w.await,
-                        None => std::future::pending().await,
-                    }
-                };
-                tokio::select! {
-                    item = rx.recv() => Some(item),
-                    () = running => None,
-                }
-            };
-            match item {
-                // The work returned: what it sent is drained, then the end.
-                None => work = None,
-                Some(None) => return None,
-                Some(Some(item)) => {
-                    let failed = item.is_err();
-                    return Some((item, (work, rx, failed)));
-                }
-            }
-        }
-    })
+    let work = stream::once(work).filter_map(|()| ready(None));
+    let sent = stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|item| (item, rx))
+    });
+    stream::select(work, sent)
 }
 
 /// `POST /process.Process/Connect`: the events of a running process again.
@@ -573,6 +543,29 @@ mod tests {
             .collect()
     }
 
+    fn exit(exit_code: i64, killed: bool, seq: u64) -> LogLine {
+        LogLine::Exit(Box::new(crate::command::log::ExitRecord {
+            exit: crate::command::log::ExitInfo {
+                exit_code,
+                timed_out: false,
+                killed,
+            },
+            oom_killed: Some(false),
+            usage: None,
+            shaped: None,
+            changes: None,
+            seq,
+        }))
+    }
+
+    fn events_of(lines: Vec<Vec<LogLine>>) -> Vec<Result<Bytes, ConnectError>> {
+        let events = log_events(stream::iter(lines)).collect();
+        tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("a runtime")
+            .block_on(events)
+    }
+
     #[test]
     fn a_pid_is_stable_positive_and_31_bits() {
         let a = pid_of("018f2a3b4c5d6e7f8a9b0c1d");
@@ -583,15 +576,19 @@ mod tests {
 
     #[test]
     fn log_records_become_data_and_one_end() {
-        let mut s = LogState::default();
-        let chunk = concat!(
-            "{\"stream\":\"stdout\",\"data\":\"hi\\n\",\"seq\":1}\n",
-            "{\"stream\":\"heartbeat\",\"seq\":1}\n",
-            "{\"stream\":\"stderr\",\"data\":\"oops\",\"seq\":2}\n",
-            "{\"stream\":\"exit\",\"exitCode\":3,\"timedOut\":false,\"killed\":false,\"seq\":3}\n",
-            "{\"stream\":\"stdout\",\"data\":\"after\",\"seq\":4}\n",
-        );
-        let got = decoded(s.events(chunk.as_bytes()));
+        let out = |stream, text: &str, seq| LogLine::Output {
+            stream,
+            text: text.into(),
+            seq,
+        };
+        let got = decoded(events_of(vec![
+            vec![
+                out(LogStream::Stdout, "hi\n", 1),
+                LogLine::Heartbeat { seq: 1 },
+            ],
+            vec![out(LogStream::Stderr, "oops", 2), exit(3, false, 3)],
+            vec![out(LogStream::Stdout, "after", 4)],
+        ]));
         assert_eq!(
             got,
             [
@@ -600,17 +597,17 @@ mod tests {
                 serde_json::json!({"event": {"end": {"exitCode": 3, "exited": true, "status": "exit status 3"}}}),
             ]
         );
-        assert!(s.ended);
     }
 
     #[test]
     fn a_killed_command_ends_by_signal_with_sandboxds_reason() {
-        let mut s = LogState::default();
-        let chunk = concat!(
-            "{\"stream\":\"error\",\"message\":\"the sandbox restarted\",\"seq\":1}\n",
-            "{\"stream\":\"exit\",\"exitCode\":137,\"timedOut\":false,\"killed\":true,\"seq\":2}\n",
-        );
-        let got = decoded(s.events(chunk.as_bytes()));
+        let got = decoded(events_of(vec![vec![
+            LogLine::Error {
+                message: "the sandbox restarted".into(),
+                seq: 1,
+            },
+            exit(137, true, 2),
+        ]]));
         assert_eq!(
             got,
             [serde_json::json!({"event": {"end": {
@@ -618,5 +615,12 @@ mod tests {
                 "error": "the sandbox restarted"
             }}})]
         );
+    }
+
+    #[test]
+    fn a_log_that_stops_short_of_the_exit_ends_in_an_error() {
+        let got = events_of(vec![vec![LogLine::Heartbeat { seq: 0 }]]);
+        assert_eq!(got.len(), 1);
+        assert_eq!(got[0].as_ref().map_err(|e| e.code), Err(Code::Unavailable));
     }
 }

@@ -17,6 +17,7 @@ use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use base64::Engine as _;
 use bytes::Bytes;
+use futures_util::{TryStreamExt, stream};
 use serde::{Deserialize, Serialize};
 
 use super::control::ControlError;
@@ -149,30 +150,39 @@ async fn multipart_files(
     req: Request,
     target: Option<String>,
 ) -> Result<Vec<FileToWrite>, ControlError> {
-    let mut parts = Multipart::from_request(req, &())
+    let parts = Multipart::from_request(req, &())
         .await
         .map_err(|e| ControlError::new(e.status(), e.body_text()))?;
-    let mut files = Vec::new();
-    while let Some(part) = parts
-        .next_field()
-        .await
-        .map_err(|e| ControlError::new(e.status(), e.body_text()))?
-    {
-        let path = target
-            .clone()
-            .or_else(|| part.file_name().map(str::to_string))
-            .filter(|p| !p.is_empty())
-            .ok_or_else(|| bad("each part needs a file name (its path), or the query a path"))?;
-        let content = part
-            .bytes()
-            .await
-            .map_err(|e| ControlError::new(e.status(), e.body_text()))?;
-        files.push(FileToWrite {
-            path,
-            content: content.to_vec(),
-            ..FileToWrite::default()
-        });
-    }
+    let files: Vec<FileToWrite> = stream::try_unfold(parts, |mut parts| {
+        let target = target.clone();
+        async move {
+            let Some(part) = parts
+                .next_field()
+                .await
+                .map_err(|e| ControlError::new(e.status(), e.body_text()))?
+            else {
+                return Ok::<_, ControlError>(None);
+            };
+            let path = target
+                .or_else(|| part.file_name().map(str::to_string))
+                .filter(|p| !p.is_empty())
+                .ok_or_else(|| {
+                    bad("each part needs a file name (its path), or the query a path")
+                })?;
+            let content = part
+                .bytes()
+                .await
+                .map_err(|e| ControlError::new(e.status(), e.body_text()))?;
+            let file = FileToWrite {
+                path,
+                content: content.to_vec(),
+                ..FileToWrite::default()
+            };
+            Ok(Some((file, parts)))
+        }
+    })
+    .try_collect()
+    .await?;
     if files.is_empty() {
         return Err(bad("the body holds no file"));
     }
