@@ -18,6 +18,8 @@ from e2b import (
     NotFoundException,
     Sandbox,
     SandboxException,
+    SandboxQuery,
+    SandboxState,
 )
 from e2b.connection_config import ConnectionConfig
 from e2b.sandbox.commands.command_handle import PtySize
@@ -208,6 +210,114 @@ def errors():
     b.kill()
 
 
+def stdin_pids_connect():
+    sbx = Sandbox.create()
+    ok("created", sandbox=sbx.sandbox_id)
+    # stdin kept open: what is sent is what `cat` reads, to the close.
+    h = sbx.commands.run("cat", background=True, stdin=True)
+    sbx.commands.send_stdin(h.pid, "first line\n")
+    sbx.commands.send_stdin(h.pid, b"second\n")
+    sbx.commands.close_stdin(h.pid)
+    r = h.wait()
+    assert r.stdout == "first line\nsecond\n", repr(r.stdout)
+    ok("stdin", stdout=r.stdout)
+
+    # The pid is the command's own process in the sandbox.
+    sleeper = sbx.commands.run("sleep 300", background=True)
+    cmdline = sbx.commands.run(f"tr '\\0' ' ' < /proc/{sleeper.pid}/cmdline").stdout
+    assert "sleep 300" in cmdline, (sleeper.pid, cmdline)
+    ok("pid", pid=sleeper.pid, cmdline=cmdline.strip())
+    sbx.commands.kill(sleeper.pid)
+
+    # Connect to a running command: its later output and its exit.
+    late = sbx.commands.run("sleep 1; echo late; exit 4", background=True)
+    again = sbx.commands.connect(late.pid)
+    e = raised(again.wait)
+    assert isinstance(e, CommandExitException), classes(e)
+    assert e.exit_code == 4 and "late" in e.stdout, (e.exit_code, e.stdout)
+    ok("connect", exit_code=e.exit_code)
+
+
+def files_more():
+    sbx = Sandbox.create()
+    ok("created", sandbox=sbx.sandbox_id)
+    assert sbx.files.make_dir(f"{HOME}/made/deep") is True
+    assert sbx.files.make_dir(f"{HOME}/made/deep") is False
+    sbx.files.write(f"{HOME}/made/old.txt", "moved")
+    info = sbx.files.rename(f"{HOME}/made/old.txt", f"{HOME}/made/deep/new.txt")
+    assert info.path == f"{HOME}/made/deep/new.txt", info
+    assert sbx.files.exists(f"{HOME}/made/old.txt") is False
+    assert sbx.files.read(f"{HOME}/made/deep/new.txt") == "moved"
+    ok("rename_make_dir")
+
+    # The polling watcher (the sync SDK's watch_dir).
+    sbx.files.make_dir(f"{HOME}/watched")
+    w = sbx.files.watch_dir(f"{HOME}/watched", recursive=True)
+    sbx.files.write(f"{HOME}/watched/a.txt", "one")
+    sbx.commands.run(f"mkdir -p {HOME}/watched/sub && echo x > {HOME}/watched/sub/b.txt")
+    sbx.files.remove(f"{HOME}/watched/a.txt")
+    seen = set()
+    want = {("a.txt", "create"), ("a.txt", "remove"), ("sub/b.txt", "create")}
+    deadline = time.monotonic() + 30
+    while not want <= seen:
+        assert time.monotonic() < deadline, f"missing {want - seen} in {seen}"
+        seen |= {(e.name, e.type.value) for e in w.get_new_events()}
+        time.sleep(0.2)
+    w.stop()
+    ok("watch_sync", seen=sorted(f"{n}:{t}" for n, t in seen))
+
+
+async def watch_async():
+    sbx = await AsyncSandbox.create()
+    ok("created", sandbox=sbx.sandbox_id)
+    await sbx.files.make_dir(f"{HOME}/w")
+    events = []
+    h = await sbx.files.watch_dir(f"{HOME}/w", on_event=events.append, recursive=True)
+    await sbx.files.write(f"{HOME}/w/x.txt", "1")
+    # files.write replaces a file whole (written beside it, renamed in):
+    # a write in place is a command's.
+    await sbx.commands.run(f"echo 22 >> {HOME}/w/x.txt")
+    await sbx.files.remove(f"{HOME}/w/x.txt")
+    want = {("x.txt", "create"), ("x.txt", "write"), ("x.txt", "remove")}
+    deadline = time.monotonic() + 30
+    while not want <= {(e.name, e.type.value) for e in events}:
+        assert time.monotonic() < deadline, f"missing events: {events}"
+        await asyncio.sleep(0.1)
+    await h.stop()
+    names = {e.name for e in events}
+    assert names == {"x.txt"}, f"only the user's file, no temporary one: {names}"
+    ok("watch_async", count=len(events))
+    await sbx.kill()
+
+
+def pause_metadata():
+    tag = f"run-{time.time_ns()}"
+    sbx = Sandbox.create(metadata={"suite": tag, "who": "e2b check"})
+    other = Sandbox.create(metadata={"suite": "someone-else"})
+    ok("created", sandbox=sbx.sandbox_id, other=other.sandbox_id)
+    assert sbx.get_info().metadata == {"suite": tag, "who": "e2b check"}
+    found = Sandbox.list(query=SandboxQuery(metadata={"suite": tag})).next_items()
+    assert [s.sandbox_id for s in found] == [sbx.sandbox_id], found
+    assert found[0].metadata["who"] == "e2b check"
+    ok("metadata", listed=len(found))
+
+    sleeper = sbx.commands.run("sleep 600", background=True)
+    assert sbx.pause() is True
+    assert sbx.pause() is False, "a second pause finds it paused"
+    assert Sandbox.get_info(sbx.sandbox_id).state.value == "paused"
+    paused = Sandbox.list(query=SandboxQuery(state=[SandboxState.PAUSED])).next_items()
+    assert sbx.sandbox_id in [s.sandbox_id for s in paused], paused
+    ok("paused")
+    resumed = Sandbox.connect(sbx.sandbox_id)
+    assert Sandbox.get_info(sbx.sandbox_id).state.value == "running"
+    pids = [p.pid for p in resumed.commands.list()]
+    assert sleeper.pid in pids, (sleeper.pid, pids)
+    assert resumed.commands.run(f"kill -0 {sleeper.pid} && echo alive").stdout == "alive\n"
+    ok("resumed", pid=sleeper.pid)
+    sbx.kill()
+    other.kill()
+
+
 SCENARIOS = {
     "smoke": smoke,
     "commands": commands,
@@ -215,6 +325,10 @@ SCENARIOS = {
     "pty": lambda: asyncio.run(pty()),
     "lifecycle": lifecycle,
     "errors": errors,
+    "stdin_pids_connect": stdin_pids_connect,
+    "files_more": files_more,
+    "watch_async": lambda: asyncio.run(watch_async()),
+    "pause_metadata": pause_metadata,
 }
 
 if __name__ == "__main__":

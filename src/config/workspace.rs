@@ -1,12 +1,13 @@
 //! The workspace: where it is mounted (the canonical directory and its
-//! aliases, RemcoChat's spelling by default) and whether it is a volume on
-//! disk or a tmpfs.
+//! aliases, RemcoChat's and E2B's spellings by default) and whether it is a
+//! volume on disk or a tmpfs.
 
 use super::{Config, ConfigError};
 
-/// The two spellings of the workspace: ours, and the one RemcoChat
-/// hard-codes. With no configuration each aliases the other.
-const WORKSPACE_SPELLINGS: [&str; 2] = ["/workspace", "/vercel/sandbox/workspace"];
+/// The spellings of the workspace: ours, the one RemcoChat hard-codes, and
+/// E2B's home (its SDKs' examples write under `/home/user`). With no
+/// configuration each aliases the others.
+const WORKSPACE_SPELLINGS: [&str; 3] = ["/workspace", "/vercel/sandbox/workspace", "/home/user"];
 
 impl Config {
     /// Trims the workspace directories, and fills in the aliases when the
@@ -111,6 +112,21 @@ pub(super) fn validate_dir(v: &String) -> Result<(), String> {
 mod tests {
     use crate::config::Config;
     use crate::config::tests::{env_of, err_of};
+
+    #[test]
+    fn by_default_remcochats_and_e2bs_spellings_alias_the_workspace() {
+        let cfg = Config::from_toml_and_env("", env_of(&[])).expect("valid");
+        assert_eq!(
+            cfg.workspace_dirs().collect::<Vec<_>>(),
+            ["/workspace", "/vercel/sandbox/workspace", "/home/user"]
+        );
+        let cfg = Config::from_toml_and_env("workspace_dir = \"/home/user\"", env_of(&[]))
+            .expect("valid");
+        assert_eq!(
+            cfg.workspace_dirs().collect::<Vec<_>>(),
+            ["/home/user", "/workspace", "/vercel/sandbox/workspace"]
+        );
+    }
 
     #[test]
     fn aliases_can_be_set_or_turned_off() {

@@ -25,6 +25,7 @@
 //! the agent's inotify watch, until the watcher goes.
 
 mod edit;
+mod held_watch;
 mod moves;
 mod search;
 pub mod text;
@@ -44,6 +45,7 @@ use crate::field_error::FieldError;
 use crate::sandbox::{Sandbox, SandboxError, Sandboxes};
 use crate::workspace_path::WorkspacePath;
 pub use edit::{Edited, FileEdit};
+pub use held_watch::{HELD_BATCH, HELD_IDLE};
 pub use search::{
     DEFAULT_SEARCH_RESULTS, MAX_GLOBS, MAX_PATTERN_BYTES, MAX_SEARCH_CONTEXT, MAX_SEARCH_RESULTS,
     SearchMatch, SearchRequest, SearchResult,
@@ -312,11 +314,16 @@ impl Entry {
 pub struct Files {
     config: Arc<Config>,
     sandboxes: Arc<Sandboxes>,
+    held: held_watch::HeldWatches,
 }
 
 impl Files {
     pub fn new(config: Arc<Config>, sandboxes: Arc<Sandboxes>) -> Self {
-        Files { config, sandboxes }
+        Files {
+            config,
+            sandboxes,
+            held: held_watch::HeldWatches::default(),
+        }
     }
 
     fn parse(&self, p: &str) -> FileResult<WorkspacePath> {

@@ -99,6 +99,11 @@ impl FileWatch {
     pub async fn next(&mut self) -> Option<WatchEvent> {
         self.events.recv().await
     }
+
+    /// The next event if one is queued now.
+    pub fn try_next(&mut self) -> Option<WatchEvent> {
+        self.events.try_recv().ok()
+    }
 }
 
 impl Files {

@@ -5,8 +5,8 @@
 //! what the SDK gave; here the same sandboxes are checked through
 //! sandboxd's own API (an E2B sandbox is an ordinary one), and the wire's
 //! edges (credentials, restarts, what answers `unimplemented`) are checked
-//! by hand. The workspace gets E2B's home as an alias (`/home/user`), as
-//! docs/E2B.md tells operators. `smoke_*` is the short run kept under
+//! by hand. sandboxd runs on its defaults (but for its admin token), so
+//! E2B's home `/home/user` is the workspace by default. `smoke_*` is the short run kept under
 //! gVisor. A missing python3 or venv fails the test: nothing is skipped.
 
 use std::path::{Path, PathBuf};
@@ -25,13 +25,10 @@ fn python() -> PathBuf {
         .clone()
 }
 
-/// A sandboxd whose workspace is also at E2B's home.
+/// A sandboxd on its defaults but for its admin token (the API key):
+/// E2B's home is one of the workspace's default spellings.
 pub(crate) async fn server() -> TestServer {
-    TestServer::start_with(ServerOptions::default().token(KEY).env(
-        "SANDBOXD_WORKSPACE_ALIASES",
-        "/vercel/sandbox/workspace,/home/user",
-    ))
-    .await
+    TestServer::start_with(ServerOptions::default().token(KEY)).await
 }
 
 /// The only settings an E2B SDK gets: the key and sandboxd's address as
@@ -437,24 +434,60 @@ async fn an_e2b_sandbox_is_an_ordinary_one_and_a_retried_create_finds_it() {
 }
 
 #[tokio::test]
+async fn stdin_reaches_a_command_pids_are_the_sandboxs_and_connect_follows_a_running_one() {
+    let server = server().await;
+    let lines = check(&server, &["stdin_pids_connect"]).await;
+    let sid = sandbox_of(&lines);
+    assert_eq!(line(&lines, "stdin")["stdout"], "first line\nsecond\n");
+    assert_eq!(line(&lines, "connect")["exit_code"], 4);
+    // The pid the SDK was given is the one sandboxd's own API shows.
+    let pid = line(&lines, "pid")["pid"].as_u64().expect("a pid");
+    let (status, listed) = server.get(&format!("/v1/sandboxes/{sid}/commands")).await;
+    assert_eq!(status, 200, "{listed}");
+    let cat = listed["commands"]
+        .as_array()
+        .and_then(|c| c.iter().find(|c| c["summary"].as_str() == Some("cat")))
+        .unwrap_or_else(|| panic!("no cat in {listed}"));
+    assert_eq!(cat["exitCode"], 0, "cat read its stdin to the end: {cat}");
+    let sleeper = listed["commands"]
+        .as_array()
+        .and_then(|c| {
+            c.iter()
+                .find(|c| c["summary"].as_str() == Some("sleep 300"))
+        })
+        .unwrap_or_else(|| panic!("no sleep 300 in {listed}"));
+    assert_eq!(sleeper["pid"].as_u64(), Some(pid), "{sleeper}");
+}
+
+#[tokio::test]
+async fn files_move_make_directories_and_are_watched_by_polling_and_by_stream() {
+    let server = server().await;
+    let lines = check(&server, &["files_more", "watch_async"]).await;
+    let sid = sandbox_of(&lines);
+    line(&lines, "rename_make_dir");
+    line(&lines, "watch_sync");
+    line(&lines, "watch_async");
+    let (status, read) = server.read_file(&sid, "/workspace/made/deep/new.txt").await;
+    assert_eq!(status, 200, "{read}");
+    assert_eq!(read["contentBase64"], harness::b64(b"moved"), "{read}");
+}
+
+#[tokio::test]
+async fn metadata_filters_the_list_and_a_pause_keeps_processes_for_connect_to_resume() {
+    let server = server().await;
+    let lines = check(&server, &["pause_metadata"]).await;
+    assert_eq!(line(&lines, "metadata")["listed"], 1);
+    line(&lines, "paused");
+    line(&lines, "resumed");
+    let sid = sandbox_of(&lines);
+    let (status, _) = server.get(&format!("/v1/sandboxes/{sid}")).await;
+    assert_eq!(status, 404, "the SDK's kill removed the resumed sandbox");
+}
+
+#[tokio::test]
 async fn what_the_domain_lacks_answers_unimplemented_naming_it() {
     let server = server().await;
     let (sid, token) = create(&server, &[]).await;
-    let (status, body, _) = control(
-        &server,
-        reqwest::Method::POST,
-        &format!("/sandboxes/{sid}/pause"),
-        Some(json!({})),
-        &[],
-    )
-    .await;
-    assert_eq!(status, 501, "{body}");
-    assert!(
-        body["message"]
-            .as_str()
-            .is_some_and(|m| m.contains("pause")),
-        "{body}"
-    );
     let (status, body, _) = control(
         &server,
         reqwest::Method::POST,
@@ -464,29 +497,31 @@ async fn what_the_domain_lacks_answers_unimplemented_naming_it() {
     )
     .await;
     assert_eq!(status, 501, "{body}");
-    for (method, word) in [
-        ("filesystem.Filesystem/MakeDir", "make_dir"),
-        ("filesystem.Filesystem/Move", "rename"),
-        ("process.Process/CloseStdin", "close_stdin"),
-    ] {
-        let (status, body) = envd(
-            &server,
-            &sid,
-            &token,
-            method,
-            json!({"path": "/home/user/x"}),
-        )
-        .await;
-        assert_eq!(
-            (status, body["code"].as_str()),
-            (501, Some("unimplemented")),
-            "{method}: {body}"
-        );
-        assert!(
-            body["message"].as_str().is_some_and(|m| m.contains(word)),
-            "{method}: {body}"
-        );
-    }
+    assert!(
+        body["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("timeout")),
+        "{body}"
+    );
+    let (status, body) = envd(
+        &server,
+        &sid,
+        &token,
+        "process.Process/StreamInput",
+        json!({}),
+    )
+    .await;
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (501, Some("unimplemented")),
+        "{body}"
+    );
+    assert!(
+        body["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("send_stdin")),
+        "{body}"
+    );
     let (status, body) = envd(&server, &sid, &token, "process.Process/List", json!({})).await;
     assert_eq!(status, 200, "the positive control: {body}");
 }

@@ -165,6 +165,33 @@ async fn events_arrive_in_order_for_a_directory_and_a_new_subdirectory() {
 }
 
 #[tokio::test]
+async fn a_file_written_through_the_api_is_created_and_its_temporary_file_is_not_reported() {
+    let server = TestServer::start().await;
+    let sid = server.offline_sandbox().await;
+    sh_ok(&server, &sid, "mkdir -p w").await;
+    let mut watch = Watch::open(&server, &sid, "path=w").await;
+    let (status, body) = server
+        .write_files(
+            &sid,
+            serde_json::json!([{"path": "w/x.txt", "contentBase64": crate::harness::b64(b"one")}]),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    // A user's file named like one is reported: the control.
+    sh_ok(&server, &sid, "echo y > w/.sandboxd-notatemp").await;
+    let seen = watch.until("create", "w/.sandboxd-notatemp").await;
+    assert!(
+        seen.contains(&("create".into(), "w/x.txt".into())),
+        "{seen:?}"
+    );
+    assert!(
+        seen.iter()
+            .all(|(_, p)| p == "w/x.txt" || p == "w/.sandboxd-notatemp"),
+        "only the user's names: {seen:?}"
+    );
+}
+
+#[tokio::test]
 async fn a_flat_watch_leaves_out_what_happens_in_subdirectories() {
     let server = TestServer::start().await;
     let sid = server.offline_sandbox().await;

@@ -39,6 +39,8 @@ mod rename;
 mod resolve;
 mod write;
 
+pub(crate) use write::is_temp_name;
+
 pub(crate) use entries::sorted_names;
 pub(crate) use resolve::Workspace;
 

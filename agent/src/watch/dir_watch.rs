@@ -16,6 +16,7 @@
 //! drops its watches, one removed loses them by itself (`IN_IGNORED`).
 //! Past `max_dirs`, or when the kernel refuses a watch (its per-user
 //! limit), the directory goes unwatched and an overflow event says so.
+//! The temporary files the agent's own writes make are not reported.
 
 use std::collections::HashMap;
 use std::mem::MaybeUninit;
@@ -321,6 +322,11 @@ impl DirWatch {
         let (Some(name), Some(dir)) = (name, self.dirs.get(&wd)) else {
             return;
         };
+        // A write's temporary file is the agent's own, not the user's: a
+        // written file shows as its final name, created (it is renamed in).
+        if crate::files::is_temp_name(&name) {
+            return;
+        }
         let path = join(dir, &name);
         let is_dir = mask.contains(ReadFlags::ISDIR);
         if mask.intersects(ReadFlags::CREATE | ReadFlags::MOVED_TO) {
@@ -433,6 +439,24 @@ mod tests {
             std::thread::sleep(Duration::from_millis(5));
         }
         assert_eq!(w.watched(), 2, "root and moved");
+    }
+
+    #[test]
+    fn a_writes_temporary_file_is_not_reported() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let root = dir.path();
+        let mut w = DirWatch::start(open(root), false, 100, 1000).expect("start");
+        let temp = root.join(".sandboxd-0123456789abcdef");
+        std::fs::write(&temp, b"1").expect("write");
+        std::fs::rename(&temp, root.join("x.txt")).expect("mv");
+        // A name that only looks alike is the user's: the control.
+        std::fs::write(root.join(".sandboxd-notatemp"), b"1").expect("write");
+        let got = read_until(&mut w, |e| has(e, WatchKind::Create, ".sandboxd-notatemp"));
+        assert!(has(&got, WatchKind::Create, "x.txt"), "{got:?}");
+        assert!(
+            got.iter().all(|e| e.path != ".sandboxd-0123456789abcdef"),
+            "{got:?}"
+        );
     }
 
     #[test]

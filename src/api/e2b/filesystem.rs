@@ -1,25 +1,32 @@
-//! envd's `filesystem.Filesystem` service over sandboxd's files:
-//! `Stat` (`Files::stat`), `ListDir` (`Files::list`, a level at a time
-//! down to the depth asked) and `Remove` (`Files::delete`, recursive).
-//! Paths keep the domain's rules (under the workspace or one of its
-//! aliases, symlinks resolved inside the sandbox); answers give them
-//! absolute, relative ones under E2B's home. Renaming, making directories
-//! and watching answer `unimplemented` until the domain has them.
+//! envd's `filesystem.Filesystem` service over sandboxd's files: `Stat`
+//! (`Files::stat`), `ListDir` (`Files::list_whole_tree`), `Remove`
+//! (`Files::delete`, recursive), `Move` (`Files::rename`), `MakeDir`
+//! (`Files::make_dir`), `WatchDir` (`Files::watch`, streamed) and the
+//! polling watchers `CreateWatcher`, `GetWatcherEvents` and
+//! `RemoveWatcher` (`Files::hold_watch`). Paths keep the domain's rules
+//! (under the workspace or one of its aliases, symlinks resolved inside
+//! the sandbox); answers give them absolute, relative ones under E2B's
+//! home.
 
 use std::sync::Arc;
 
 use axum::Extension;
-use axum::extract::{Path as AxumPath, State};
+use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::Response;
 
-use super::connect::{self, Code, ConnectError, Unary};
+use super::connect::{self, Code, ConnectError, Streaming, Unary, to_json};
 use super::wire::{
-    Empty, EntryInfo, EntryResponse, FileType, ListDirRequest, ListDirResponse, PathRequest,
-    permissions, rfc3339,
+    CreatedWatcher, Empty, EntryInfo, EntryResponse, EventType, FileType, FilesystemEvent,
+    ListDirRequest, ListDirResponse, MoveRequest, PathRequest, WatchDirEvent, WatchRequest,
+    WatcherEvents, WatcherRequest, permissions, rfc3339,
 };
 use super::{E2b, SandboxId, absolute, failed};
-use crate::files::EntryKind;
+use std::future::ready;
+
+use futures_util::{StreamExt, stream};
+
+use crate::files::{EntryKind, FileChange, WatchEnded, WatchEvent};
 
 fn file_type(kind: EntryKind) -> FileType {
     match kind {
@@ -143,17 +150,170 @@ pub(super) async fn remove(
     .await
 }
 
-/// Every other method: `unimplemented`, naming what the domain lacks.
-pub(super) async fn other(AxumPath(method): AxumPath<String>, headers: HeaderMap) -> Response {
-    let what = match method.as_str() {
-        "Move" => "renaming files (rename needs it in the domain)",
-        "MakeDir" => "making directories (make_dir needs it in the domain)",
-        "WatchDir" | "CreateWatcher" | "GetWatcherEvents" | "RemoveWatcher" => {
-            "watching a directory (watch_dir needs file watching in the domain)"
+/// `POST /filesystem.Filesystem/Move`: what is at `source` goes to
+/// `destination`, replacing what was there (as envd's rename does).
+pub(super) async fn rename(
+    State(e2b): State<Arc<E2b>>,
+    Extension(SandboxId(sid)): Extension<SandboxId>,
+    call: Unary<MoveRequest>,
+) -> Response {
+    connect::unary(call.deadline, async move {
+        let req = call.message;
+        let to = absolute(&e2b.app, &req.destination);
+        e2b.app
+            .files
+            .rename(&sid, &absolute(&e2b.app, &req.source), &to, true)
+            .await
+            .map_err(failed(&sid))?;
+        let entry = e2b.entry(&sid, &to).await?;
+        Ok(EntryResponse { entry })
+    })
+    .await
+}
+
+/// `POST /filesystem.Filesystem/MakeDir`: the directory and its missing
+/// parents; `already_exists` when it was there (the SDKs answer false).
+pub(super) async fn make_dir(
+    State(e2b): State<Arc<E2b>>,
+    Extension(SandboxId(sid)): Extension<SandboxId>,
+    call: Unary<PathRequest>,
+) -> Response {
+    connect::unary(call.deadline, async move {
+        let path = absolute(&e2b.app, &call.message.path);
+        let made = e2b
+            .app
+            .files
+            .make_dir(&sid, &path)
+            .await
+            .map_err(failed(&sid))?;
+        if !made {
+            return Err(ConnectError::new(
+                Code::AlreadyExists,
+                format!("directory '{path}' already exists"),
+            ));
         }
-        _ => "this method of filesystem.Filesystem",
+        let entry = e2b.entry(&sid, &path).await?;
+        Ok(EntryResponse { entry })
+    })
+    .await
+}
+
+/// A watch's event as envd's, if it has one: an overflow has none in
+/// envd's protocol (the events it stands for are lost, as envd loses them
+/// past its own buffer); the end of a watch for another reason than its
+/// directory going is the stream's error.
+fn watch_event(e: WatchEvent) -> Option<Result<FilesystemEvent, ConnectError>> {
+    match e {
+        WatchEvent::Change { kind, name, .. } => Some(Ok(FilesystemEvent {
+            name,
+            kind: match kind {
+                FileChange::Create => EventType::Create,
+                FileChange::Write => EventType::Write,
+                FileChange::Remove => EventType::Remove,
+                FileChange::Rename => EventType::Rename,
+                FileChange::Chmod => EventType::Chmod,
+            },
+        })),
+        WatchEvent::Overflow | WatchEvent::Ended(WatchEnded::DirectoryGone) => None,
+        WatchEvent::Ended(why) => Some(Err(ConnectError::new(Code::Unavailable, why.reason()))),
+    }
+}
+
+/// `POST /filesystem.Filesystem/WatchDir`: `start`, then the directory's
+/// events as they come (`Files::watch`), to the end of the watch.
+pub(super) async fn watch_dir(
+    State(e2b): State<Arc<E2b>>,
+    Extension(SandboxId(sid)): Extension<SandboxId>,
+    call: Streaming<WatchRequest>,
+) -> Response {
+    let req = call.message;
+    let path = absolute(&e2b.app, &req.path);
+    let shutdown = e2b.app.shutdown.clone();
+    let watch = match e2b
+        .app
+        .files
+        .watch(&sid, &path, req.recursive, shutdown)
+        .await
+    {
+        Ok(w) => w,
+        Err(e) => return connect::stream_error(&failed(&sid)(e)),
     };
-    connect::refuse(&headers, &ConnectError::unimplemented(what))
+    let message = |m: WatchDirEvent| to_json(&m);
+    let start = stream::iter([message(WatchDirEvent::Start {})]);
+    let events = stream::unfold(watch, |mut w| async move { w.next().await.map(|e| (e, w)) })
+        .filter_map(|e| ready(watch_event(e)))
+        .map(move |e| e.and_then(|e| message(WatchDirEvent::Filesystem(e))));
+    let keepalive = message(WatchDirEvent::Keepalive {}).unwrap_or_default();
+    connect::stream_reply(call.timing, keepalive, start.chain(events))
+}
+
+/// `POST /filesystem.Filesystem/CreateWatcher`: a watch held for polling
+/// (`Files::hold_watch`).
+pub(super) async fn create_watcher(
+    State(e2b): State<Arc<E2b>>,
+    Extension(SandboxId(sid)): Extension<SandboxId>,
+    call: Unary<WatchRequest>,
+) -> Response {
+    connect::unary(call.deadline, async move {
+        let req = call.message;
+        let path = absolute(&e2b.app, &req.path);
+        let shutdown = e2b.app.shutdown.clone();
+        let watcher_id = e2b
+            .app
+            .files
+            .hold_watch(&sid, &path, req.recursive, shutdown)
+            .await
+            .map_err(failed(&sid))?;
+        Ok(CreatedWatcher { watcher_id })
+    })
+    .await
+}
+
+fn no_watcher(id: &str) -> ConnectError {
+    ConnectError::new(Code::NotFound, format!("watcher '{id}' not found"))
+}
+
+/// `POST /filesystem.Filesystem/GetWatcherEvents`: what happened since
+/// the last call.
+pub(super) async fn watcher_events(
+    State(e2b): State<Arc<E2b>>,
+    Extension(SandboxId(sid)): Extension<SandboxId>,
+    call: Unary<WatcherRequest>,
+) -> Response {
+    connect::unary(call.deadline, async move {
+        let id = call.message.watcher_id;
+        let held = e2b.app.files.held_events(&sid, &id);
+        let events = held
+            .ok_or_else(|| no_watcher(&id))?
+            .into_iter()
+            .filter_map(watch_event)
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(WatcherEvents { events })
+    })
+    .await
+}
+
+/// `POST /filesystem.Filesystem/RemoveWatcher`.
+pub(super) async fn remove_watcher(
+    State(e2b): State<Arc<E2b>>,
+    Extension(SandboxId(sid)): Extension<SandboxId>,
+    call: Unary<WatcherRequest>,
+) -> Response {
+    connect::unary(call.deadline, async move {
+        let id = call.message.watcher_id;
+        if e2b.app.files.release_watch(&sid, &id) {
+            Ok(Empty {})
+        } else {
+            Err(no_watcher(&id))
+        }
+    })
+    .await
+}
+
+/// Every other method: `unimplemented`.
+pub(super) async fn other(headers: HeaderMap) -> Response {
+    let e = ConnectError::unimplemented("this method of filesystem.Filesystem");
+    connect::refuse(&headers, &e)
 }
 
 #[cfg(test)]

@@ -78,11 +78,30 @@ pub(super) fn routes(app: &Arc<App>) -> Router<Arc<App>> {
         .route("/process.Process/List", post(process::list))
         .route("/process.Process/SendSignal", post(process::send_signal))
         .route("/process.Process/SendInput", post(process::send_input))
+        .route("/process.Process/CloseStdin", post(process::close_stdin))
         .route("/process.Process/Update", post(process::update))
         .route("/process.Process/{method}", any(process::other))
         .route("/filesystem.Filesystem/Stat", post(filesystem::stat))
         .route("/filesystem.Filesystem/ListDir", post(filesystem::list_dir))
         .route("/filesystem.Filesystem/Remove", post(filesystem::remove))
+        .route("/filesystem.Filesystem/Move", post(filesystem::rename))
+        .route("/filesystem.Filesystem/MakeDir", post(filesystem::make_dir))
+        .route(
+            "/filesystem.Filesystem/WatchDir",
+            post(filesystem::watch_dir),
+        )
+        .route(
+            "/filesystem.Filesystem/CreateWatcher",
+            post(filesystem::create_watcher),
+        )
+        .route(
+            "/filesystem.Filesystem/GetWatcherEvents",
+            post(filesystem::watcher_events),
+        )
+        .route(
+            "/filesystem.Filesystem/RemoveWatcher",
+            post(filesystem::remove_watcher),
+        )
         .route("/filesystem.Filesystem/{method}", any(filesystem::other))
         .route("/files", get(transfer::download).post(transfer::upload))
         .route("/health", get(health))

@@ -1,20 +1,20 @@
 //! envd's `process.Process` service over sandboxd's commands and terminal
-//! sessions. `Start` without `pty` starts a command (`Commands::start`)
-//! and streams its log (`Commands::follow_logs`) as E2B's events: `start`
-//! with the pid, `data` with stdout and stderr, `end` with the exit; with
-//! `pty` it opens a terminal session (`Ptys::open`) and streams what a
-//! viewer of it sees (`Ptys::view`). The stream ending kills nothing: a
-//! background command outlives its client's disconnect, as in envd.
-//! `Connect` follows a running command (from its first output) or session
-//! again; `List`, `SendSignal`, `SendInput` (a session's keys) and
-//! `Update` (a session's size) address them by pid.
+//! sessions. `Start` without `pty` starts a command (`Commands::start`,
+//! with its stdin kept open when the client asks) and streams its log
+//! (`Commands::follow_lines`) as E2B's events: `start` with the pid, `data`
+//! with stdout and stderr, `end` with the exit; with `pty` it opens a
+//! terminal session (`Ptys::open`) and streams what a viewer of it sees
+//! (`Ptys::view`). The stream ending kills nothing: a background command
+//! outlives its client's disconnect, as in envd. `Connect` follows a
+//! running command (from its first output) or session again; `List`,
+//! `SendSignal`, `SendInput` (a command's stdin or a session's keys),
+//! `CloseStdin` and `Update` (a session's size) address them by pid.
 //!
-//! E2B addresses processes by pid, and the domain does not expose a
-//! command's pid yet: the pid shown is 31 bits of SHA-256 of the command's
-//! (or session's) id, so it is the same after a sandboxd restart and no
-//! map is kept. Writing to a command's stdin and closing it need
-//! interactive stdin in the domain, and tags a place to keep them: those
-//! answer `unimplemented`.
+//! A command's pid is its process's pid in the sandbox, as the agent
+//! reported it. A terminal session's is 31 bits of SHA-256 of its id (the
+//! domain keeps no pid for it): the same after a sandboxd restart, with no
+//! map kept. Tags and `StreamInput` (client streaming) answer
+//! `unimplemented`.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -47,17 +47,25 @@ use sandboxd_proto::Stream as LogStream;
 /// Events waiting for the client of a process's stream.
 const EVENT_BUFFER: usize = 16;
 
-/// The pid E2B clients know a command or session by (see the module docs).
-fn pid_of(id: &str) -> u32 {
+/// The pid E2B clients know a terminal session by (see the module docs).
+fn session_pid(id: &str) -> u32 {
     let h = Sha256::digest(id.as_bytes());
     (u32::from_be_bytes([h[0], h[1], h[2], h[3]]) & 0x7fff_ffff).max(1)
 }
 
-/// A process of a sandbox, as sandboxd knows it.
+/// A process of a sandbox, as sandboxd knows it, with its E2B pid.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Process {
-    Command(String),
-    Session(String),
+    Command { id: String, pid: u32 },
+    Session { id: String, pid: u32 },
+}
+
+impl Process {
+    fn pid(&self) -> u32 {
+        match self {
+            Process::Command { pid, .. } | Process::Session { pid, .. } => *pid,
+        }
+    }
 }
 
 impl E2b {
@@ -77,8 +85,17 @@ impl E2b {
             .list(sandbox_id)
             .await
             .map_err(failed(sandbox_id))?;
-        if let Some(c) = commands.iter().find(|c| pid_of(&c.command.id) == pid) {
-            return Ok(Process::Command(c.command.id.clone()));
+        // A running command first: a finished one's pid may have been
+        // used again since.
+        let command = commands
+            .iter()
+            .filter(|c| c.command.pid == Some(pid))
+            .min_by_key(|c| c.command.finished().is_some());
+        if let Some(c) = command {
+            return Ok(Process::Command {
+                id: c.command.id.clone(),
+                pid,
+            });
         }
         let sessions = self
             .app
@@ -88,8 +105,8 @@ impl E2b {
             .map_err(failed(sandbox_id))?;
         sessions
             .into_iter()
-            .find(|p| pid_of(&p.pty_id) == pid)
-            .map(|p| Process::Session(p.pty_id))
+            .find(|p| session_pid(&p.pty_id) == pid)
+            .map(|p| Process::Session { id: p.pty_id, pid })
             .ok_or_else(|| {
                 ConnectError::new(Code::NotFound, format!("process with pid {pid} not found"))
             })
@@ -145,7 +162,7 @@ pub(super) async fn start(
     }
     let started = match req.pty {
         Some(pty) => start_session(&e2b, &sid, req.process, pty).await,
-        None => start_command(&e2b, &sid, req.process).await,
+        None => start_command(&e2b, &sid, req.process, req.stdin.unwrap_or(false)).await,
     };
     match started {
         Ok(process) => follow(e2b, sid, process, timing),
@@ -153,7 +170,12 @@ pub(super) async fn start(
     }
 }
 
-async fn start_command(e2b: &E2b, sid: &str, p: ProcessConfig) -> Result<Process, ConnectError> {
+async fn start_command(
+    e2b: &E2b,
+    sid: &str,
+    p: ProcessConfig,
+    stdin: bool,
+) -> Result<Process, ConnectError> {
     let config = &e2b.app.config;
     let req = CommandRequest {
         cmd: Some(p.cmd),
@@ -165,7 +187,7 @@ async fn start_command(e2b: &E2b, sid: &str, p: ProcessConfig) -> Result<Process
         cwd: p.cwd,
         env: (!p.envs.is_empty()).then_some(p.envs),
         stdin: None,
-        stdin_open: None,
+        stdin_open: Some(stdin),
         // An E2B process ends when it ends or is killed, not on the
         // stream's deadline: it gets the longest time sandboxd allows.
         timeout_ms: Some(i64::try_from(config.max_timeout.as_millis()).unwrap_or(i64::MAX)),
@@ -180,7 +202,13 @@ async fn start_command(e2b: &E2b, sid: &str, p: ProcessConfig) -> Result<Process
         .start(sid, req)
         .await
         .map_err(failed(sid))?;
-    Ok(Process::Command(cmd.id.clone()))
+    // A command that could not start has no pid; it ends at once (126 or
+    // 127), and its stream says so.
+    let pid = cmd.pid.unwrap_or_else(|| session_pid(&cmd.id));
+    Ok(Process::Command {
+        id: cmd.id.clone(),
+        pid,
+    })
 }
 
 async fn start_session(
@@ -201,18 +229,17 @@ async fn start_session(
         rows: dim(size.rows),
     };
     let id = e2b.app.ptys.open(sid, req).await.map_err(failed(sid))?;
-    Ok(Process::Session(id))
+    let pid = session_pid(&id);
+    Ok(Process::Session { id, pid })
 }
 
 /// The event stream of a process: `start`, then its output and its end.
 fn follow(e2b: Arc<E2b>, sid: String, process: Process, timing: Timing) -> Response {
-    let pid = match &process {
-        Process::Command(id) | Process::Session(id) => pid_of(id),
-    };
-    let first = futures_util::stream::once(async move { event(ProcessEvent::Start { pid }) });
+    let pid = process.pid();
+    let first = stream::once(async move { event(ProcessEvent::Start { pid }) });
     let rest: Pin<Box<dyn Stream<Item = Result<Bytes, ConnectError>> + Send>> = match process {
-        Process::Command(id) => Box::pin(command_events(e2b, sid, id)),
-        Process::Session(id) => Box::pin(session_events(e2b, sid, id)),
+        Process::Command { id, .. } => Box::pin(command_events(e2b, sid, id)),
+        Process::Session { id, .. } => Box::pin(session_events(e2b, sid, id)),
     };
     stream_reply(timing, keepalive(), first.chain(rest))
 }
@@ -396,8 +423,8 @@ pub(super) async fn list(
     call: Unary<serde_json::Value>,
 ) -> Response {
     connect::unary(call.deadline, async move {
-        let info = |id: &str, summary: String| ProcessInfo {
-            pid: pid_of(id),
+        let info = |pid: u32, summary: String| ProcessInfo {
+            pid,
             tag: None,
             // What sandboxd keeps of a process is its summary line.
             config: ProcessConfig {
@@ -413,14 +440,14 @@ pub(super) async fn list(
             .map_err(failed(&sid))?
             .into_iter()
             .filter(|c| c.command.finished().is_none())
-            .map(|c| info(&c.command.id, c.command.summary.clone()))
+            .filter_map(|c| Some(info(c.command.pid?, c.command.summary.clone())))
             .collect();
         let sessions = e2b.app.ptys.list(&sid).await.map_err(failed(&sid))?;
         processes.extend(
             sessions
                 .into_iter()
                 .filter(|p| p.ended.is_none())
-                .map(|p| info(&p.pty_id, p.command)),
+                .map(|p| info(session_pid(&p.pty_id), p.command)),
         );
         Ok(ListResponse { processes })
     })
@@ -443,21 +470,23 @@ pub(super) async fn send_signal(
             ));
         }
         match e2b.find(&sid, &req.process).await? {
-            Process::Command(id) => e2b
+            Process::Command { id, .. } => e2b
                 .app
                 .commands
                 .kill(&sid, &id)
                 .await
                 .map_err(failed(&sid))?,
-            Process::Session(id) => e2b.app.ptys.kill(&sid, &id).await.map_err(failed(&sid))?,
+            Process::Session { id, .. } => {
+                e2b.app.ptys.kill(&sid, &id).await.map_err(failed(&sid))?
+            }
         }
         Ok(Empty {})
     })
     .await
 }
 
-/// `POST /process.Process/SendInput`: keys for a session; a command's
-/// stdin needs the domain's interactive stdin.
+/// `POST /process.Process/SendInput`: a command's stdin (started with
+/// `stdin`) or a session's keys.
 pub(super) async fn send_input(
     State(e2b): State<Arc<E2b>>,
     Extension(SandboxId(sid)): Extension<SandboxId>,
@@ -467,22 +496,53 @@ pub(super) async fn send_input(
         let req = call.message;
         let process = e2b.find(&sid, &req.process).await?;
         match (process, req.input.pty, req.input.stdin) {
-            (Process::Session(id), Some(B64(keys)), _) => {
+            (Process::Session { id, .. }, Some(B64(keys)), _) => {
                 e2b.type_into_session(&sid, id, ViewerInput::Bytes(Bytes::from(keys)))
                     .await?;
             }
-            (Process::Session(_), None, _) => {
+            (Process::Command { id, .. }, _, Some(B64(data))) => {
+                e2b.app
+                    .commands
+                    .send_stdin(&sid, &id, Bytes::from(data))
+                    .await
+                    .map_err(failed(&sid))?;
+            }
+            (Process::Session { .. }, None, _) => {
                 return Err(ConnectError::new(
                     Code::InvalidArgument,
                     "input: a terminal session takes pty input",
                 ));
             }
-            (Process::Command(_), _, _) => {
-                return Err(ConnectError::unimplemented(
-                    "writing to a running command's stdin (it needs interactive stdin, send_stdin)",
+            (Process::Command { .. }, _, None) => {
+                return Err(ConnectError::new(
+                    Code::InvalidArgument,
+                    "input: a command takes stdin input",
                 ));
             }
         }
+        Ok(Empty {})
+    })
+    .await
+}
+
+/// `POST /process.Process/CloseStdin`: the command reads end of file.
+pub(super) async fn close_stdin(
+    State(e2b): State<Arc<E2b>>,
+    Extension(SandboxId(sid)): Extension<SandboxId>,
+    call: Unary<SelectRequest>,
+) -> Response {
+    connect::unary(call.deadline, async move {
+        let Process::Command { id, .. } = e2b.find(&sid, &call.message.process).await? else {
+            return Err(ConnectError::new(
+                Code::InvalidArgument,
+                "process: a terminal session has no stdin to close",
+            ));
+        };
+        e2b.app
+            .commands
+            .close_stdin(&sid, &id)
+            .await
+            .map_err(failed(&sid))?;
         Ok(Empty {})
     })
     .await
@@ -496,7 +556,7 @@ pub(super) async fn update(
 ) -> Response {
     connect::unary(call.deadline, async move {
         let req = call.message;
-        let Process::Session(id) = e2b.find(&sid, &req.process).await? else {
+        let Process::Session { id, .. } = e2b.find(&sid, &req.process).await? else {
             return Err(ConnectError::new(
                 Code::InvalidArgument,
                 "process: only a terminal session has a size",
@@ -521,12 +581,11 @@ pub(super) async fn update(
     .await
 }
 
-/// Every other method of the service (`CloseStdin`, `StreamInput`):
-/// `unimplemented`, naming what the domain lacks.
+/// Every other method of the service (`StreamInput`): `unimplemented`,
+/// naming what is missing.
 pub(super) async fn other(AxumPath(method): AxumPath<String>, headers: HeaderMap) -> Response {
     let what = match method.as_str() {
-        "CloseStdin" => "closing a command's stdin (it needs interactive stdin, close_stdin)",
-        "StreamInput" => "streaming a command's stdin (it needs interactive stdin)",
+        "StreamInput" => "streaming a command's stdin in one call (send_stdin works)",
         _ => "this method of process.Process",
     };
     connect::refuse(&headers, &ConnectError::unimplemented(what))
@@ -568,9 +627,9 @@ mod tests {
 
     #[test]
     fn a_pid_is_stable_positive_and_31_bits() {
-        let a = pid_of("018f2a3b4c5d6e7f8a9b0c1d");
-        assert_eq!(a, pid_of("018f2a3b4c5d6e7f8a9b0c1d"));
-        assert_ne!(a, pid_of("018f2a3b4c5d6e7f8a9b0c1e"));
+        let a = session_pid("018f2a3b4c5d6e7f8a9b0c1d");
+        assert_eq!(a, session_pid("018f2a3b4c5d6e7f8a9b0c1d"));
+        assert_ne!(a, session_pid("018f2a3b4c5d6e7f8a9b0c1e"));
         assert!((1..=0x7fff_ffff).contains(&a));
     }
 

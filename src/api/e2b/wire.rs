@@ -84,6 +84,10 @@ pub(super) struct StartRequest {
     pub(super) process: ProcessConfig,
     #[serde(default)]
     pub(super) pty: Option<Pty>,
+    /// Keep the command's stdin open for `SendInput` and `CloseStdin`
+    /// (the SDKs' `stdin=True`); unset or false: it reads end of file.
+    #[serde(default)]
+    pub(super) stdin: Option<bool>,
     #[serde(default)]
     pub(super) tag: Option<String>,
 }
@@ -246,6 +250,81 @@ pub(super) struct ListDirRequest {
     pub(super) path: String,
     #[serde(default, deserialize_with = "nullable")]
     pub(super) depth: u32,
+}
+
+/// `filesystem.MoveRequest`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub(super) struct MoveRequest {
+    #[serde(default, deserialize_with = "nullable")]
+    pub(super) source: String,
+    #[serde(default, deserialize_with = "nullable")]
+    pub(super) destination: String,
+}
+
+/// `filesystem.WatchDirRequest` and `CreateWatcherRequest` (their other
+/// fields, entry info and network mounts, are not served).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub(super) struct WatchRequest {
+    #[serde(default, deserialize_with = "nullable")]
+    pub(super) path: String,
+    #[serde(default, deserialize_with = "nullable")]
+    pub(super) recursive: bool,
+}
+
+/// `GetWatcherEventsRequest` and `RemoveWatcherRequest`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub(super) struct WatcherRequest {
+    #[serde(default, deserialize_with = "nullable")]
+    pub(super) watcher_id: String,
+}
+
+/// `CreateWatcherResponse`.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub(super) struct CreatedWatcher {
+    pub(super) watcher_id: String,
+}
+
+/// `filesystem.EventType`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub(super) enum EventType {
+    #[serde(rename = "EVENT_TYPE_CREATE")]
+    Create,
+    #[serde(rename = "EVENT_TYPE_WRITE")]
+    Write,
+    #[serde(rename = "EVENT_TYPE_REMOVE")]
+    Remove,
+    #[serde(rename = "EVENT_TYPE_RENAME")]
+    Rename,
+    #[serde(rename = "EVENT_TYPE_CHMOD")]
+    Chmod,
+}
+
+/// `filesystem.FilesystemEvent`: a path relative to the watched directory.
+#[derive(Debug, Clone, Serialize)]
+pub(super) struct FilesystemEvent {
+    pub(super) name: String,
+    #[serde(rename = "type")]
+    pub(super) kind: EventType,
+}
+
+/// `WatchDirResponse`: one of its three events (a oneof, so
+/// `{"start": {}}`, `{"filesystem": {…}}` or `{"keepalive": {}}`).
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub(super) enum WatchDirEvent {
+    Start {},
+    Filesystem(FilesystemEvent),
+    Keepalive {},
+}
+
+/// `GetWatcherEventsResponse`.
+#[derive(Debug, Clone, Serialize)]
+pub(super) struct WatcherEvents {
+    pub(super) events: Vec<FilesystemEvent>,
 }
 
 /// `filesystem.FileType`.
