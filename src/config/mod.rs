@@ -191,8 +191,8 @@ mod tests {
         assert_eq!(cfg.workspace_dir, "/workspace");
         assert_eq!(
             cfg.workspace_dirs().collect::<Vec<_>>(),
-            ["/workspace", "/vercel/sandbox/workspace"],
-            "RemcoChat's spelling works with no configuration"
+            ["/workspace", "/vercel/sandbox/workspace", "/home/user"],
+            "RemcoChat's and E2B's spellings work with no configuration"
         );
         assert_eq!(cfg.image, "sandboxd-runtime:latest");
         assert_eq!(cfg.instance, "sandboxd");
@@ -269,7 +269,7 @@ mod tests {
         assert_eq!(cfg.workspace_dir, "/vercel/sandbox/workspace");
         assert_eq!(
             cfg.workspace_dirs().collect::<Vec<_>>(),
-            ["/vercel/sandbox/workspace", "/workspace"]
+            ["/vercel/sandbox/workspace", "/workspace", "/home/user"]
         );
         assert_eq!(cfg.image, "img:1");
     }

@@ -100,8 +100,8 @@ async fn create_hardens_the_container_and_reconnect_reuses_it() {
     workspace.sort();
     assert_eq!(
         workspace,
-        ["/vercel/sandbox/workspace", "/workspace"],
-        "the one workspace volume, at both spellings: {mounts:?}"
+        ["/home/user", "/vercel/sandbox/workspace", "/workspace"],
+        "the one workspace volume, at each spelling: {mounts:?}"
     );
     let agent: Vec<&bollard::models::MountPoint> = mounts
         .iter()
@@ -125,8 +125,8 @@ async fn create_hardens_the_container_and_reconnect_reuses_it() {
     );
     assert_eq!(
         mounts.len(),
-        3,
-        "nothing but the workspace and the agent: {mounts:?}"
+        4,
+        "nothing but the workspace (at its three spellings) and the agent: {mounts:?}"
     );
     for m in &mounts {
         assert_eq!(
