@@ -79,6 +79,34 @@ await until("the new size", () => screen.includes("30 100"));
 check((await sbx.pty.kill(term.pid)) === true, "pty kill", term.pid);
 ok("pty");
 
+const cat = await sbx.commands.run("cat", { background: true, stdin: true });
+await sbx.commands.sendStdin(cat.pid, "to cat\n");
+await sbx.commands.closeStdin(cat.pid);
+const catDone = await cat.wait();
+check(catDone.stdout === "to cat\n", "stdin", catDone.stdout);
+ok("stdin", { pid: cat.pid });
+
+check((await sbx.files.makeDir(`${HOME}/jsdir`)) === true, "makeDir", null);
+check((await sbx.files.makeDir(`${HOME}/jsdir`)) === false, "makeDir again", null);
+const events = [];
+const watcher = await sbx.files.watchDir(`${HOME}/jsdir`, (e) => events.push(e), { recursive: true });
+await sbx.files.write(`${HOME}/jsdir/a.txt`, "a");
+const moved = await sbx.files.rename(`${HOME}/jsdir/a.txt`, `${HOME}/jsdir/b.txt`);
+check(moved.path === `${HOME}/jsdir/b.txt`, "rename", moved);
+await until("the watch's events", () =>
+  ["a.txt", "b.txt"].every((n) => events.some((e) => e.name === n)),
+);
+await watcher.stop();
+check(events.every((e) => ["a.txt", "b.txt"].includes(e.name)), "only the user's names", events);
+ok("dirs_watch", { events: events.length });
+
+const sleeper = await sbx.commands.run("sleep 600", { background: true });
+check((await sbx.pause()) === true, "pause", null);
+check((await sbx.getInfo()).state === "paused", "paused state", null);
+const resumed = await Sandbox.connect(sbx.sandboxId);
+check((await resumed.commands.list()).some((p) => p.pid === sleeper.pid), "still running", sleeper.pid);
+ok("pause");
+
 const details = await sbx.getInfo();
 check(details.sandboxId === sbx.sandboxId && details.templateId === "base", "getInfo", details);
 const listed = [];

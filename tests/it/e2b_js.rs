@@ -2,8 +2,9 @@
 //! clients/e2b-js), unchanged, with only E2B_API_KEY, E2B_API_URL and
 //! E2B_SANDBOX_URL set to sandboxd (clients/e2b-js/check.mjs says what
 //! each check asserts): create, commands in the foreground and the
-//! background, files, a terminal session, info and list, a wrong API key,
-//! kill. A missing node or npm fails the test: it is never skipped.
+//! background, files, a terminal session, stdin, make_dir, rename and a
+//! streamed watch, pause and connect resuming, info and list, a wrong API
+//! key, kill. A missing node or npm fails the test: it is never skipped.
 
 use std::path::Path;
 use std::time::Duration;
@@ -18,6 +19,9 @@ const CHECKS: &[&str] = &[
     "background",
     "files",
     "pty",
+    "stdin",
+    "dirs_watch",
+    "pause",
     "info",
     "errors",
     "kill",
