@@ -555,15 +555,7 @@ impl Sandboxes {
         };
         // Both end before either's failure is returned: the caller's
         // cleanup finds all there is.
-        let (link, made) = tokio::join!(
-            async {
-                match &plan {
-                    Some(p) => self.make_planned_link(&sandbox.id, p).await.map(Some),
-                    None => Ok(None),
-                }
-            },
-            made
-        );
+        let (link, made) = tokio::join!(self.make_planned_link(&sandbox.id, plan.as_ref()), made);
         let link = link?;
         let again = match made? {
             Ok(()) => link.as_deref() != planned,

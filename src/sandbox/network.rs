@@ -307,15 +307,17 @@ impl Sandboxes {
     pub(super) async fn make_planned_link(
         &self,
         sandbox_id: &str,
-        link: &Link,
-    ) -> SandboxResult<String> {
-        match link {
-            Link::Made(subnet) => Ok(subnet.clone()),
-            Link::Planned(subnet) => match self.make_link_at(sandbox_id, subnet).await? {
-                Some(made) => Ok(made),
-                None => self.link_network(sandbox_id).await,
+        link: Option<&Link>,
+    ) -> SandboxResult<Option<String>> {
+        let subnet = match link {
+            None => return Ok(None),
+            Some(Link::Made(subnet)) => subnet.clone(),
+            Some(Link::Planned(subnet)) => match self.make_link_at(sandbox_id, subnet).await? {
+                Some(made) => made,
+                None => self.link_network(sandbox_id).await?,
             },
-        }
+        };
+        Ok(Some(subnet))
     }
 
     /// The blocks of `link_subnet_pool` that no link network on the
