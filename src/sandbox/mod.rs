@@ -513,47 +513,70 @@ impl Sandboxes {
             // reach out or publish through it.
             self.ensure_network().await?;
         }
-        // The link network and the volume do not depend on each other.
+        // The link network's block and the volume do not depend on each
+        // other.
         let volume_labels = labels.clone();
-        let (link, volume) = tokio::join!(
-            async {
-                match prepared_link {
-                    Some(subnet) => Ok(Some(subnet.to_string())),
-                    None if spec.network.through_egress() => {
-                        self.link_network(&sandbox.id).await.map(Some)
-                    }
-                    None => Ok(None),
-                }
-            },
+        let (plan, volume) = tokio::join!(
+            self.plan_link(&sandbox.id, spec.network, prepared_link),
             self.create_workspace_volume(&sandbox.volume, volume_labels.clone())
         );
-        let link = link?;
+        let plan = plan?;
         volume?;
-        let container = self.container_for(
-            sandbox,
-            spec.image.clone(),
-            spec.oci_runtime.clone(),
-            labels,
-            needs_owner,
-            link.as_deref(),
-        );
-        // A tmpfs workspace is owned by the sandbox user through its mount
-        // options, and would forget whatever a container that is removed
-        // again put into it.
-        if needs_owner && self.config.workspace_tmpfs_mb == 0 {
-            // The image has no workspace of the sandbox user: the new
-            // volume's root (the engine's, root's) is given to it.
-            let (uid, gid) = self.sandbox_uid_gid();
-            self.engine
-                .fill_volume(
-                    &sandbox.volume,
-                    &spec.image,
-                    volume_labels,
-                    &[crate::engine::Entry::Dir { path: "", uid, gid }],
-                )
-                .await?;
-        }
-        self.engine.create_container(&container).await?;
+        let planned = plan.as_ref().map(network::Link::subnet);
+        let container_on = |subnet: Option<&str>| {
+            self.container_for(
+                sandbox,
+                spec.image.clone(),
+                spec.oci_runtime.clone(),
+                labels.clone(),
+                needs_owner,
+                subnet,
+            )
+        };
+        let container = container_on(planned);
+        let made = async {
+            // A tmpfs workspace is owned by the sandbox user through its
+            // mount options, and would forget whatever a container that is
+            // removed again put into it.
+            if needs_owner && self.config.workspace_tmpfs_mb == 0 {
+                // The image has no workspace of the sandbox user: the new
+                // volume's root (the engine's, root's) is given to it.
+                let (uid, gid) = self.sandbox_uid_gid();
+                self.engine
+                    .fill_volume(
+                        &sandbox.volume,
+                        &spec.image,
+                        volume_labels,
+                        &[crate::engine::Entry::Dir { path: "", uid, gid }],
+                    )
+                    .await?;
+            }
+            Ok::<_, SandboxError>(self.engine.create_container(&container).await)
+        };
+        // Both end before either's failure is returned: the caller's
+        // cleanup finds all there is.
+        let (link, made) = tokio::join!(self.make_planned_link(&sandbox.id, plan.as_ref()), made);
+        let link = link?;
+        let again = match made? {
+            Ok(()) => link.as_deref() != planned,
+            // An engine that looks the network up at create (this one does
+            // at the start).
+            Err(EngineError::NotFound(_)) if matches!(plan, Some(network::Link::Planned(_))) => {
+                true
+            }
+            Err(e) => return Err(e.into()),
+        };
+        let container = if again {
+            // Made again on the network as it is: its block was taken
+            // meanwhile (the proxy address in its environment is another
+            // block's), or the engine wanted the network first.
+            self.engine.remove_container(&container.name).await?;
+            let container = container_on(link.as_deref());
+            self.engine.create_container(&container).await?;
+            container
+        } else {
+            container
+        };
         let Some(subnet) = link else {
             return self
                 .start_attached(sandbox, &container, spec.network == NetworkMode::Open)

@@ -212,6 +212,27 @@ fn local_ipv6(if_inet6: &str) -> Vec<IpAddr> {
         .collect()
 }
 
+/// A new sandbox's link network as its launch finds it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum Link {
+    /// Made already (ahead, or because no block was free): its subnet.
+    Made(String),
+    /// A free block, whose network is made beside the sandbox's volume
+    /// and container: the engine creates a container on a network that
+    /// does not exist yet and joins it at the start, so a cold create
+    /// waits for the longer of the two rather than both in turn.
+    Planned(String),
+}
+
+impl Link {
+    /// The block: the subnet the network has or is made with.
+    pub(super) fn subnet(&self) -> &str {
+        match self {
+            Link::Made(subnet) | Link::Planned(subnet) => subnet,
+        }
+    }
+}
+
 impl Sandboxes {
     /// The subnet of sandbox `id`'s link network: found by label, or made
     /// with a free block of `link_subnet_pool`. When no block is free,
@@ -243,13 +264,71 @@ impl Sandboxes {
         if let Some(subnet) = self.existing_link_subnet(sandbox_id).await? {
             return Ok(subnet);
         }
-        let name = link_name(&self.config.instance, sandbox_id);
-        let mut labels = labels::instance_only(&self.config.instance);
-        labels.insert(labels::SANDBOX_ID.into(), sandbox_id.to_string());
-        labels.insert(labels::ROLE.into(), labels::ROLE_LINK.into());
+        for subnet in self.free_link_blocks(sandbox_id).await? {
+            if let Some(made) = self.make_link_at(sandbox_id, &subnet).await? {
+                return Ok(made);
+            }
+        }
+        Err(SandboxError::NoLinkBlock {
+            prefix: subnet::link_prefix(self.config.max_ports),
+            pool: self.config.link_subnet_pool.clone(),
+        })
+    }
+
+    /// The link network a new sandbox `id` of `mode` gets: the one made
+    /// ahead (`prepared`, its subnet), else a free block whose network is
+    /// made beside the sandbox's container (see [`Link`]); when no block
+    /// is free, one is made now (see `link_network`, which gives blocks
+    /// back). `None` for a mode without one from the start.
+    pub(super) async fn plan_link(
+        &self,
+        sandbox_id: &str,
+        mode: NetworkMode,
+        prepared: Option<&str>,
+    ) -> SandboxResult<Option<Link>> {
+        if let Some(subnet) = prepared {
+            return Ok(Some(Link::Made(subnet.to_string())));
+        }
+        if !mode.through_egress() {
+            return Ok(None);
+        }
+        Ok(Some(
+            match self.free_link_blocks(sandbox_id).await?.next() {
+                Some(subnet) => Link::Planned(subnet),
+                None => Link::Made(self.link_network(sandbox_id).await?),
+            },
+        ))
+    }
+
+    /// Makes a planned link network (a made one is left as it is); the
+    /// subnet it has: another block than planned when that one was taken
+    /// meanwhile (by another sandboxd on the engine, or a create that
+    /// started from the same free block).
+    pub(super) async fn make_planned_link(
+        &self,
+        sandbox_id: &str,
+        link: Option<&Link>,
+    ) -> SandboxResult<Option<String>> {
+        let subnet = match link {
+            None => return Ok(None),
+            Some(Link::Made(subnet)) => subnet.clone(),
+            Some(Link::Planned(subnet)) => match self.make_link_at(sandbox_id, subnet).await? {
+                Some(made) => made,
+                None => self.link_network(sandbox_id).await?,
+            },
+        };
+        Ok(Some(subnet))
+    }
+
+    /// The blocks of `link_subnet_pool` that no link network on the
+    /// engine holds, in the order sandbox `sandbox_id` tries them.
+    async fn free_link_blocks(
+        &self,
+        sandbox_id: &str,
+    ) -> SandboxResult<impl Iterator<Item = String> + use<>> {
         // Subnets in use by any sandboxd on this engine (reading others'
         // networks is fine; we never change them).
-        let used: std::collections::HashSet<String> = self
+        let used: HashSet<String> = self
             .engine
             .list_networks(&[(labels::ROLE, labels::ROLE_LINK)])
             .await?
@@ -265,37 +344,39 @@ impl Sandboxes {
         // Start where the sandbox id points, so concurrent creates rarely
         // try the same block.
         let offset = u32::from_str_radix(sandbox_id.get(..6).unwrap_or("0"), 16).unwrap_or(0);
-        for i in 0..range.2 {
-            let subnet = subnet::link_subnet(range, offset.wrapping_add(i));
-            if used.contains(&subnet) {
-                continue;
-            }
-            let Some(allocated) = subnet::allocation_range(&subnet) else {
-                return Err(
-                    EngineError::Failed(format!("link subnet {subnet} has no room")).into(),
-                );
-            };
-            match self
-                .engine
-                .create_isolated_network(&name, labels.clone(), &subnet, &allocated)
-                .await
-            {
-                Ok(()) => return Ok(subnet),
-                // Taken meanwhile: the next block.
-                Err(EngineError::Conflict(m)) if m.contains("overlap") => continue,
-                // The network exists (made by a request that raced us).
-                Err(EngineError::Conflict(_)) => {
-                    return self.existing_link_subnet(sandbox_id).await?.ok_or_else(|| {
-                        EngineError::Failed(format!("link network {name} has no subnet")).into()
-                    });
-                }
-                Err(e) => return Err(e.into()),
-            }
+        Ok((0..range.2)
+            .map(move |i| subnet::link_subnet(range, offset.wrapping_add(i)))
+            .filter(move |subnet| !used.contains(subnet)))
+    }
+
+    /// Makes sandbox `sandbox_id`'s link network on block `subnet`; its
+    /// subnet, or `None` when another network took the block meanwhile.
+    async fn make_link_at(&self, sandbox_id: &str, subnet: &str) -> SandboxResult<Option<String>> {
+        let name = link_name(&self.config.instance, sandbox_id);
+        let mut labels = labels::instance_only(&self.config.instance);
+        labels.insert(labels::SANDBOX_ID.into(), sandbox_id.to_string());
+        labels.insert(labels::ROLE.into(), labels::ROLE_LINK.into());
+        let Some(allocated) = subnet::allocation_range(subnet) else {
+            return Err(EngineError::Failed(format!("link subnet {subnet} has no room")).into());
+        };
+        match self
+            .engine
+            .create_isolated_network(&name, labels, subnet, &allocated)
+            .await
+        {
+            Ok(()) => Ok(Some(subnet.to_string())),
+            // Taken meanwhile: the next block.
+            Err(EngineError::Conflict(m)) if m.contains("overlap") => Ok(None),
+            // The network exists (made by a request that raced us).
+            Err(EngineError::Conflict(_)) => self
+                .existing_link_subnet(sandbox_id)
+                .await?
+                .map(Some)
+                .ok_or_else(|| {
+                    EngineError::Failed(format!("link network {name} has no subnet")).into()
+                }),
+            Err(e) => Err(e.into()),
         }
-        Err(SandboxError::NoLinkBlock {
-            prefix,
-            pool: self.config.link_subnet_pool.clone(),
-        })
     }
 
     async fn existing_link_subnet(&self, sandbox_id: &str) -> SandboxResult<Option<String>> {

@@ -192,11 +192,18 @@ impl Sandboxes {
 
     /// Everything of `id` is removed before this returns: its queued
     /// teardown (or the one under way) is finished. For a retried stop and
-    /// a sweep of an id sandboxd no longer knows.
+    /// a sweep of an id sandboxd no longer knows. One that fails is queued
+    /// again: a sweep's caller (a port published while its sandbox
+    /// stopped) drops the error, and the teardown it took out of the
+    /// queue would otherwise be left to the next start.
     pub(super) async fn finish_teardown(&self, id: &str) -> SandboxResult<()> {
         let _one = self.teardown.one_at_a_time().await;
         self.teardown.take(id);
         let removed = self.remove_objects_checked(id).await;
+        if let Err(e) = &removed {
+            tracing::warn!(sandbox_id = %id, error = %e, "teardown failed; trying again later");
+            self.teardown.push(id);
+        }
         self.next_link.wake();
         removed
     }

@@ -363,3 +363,82 @@ async fn sandboxd_killed_right_after_a_stop_leaves_nothing_behind() {
     let (s, _) = server.get(&format!("/v1/sandboxes/{sid}")).await;
     assert_eq!(s, 404);
 }
+
+/// A retried stop whose teardown fails (a container sandboxd does not
+/// know holds the link network) leaves that teardown queued: once the
+/// holder is gone, the volume and link network go without another stop.
+/// A port published while its sandbox stopped sweeps the same way and
+/// drops the error, so nothing else would try again before the next
+/// start.
+#[tokio::test]
+async fn a_retried_stop_that_fails_leaves_its_teardown_queued() {
+    let server = TestServer::start().await;
+    let sid = server.create(json!({"sessionKey": "held"})).await;
+    let link = server
+        .networks_with("sandboxd.sandbox_id", &sid)
+        .await
+        .pop()
+        .expect("the sandbox's link network");
+    // Labelled with the instance only: the harness removes it whatever
+    // happens, sandboxd's teardown does not.
+    let holder = format!("{}-link-holder", server.instance);
+    server
+        .docker
+        .create_container(
+            Some(bollard::query_parameters::CreateContainerOptions {
+                name: Some(holder.clone()),
+                platform: String::new(),
+            }),
+            bollard::models::ContainerCreateBody {
+                image: Some("sandboxd-runtime:latest".into()),
+                cmd: Some(vec!["sleep".into(), "infinity".into()]),
+                labels: Some([("sandboxd.instance".to_string(), server.instance.clone())].into()),
+                host_config: Some(bollard::models::HostConfig {
+                    network_mode: Some(link),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("create the holder");
+    server
+        .docker
+        .start_container(
+            &holder,
+            None::<bollard::query_parameters::StartContainerOptions>,
+        )
+        .await
+        .expect("start the holder");
+    let (s, v) = server
+        .post(&format!("/v1/sandboxes/{sid}:stop"), json!(null))
+        .await;
+    assert_eq!(s, 200, "{v}");
+    // Positive control: the retried stop's own teardown fails.
+    let (s, v) = server
+        .post(&format!("/v1/sandboxes/{sid}:stop"), json!(null))
+        .await;
+    assert_ne!(s, 200, "the held link network cannot go yet: {v}");
+    assert_eq!(
+        objects_of(&server, &sid).await.2,
+        1,
+        "the link network stays"
+    );
+    server
+        .docker
+        .remove_container(
+            &holder,
+            Some(bollard::query_parameters::RemoveContainerOptions {
+                force: true,
+                ..Default::default()
+            }),
+        )
+        .await
+        .expect("remove the holder");
+    harness::eventually(
+        Duration::from_secs(20),
+        "the stopped sandbox's volume and link network removed",
+        || async { objects_of(&server, &sid).await == (0, 0, 0) },
+    )
+    .await;
+}
