@@ -82,17 +82,22 @@ impl Store {
         Ok(())
     }
 
+    /// The entries of directory `name` (none when it is missing).
+    fn listing(&self, name: &str) -> StoreResult<Vec<std::fs::DirEntry>> {
+        let dir = self.sub(name);
+        match std::fs::read_dir(&dir) {
+            Ok(l) => l
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| failed("list", &dir, e)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Vec::new()),
+            Err(e) => Err(failed("list", &dir, e)),
+        }
+    }
+
     /// Every checkpoint, newest first.
     pub(super) fn manifests(&self) -> StoreResult<Vec<Manifest>> {
-        let dir = self.sub("manifests");
-        let listing = match std::fs::read_dir(&dir) {
-            Ok(l) => l,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-            Err(e) => return Err(failed("list", &dir, e)),
-        };
         let mut all = Vec::new();
-        for item in listing {
-            let item = item.map_err(|e| failed("list", &dir, e))?;
+        for item in self.listing("manifests")? {
             let name = item.file_name();
             let Some(id) = name.to_str().and_then(|n| n.strip_suffix(".json")) else {
                 continue;
@@ -237,16 +242,12 @@ impl Store {
 
     /// Every object's name and size.
     fn objects(&self) -> StoreResult<Vec<(String, u64)>> {
-        let dir = self.sub("objects");
-        let listing = match std::fs::read_dir(&dir) {
-            Ok(l) => l,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-            Err(e) => return Err(failed("list", &dir, e)),
-        };
         let mut out = Vec::new();
-        for item in listing {
-            let item = item.map_err(|e| failed("list", &dir, e))?;
-            let size = item.metadata().map_err(|e| failed("stat", &dir, e))?.len();
+        for item in self.listing("objects")? {
+            let size = item
+                .metadata()
+                .map_err(|e| failed("stat", &item.path(), e))?
+                .len();
             if let Some(name) = item.file_name().to_str() {
                 out.push((name.to_string(), size));
             }

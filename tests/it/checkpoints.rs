@@ -39,6 +39,41 @@ async fn checkpoint(server: &TestServer, sid: &str, label: &str) -> Value {
     v
 }
 
+/// `count` files of `bytes` random bytes each, `many/f1` on.
+async fn random_files(server: &TestServer, sid: &str, count: u32, bytes: u32) {
+    let script = format!(
+        "mkdir many && for i in $(seq 1 {count}); do head -c {bytes} /dev/urandom > many/f$i; done"
+    );
+    sh_ok(server, sid, &script).await;
+}
+
+/// Asks for a checkpoint that must be refused with `status` and `code`,
+/// leaving the list as it was.
+async fn refused(server: &TestServer, sid: &str, body: Value, status: u16, code: &str) {
+    let before = labels(server, sid).await;
+    let (got, v) = server
+        .post(&format!("/v1/sandboxes/{sid}/checkpoints"), body)
+        .await;
+    assert_eq!((got, v["code"].as_str()), (status, Some(code)), "{v}");
+    assert_eq!(labels(server, sid).await, before, "the list is unchanged");
+}
+
+/// `DELETE …/checkpoints/{cp}`: its status.
+async fn delete(server: &TestServer, sid: &str, cp: &str) -> u16 {
+    let url = format!("{}/v1/sandboxes/{sid}/checkpoints/{cp}", server.base);
+    let resp = server.client.delete(url).send().await.expect("delete");
+    resp.status().as_u16()
+}
+
+/// Starts `script`, which prints `started` once it runs: its id.
+async fn started(server: &TestServer, sid: &str, script: &str) -> String {
+    let cid = server.start_command(sid, json!({"command": script})).await;
+    server
+        .output_until(sid, &cid, "started", Duration::from_secs(20))
+        .await;
+    cid
+}
+
 async fn labels(server: &TestServer, sid: &str) -> Vec<String> {
     let (status, v) = server
         .get(&format!("/v1/sandboxes/{sid}/checkpoints"))
@@ -76,7 +111,9 @@ async fn diff(server: &TestServer, sid: &str, from: &str, to: &str) -> Value {
     v
 }
 
-fn shell_ok(r: &Value) {
+/// Runs `script` in the sandbox, asserting it succeeds.
+async fn sh_ok(server: &TestServer, sid: &str, script: &str) {
+    let r = server.sh(sid, script).await;
     assert_eq!(r["exitCode"], 0, "{r}");
 }
 
@@ -121,12 +158,12 @@ struct Turns {
 /// Runs the three turns, a checkpoint after each; turn 3 changes the tree
 /// (the positive control of every comparison with turn 2's hash).
 async fn three_turns(server: &TestServer, sid: &str) -> Turns {
-    shell_ok(&server.sh(sid, TURN_1).await);
+    sh_ok(server, sid, TURN_1).await;
     let t1 = checkpoint(server, sid, "turn-1").await;
-    shell_ok(&server.sh(sid, TURN_2).await);
+    sh_ok(server, sid, TURN_2).await;
     let t2 = checkpoint(server, sid, "turn-2").await;
     let turn_2_hash = tree_hash(server, sid).await;
-    shell_ok(&server.sh(sid, TURN_3).await);
+    sh_ok(server, sid, TURN_3).await;
     let t3 = checkpoint(server, sid, "turn-3").await;
     assert_ne!(
         tree_hash(server, sid).await,
@@ -153,16 +190,14 @@ async fn a_chat_rewinds_to_turn_two_exactly_and_diffs_are_exact() {
     } = three_turns(&server, &sid).await;
     assert_eq!(t1["files"], 4, "{t1}");
     assert_eq!(labels(&server, &sid).await, ["turn-3", "turn-2", "turn-1"]);
-    let (status, v) = server
-        .post(
-            &format!("/v1/sandboxes/{sid}/checkpoints"),
-            json!({"label": "turn-2"}),
-        )
-        .await;
-    assert_eq!(
-        (status, &v["code"]),
-        (409, &json!("checkpoint_label_taken"))
-    );
+    refused(
+        &server,
+        &sid,
+        json!({"label": "turn-2"}),
+        409,
+        "checkpoint_label_taken",
+    )
+    .await;
 
     let d = diff(&server, &sid, id(&t1), id(&t2)).await;
     assert_eq!(
@@ -220,18 +255,10 @@ async fn a_chat_rewinds_to_turn_two_exactly_and_diffs_are_exact() {
 async fn a_restore_is_refused_while_a_command_runs_and_ends_its_tree_when_asked() {
     let server = TestServer::start().await;
     let sid = server.offline_sandbox().await;
-    shell_ok(&server.sh(&sid, "echo base > f").await);
+    sh_ok(&server, &sid, "echo base > f").await;
     let cp = checkpoint(&server, &sid, "base").await;
-    shell_ok(&server.sh(&sid, "echo later > f").await);
-    let cid = server
-        .start_command(
-            &sid,
-            json!({"command": "sleep 300 & sleep 301 & echo started; wait"}),
-        )
-        .await;
-    server
-        .output_until(&sid, &cid, "started", Duration::from_secs(20))
-        .await;
+    sh_ok(&server, &sid, "echo later > f").await;
+    let cid = started(&server, &sid, "sleep 300 & sleep 301 & echo started; wait").await;
     let (status, v) = restore(&server, &sid, id(&cp), json!({})).await;
     assert_eq!(
         (status, &v["code"]),
@@ -285,7 +312,7 @@ async fn the_store_is_out_of_the_sandboxs_sight_and_goes_with_it() {
         "the search finds the workspace's copy: {found}"
     );
     checkpoint(&server, &sid, "secret").await;
-    shell_ok(&server.sh(&sid, "rm s.txt").await);
+    sh_ok(&server, &sid, "rm s.txt").await;
     let object = store_dir(&server, &sid)
         .join("objects")
         .join(sha256_hex(secret.as_bytes()));
@@ -317,9 +344,9 @@ async fn the_store_is_out_of_the_sandboxs_sight_and_goes_with_it() {
 async fn checkpoints_survive_a_sigkill_of_sandboxd() {
     let mut server = TestServer::start().await;
     let sid = server.offline_sandbox().await;
-    shell_ok(&server.sh(&sid, "mkdir d && echo kept > d/f").await);
+    sh_ok(&server, &sid, "mkdir d && echo kept > d/f").await;
     let cp = checkpoint(&server, &sid, "before").await;
-    shell_ok(&server.sh(&sid, "rm -r d && echo new > g").await);
+    sh_ok(&server, &sid, "rm -r d && echo new > g").await;
     server.crash_and_restart().await;
     assert_eq!(labels(&server, &sid).await, ["before"]);
     let (status, v) = restore(&server, &sid, id(&cp), json!({})).await;
@@ -337,54 +364,35 @@ async fn limits_refuse_with_nothing_half_made() {
     )
     .await;
     let sid = server.offline_sandbox().await;
-    shell_ok(&server.sh(&sid, "echo a > a").await);
+    sh_ok(&server, &sid, "echo a > a").await;
     let first = checkpoint(&server, &sid, "1").await;
     checkpoint(&server, &sid, "2").await;
-    let (status, v) = server
-        .post(
-            &format!("/v1/sandboxes/{sid}/checkpoints"),
-            json!({"label": "3"}),
-        )
-        .await;
-    assert_eq!(
-        (status, &v["code"]),
-        (429, &json!("too_many_checkpoints")),
-        "{v}"
-    );
+    refused(
+        &server,
+        &sid,
+        json!({"label": "3"}),
+        429,
+        "too_many_checkpoints",
+    )
+    .await;
     assert_eq!(labels(&server, &sid).await, ["2", "1"]);
 
-    let resp = server
-        .client
-        .delete(format!(
-            "{}/v1/sandboxes/{sid}/checkpoints/{}",
-            server.base,
-            id(&first)
-        ))
-        .send()
-        .await
-        .expect("delete");
-    assert_eq!(resp.status().as_u16(), 200);
+    assert_eq!(delete(&server, &sid, id(&first)).await, 200);
     let before = object_bytes(&server, &sid);
-    shell_ok(
-        &server
-            .sh(
-                &sid,
-                "head -c 700000 /dev/urandom > big1 && head -c 700000 /dev/urandom > big2",
-            )
-            .await,
-    );
-    let (status, v) = server
-        .post(
-            &format!("/v1/sandboxes/{sid}/checkpoints"),
-            json!({"label": "big"}),
-        )
-        .await;
-    assert_eq!(
-        (status, &v["code"]),
-        (507, &json!("checkpoint_store_full")),
-        "{v}"
-    );
-    assert_eq!(labels(&server, &sid).await, ["2"]);
+    sh_ok(
+        &server,
+        &sid,
+        "head -c 700000 /dev/urandom > big1 && head -c 700000 /dev/urandom > big2",
+    )
+    .await;
+    refused(
+        &server,
+        &sid,
+        json!({"label": "big"}),
+        507,
+        "checkpoint_store_full",
+    )
+    .await;
     assert_eq!(object_bytes(&server, &sid), before, "no content kept");
 }
 
@@ -392,22 +400,11 @@ async fn limits_refuse_with_nothing_half_made() {
 async fn a_checkpoint_after_a_small_change_stores_only_that_change() {
     let server = TestServer::start().await;
     let sid = server.offline_sandbox().await;
-    shell_ok(
-        &server
-            .sh(
-                &sid,
-                "mkdir -p many && for i in $(seq 1 300); do head -c 10000 /dev/urandom > many/f$i; done",
-            )
-            .await,
-    );
+    random_files(&server, &sid, 300, 10_000).await;
     let first = checkpoint(&server, &sid, "first").await;
     assert_eq!(first["files"], 300, "{first}");
     assert_eq!(first["newBytes"], 3_000_000, "{first}");
-    shell_ok(
-        &server
-            .sh(&sid, "head -c 12345 /dev/urandom > many/f7")
-            .await,
-    );
+    sh_ok(&server, &sid, "head -c 12345 /dev/urandom > many/f7").await;
     let second = checkpoint(&server, &sid, "second").await;
     assert_eq!(second["newBytes"], 12345, "only the changed file: {second}");
     assert_eq!(second["bytes"], 3_002_345, "{second}");
@@ -439,14 +436,7 @@ async fn a_checkpoint_after_a_small_change_stores_only_that_change() {
 async fn a_sigkill_mid_checkpoint_leaves_no_checkpoint_and_no_content_behind() {
     let mut server = TestServer::start().await;
     let sid = server.offline_sandbox().await;
-    shell_ok(
-        &server
-            .sh(
-                &sid,
-                "mkdir many && for i in $(seq 1 200); do head -c 1000000 /dev/urandom > many/f$i; done",
-            )
-            .await,
-    );
+    random_files(&server, &sid, 200, 1_000_000).await;
     let (client, url) = (
         server.client.clone(),
         format!("{}/v1/sandboxes/{sid}/checkpoints", server.base),
@@ -464,14 +454,12 @@ async fn a_sigkill_mid_checkpoint_leaves_no_checkpoint_and_no_content_behind() {
     assert_eq!(labels(&server, &sid).await, Vec::<String>::new());
     // New content everywhere: what the cut checkpoint stored is no
     // checkpoint's, and the next checkpoint sweeps it.
-    shell_ok(
-        &server
-            .sh(
-                &sid,
-                "for f in many/*; do head -c 1000 /dev/urandom > $f; done",
-            )
-            .await,
-    );
+    sh_ok(
+        &server,
+        &sid,
+        "for f in many/*; do head -c 1000 /dev/urandom > $f; done",
+    )
+    .await;
     let cp = checkpoint(&server, &sid, "whole").await;
     assert_eq!(
         (cp["files"].clone(), cp["newBytes"].clone()),
@@ -535,50 +523,27 @@ async fn refusals_say_what_went_wrong_and_store_nothing() {
         (404, &json!("checkpoint_not_found")),
         "{v}"
     );
-    let resp = server
-        .client
-        .delete(format!(
-            "{}/v1/sandboxes/{sid}/checkpoints/0123456789abcdef",
-            server.base
-        ))
-        .send()
-        .await
-        .expect("delete");
-    assert_eq!(resp.status().as_u16(), 404);
+    assert_eq!(delete(&server, &sid, "0123456789abcdef").await, 404);
 
-    shell_ok(&server.sh(&sid, "touch \"$(printf 'bad\\377name')\"").await);
-    let (status, v) = server
-        .post(&format!("/v1/sandboxes/{sid}/checkpoints"), json!({}))
-        .await;
-    assert_eq!(
-        (status, &v["code"]),
-        (409, &json!("workspace_unsupported")),
-        "{v}"
-    );
-    shell_ok(&server.sh(&sid, "rm bad*name").await);
+    sh_ok(&server, &sid, "touch \"$(printf 'bad\\377name')\"").await;
+    refused(&server, &sid, json!({}), 409, "workspace_unsupported").await;
+    sh_ok(&server, &sid, "rm bad*name").await;
     checkpoint(&server, &sid, "clean").await;
 
     // A file appended to all the time changes between the look and the
     // read, on the first try and on the second.
-    let cid = server
-        .start_command(
-            &sid,
-            json!({"command": "echo go; timeout 60 sh -c 'while :; do echo x >> busy; done'"}),
-        )
-        .await;
-    server
-        .output_until(&sid, &cid, "go", Duration::from_secs(20))
-        .await;
-    let (status, v) = server
-        .post(
-            &format!("/v1/sandboxes/{sid}/checkpoints"),
-            json!({"label": "busy"}),
-        )
-        .await;
-    assert_eq!(
-        (status, &v["code"]),
-        (409, &json!("workspace_changing")),
-        "{v}"
-    );
-    assert_eq!(labels(&server, &sid).await, ["clean"]);
+    started(
+        &server,
+        &sid,
+        "echo started; timeout 60 sh -c 'while :; do echo x >> busy; done'",
+    )
+    .await;
+    refused(
+        &server,
+        &sid,
+        json!({"label": "busy"}),
+        409,
+        "workspace_changing",
+    )
+    .await;
 }

@@ -148,15 +148,23 @@ impl Workspace {
         Ok(walk.entries)
     }
 
-    /// Regular file `path` (not followed if a symlink), opened and checked
-    /// to be `expect`: the open file, read by [`read_checked`].
-    pub(crate) fn open_exact(&self, path: &str, expect: FileIdentity) -> Result<File, Failure> {
+    /// The directory `path` is in and its last name (not followed if a
+    /// symlink); `root` when `path` is the workspace itself.
+    fn leaf_of(
+        &self,
+        path: &str,
+        root: impl FnOnce() -> Failure,
+    ) -> Result<(OwnedFd, Name), Failure> {
         let parts = parse(path)?;
         let mut r = Resolve { path, hops: 0 };
         let Located { dir, leaf } = self.locate(&mut r, parts, false, None)?;
-        let Some(leaf) = leaf else {
-            return Err(not_regular(path));
-        };
+        Ok((dir, leaf.ok_or_else(root)?))
+    }
+
+    /// Regular file `path` (not followed if a symlink), opened and checked
+    /// to be `expect`: the open file, read by [`read_checked`].
+    pub(crate) fn open_exact(&self, path: &str, expect: FileIdentity) -> Result<File, Failure> {
+        let (dir, leaf) = self.leaf_of(path, || not_regular(path))?;
         let flags =
             OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC | OFlags::NOCTTY;
         let fd =
@@ -182,18 +190,12 @@ impl Workspace {
                     format!("mode {:o} of {} is over 0o7777", m.mode, shown(&m.path)),
                 ));
             }
-            let parts = parse(&m.path)?;
-            let mut r = Resolve {
-                path: &m.path,
-                hops: 0,
-            };
-            let Located { dir, leaf } = self.locate(&mut r, parts, false, None)?;
-            let Some(leaf) = leaf else {
-                return Err(Failure::new(
+            let (dir, leaf) = self.leaf_of(&m.path, || {
+                Failure::new(
                     FailureKind::Invalid,
                     "the workspace directory's mode is not set",
-                ));
-            };
+                )
+            })?;
             let st = rustix::fs::statat(&dir, leaf.as_slice(), AtFlags::SYMLINK_NOFOLLOW).map_err(
                 |e| match e {
                     Errno::NOENT => not_found(&m.path),
@@ -229,18 +231,12 @@ impl Workspace {
                     ),
                 ));
             }
-            let parts = parse(&l.path)?;
-            let mut r = Resolve {
-                path: &l.path,
-                hops: 0,
-            };
-            let Located { dir, leaf } = self.locate(&mut r, parts, false, None)?;
-            let Some(leaf) = leaf else {
-                return Err(Failure::new(
+            let (dir, leaf) = self.leaf_of(&l.path, || {
+                Failure::new(
                     FailureKind::AlreadyExists,
                     "the workspace directory is there",
-                ));
-            };
+                )
+            })?;
             rustix::fs::symlinkat(l.target.as_str(), &dir, leaf.as_slice()).map_err(
                 |e| match e {
                     Errno::EXIST => Failure::new(
