@@ -530,12 +530,12 @@ async fn refusals_say_what_went_wrong_and_store_nothing() {
     sh_ok(&server, &sid, "rm bad*name").await;
     checkpoint(&server, &sid, "clean").await;
 
-    // A file appended to all the time changes between the look and the
-    // read, on the first try and on the second.
+    // A large file appended to all the time changes during its read (and
+    // between the look and the read), on the first try and on the second.
     started(
         &server,
         &sid,
-        "echo started; timeout 60 sh -c 'while :; do echo x >> busy; done'",
+        "head -c 50000000 /dev/zero > busy; echo started; timeout 60 sh -c 'while :; do echo x >> busy; done'",
     )
     .await;
     refused(
