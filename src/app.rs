@@ -1,13 +1,16 @@
 //! `App`: what every handler shares, behind one `Arc`, and the operations
 //! that span domain services (a create that publishes its ports
-//! afterwards, a resume that finds the commands of the sandbox again).
+//! afterwards, a resume that finds the commands of the sandbox again, a
+//! restore of a checkpoint that ends the sandbox's commands first).
 
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::command::Commands;
+use crate::checkpoints::{CheckpointError, CheckpointResult, Checkpoints, Diff};
+use crate::command::{CommandError, Commands};
 use crate::config::Config;
 use crate::engine::Engine;
 use crate::files::Files;
@@ -17,6 +20,20 @@ use crate::sandbox::spec::CreateSandboxRequest;
 use crate::sandbox::{Created, SandboxResult, Sandboxes};
 use crate::session_tokens::SessionTokens;
 
+/// How long a restore that ends the sandbox's commands waits for their
+/// trees to be gone, past the grace period their SIGTERM gives them.
+const ENDING_AT_MOST: Duration = Duration::from_secs(10);
+/// How often it looks.
+const ENDING_POLL: Duration = Duration::from_millis(50);
+
+/// A command operation that failed under a restore.
+fn command_failure(e: CommandError) -> CheckpointError {
+    match e {
+        CommandError::Sandbox(inner) => CheckpointError::Sandbox(inner),
+        other => CheckpointError::CommandsRunning(other.to_string()),
+    }
+}
+
 /// Shared state: configuration, the engine handle and the domain services.
 #[derive(Debug)]
 pub struct App {
@@ -25,6 +42,7 @@ pub struct App {
     pub sandboxes: Arc<Sandboxes>,
     pub commands: Arc<Commands>,
     pub files: Files,
+    pub checkpoints: Checkpoints,
     pub ports: Arc<Ports>,
     pub ptys: Arc<Ptys>,
     /// Session tokens; read from the state directory by `server::run`
@@ -55,6 +73,7 @@ impl App {
         let sandboxes = Arc::new(Sandboxes::new(Arc::clone(&config), engine.clone()));
         let commands = Arc::new(Commands::new(Arc::clone(&config), Arc::clone(&sandboxes)));
         let files = Files::new(Arc::clone(&config), Arc::clone(&sandboxes));
+        let checkpoints = Checkpoints::new(Arc::clone(&config), Arc::clone(&sandboxes));
         let ports = Arc::new(Ports::new(Arc::clone(&config), Arc::clone(&sandboxes)));
         let shutdown = CancellationToken::new();
         let ptys = Arc::new(Ptys::new(
@@ -69,6 +88,7 @@ impl App {
             sandboxes,
             commands,
             files,
+            checkpoints,
             ports,
             ptys,
             session_tokens,
@@ -90,6 +110,60 @@ impl App {
         self.sandboxes.resume(id).await?;
         self.commands.discover_sandbox(id).await;
         Ok(())
+    }
+
+    /// Makes the sandbox's workspace exactly a checkpoint's (see
+    /// [`Checkpoints::restore`]). Commands that run (or processes a
+    /// finished one left) could write into it meanwhile: the restore is
+    /// refused while there are any, unless `end_commands`, which ends
+    /// their process trees first and waits (a bounded time) until none is
+    /// left.
+    pub async fn restore_checkpoint(
+        &self,
+        sandbox_id: &str,
+        checkpoint_id: &str,
+        end_commands: bool,
+    ) -> CheckpointResult<Diff> {
+        let running = self.running_commands(sandbox_id).await?;
+        if !running.is_empty() {
+            if !end_commands {
+                return Err(CheckpointError::CommandsRunning(format!(
+                    "{} command(s) run in the sandbox ({}); end them, or restore with endCommands: true",
+                    running.len(),
+                    running.join(", ")
+                )));
+            }
+            for id in &running {
+                self.commands
+                    .kill(sandbox_id, id)
+                    .await
+                    .map_err(command_failure)?;
+            }
+            let deadline = Instant::now() + self.config.kill_grace + ENDING_AT_MOST;
+            while !self.running_commands(sandbox_id).await?.is_empty() {
+                if Instant::now() >= deadline {
+                    return Err(CheckpointError::CommandsRunning(
+                        "the sandbox's commands did not end in time; nothing was restored".into(),
+                    ));
+                }
+                tokio::time::sleep(ENDING_POLL).await;
+            }
+        }
+        self.checkpoints.restore(sandbox_id, checkpoint_id).await
+    }
+
+    /// The ids of the sandbox's commands that run or left processes.
+    async fn running_commands(&self, sandbox_id: &str) -> CheckpointResult<Vec<String>> {
+        let listed = self
+            .commands
+            .list(sandbox_id)
+            .await
+            .map_err(command_failure)?;
+        Ok(listed
+            .into_iter()
+            .filter(|l| l.command.finished().is_none() || l.processes.unwrap_or(0) > 0)
+            .map(|l| l.command.id.clone())
+            .collect())
     }
 
     /// Creates a sandbox (or reconnects to the session's), then connects to

@@ -14,6 +14,8 @@
 //! - [`sandbox`]: registry, lifecycle, labels, reaper, rehydration.
 //! - [`command`]: commands, their output logs, timeouts and tree kills.
 //! - [`files`]: read, write, list, delete inside the workspace, symlink-safe.
+//! - [`checkpoints`]: the workspace recorded, compared and restored, kept
+//!   deduplicated in the state directory.
 //! - [`ports`]: relays and proxy containers that publish sandbox ports.
 //! - [`pty`]: terminal sessions, their viewers and attach tickets.
 //! - [`session_tokens`]: tokens scoped to one session, kept as hashes in
@@ -34,6 +36,7 @@
 pub mod agent_client;
 pub mod api;
 pub mod app;
+pub mod checkpoints;
 pub mod clock;
 pub mod command;
 pub mod config;
@@ -67,7 +70,17 @@ mod layering {
         (8, &["server", "healthcheck", "shell"]),
         (7, &["api"]),
         (6, &["app"]),
-        (5, &["command", "files", "ports", "pty", "session_tokens"]),
+        (
+            5,
+            &[
+                "checkpoints",
+                "command",
+                "files",
+                "ports",
+                "pty",
+                "session_tokens",
+            ],
+        ),
         (4, &["sandbox"]),
         (3, &["engine", "agent_client"]),
         (

@@ -71,6 +71,15 @@ pub fn pool_filled(started: Instant) {
     histogram!("sandboxd_pool_refill_duration_seconds").record(started.elapsed().as_secs_f64());
 }
 
+/// A checkpoint was made: how long it took, the bytes it stored anew and
+/// the bytes it shares with what the store held.
+pub fn checkpoint_made(started: Instant, new_bytes: u64, deduplicated_bytes: u64) {
+    counter!("sandboxd_checkpoints_total").increment(1);
+    counter!("sandboxd_checkpoint_stored_bytes_total").increment(new_bytes);
+    counter!("sandboxd_checkpoint_deduplicated_bytes_total").increment(deduplicated_bytes);
+    histogram!("sandboxd_checkpoint_duration_seconds").record(started.elapsed().as_secs_f64());
+}
+
 /// A terminal session opened.
 pub fn pty_opened() {
     counter!("sandboxd_ptys_opened_total").increment(1);

@@ -391,6 +391,10 @@ async fn handle(
             overwrite,
         } => files::rename(agent, from, to, overwrite, answer).await,
         Op::MakeDir { path } => files::make_dir(agent, path, answer).await,
+        Op::Snapshot { max_entries } => files::snapshot(agent, max_entries, answer).await,
+        Op::ReadExact { path, expect } => files::read_exact(agent, path, expect, answer).await,
+        Op::SetModes { modes } => files::set_modes(agent, modes, answer).await,
+        Op::MakeSymlinks { links } => files::make_symlinks(agent, links, answer).await,
         Op::Relay {
             port,
             listen,

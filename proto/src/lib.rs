@@ -36,7 +36,7 @@ pub use watch::{
 };
 
 /// Bumped on any change to the types below.
-pub const VERSION: u32 = 8;
+pub const VERSION: u32 = 9;
 
 /// Largest piece of bulk data (file content, a tail) in one response.
 pub const CHUNK: usize = 1024 * 1024;
@@ -188,6 +188,27 @@ pub enum Op {
     },
     /// Makes a directory and its missing parents: [`Reply::MadeDir`].
     MakeDir { path: String },
+    /// Every entry under the workspace, walked without following a
+    /// symlink, each directory's names in byte order (a directory before
+    /// what it holds): [`Reply::Snapshot`] pieces, then [`Reply::Ok`].
+    /// FIFOs, sockets and devices are left out. [`FailureKind::TooMany`]
+    /// past `max_entries` entries or [`MAX_SNAPSHOT_DEPTH`] levels;
+    /// [`FailureKind::Invalid`] for a name or a link target that is not
+    /// UTF-8.
+    Snapshot { max_entries: u32 },
+    /// The content of regular file `path` (its final component not
+    /// followed), sent only when the file is `expect` both before and
+    /// after the read: [`Reply::Data`] pieces, then [`Reply::Ok`];
+    /// [`FailureKind::Changed`] when it is not (it changed meanwhile).
+    ReadExact { path: String, expect: FileIdentity },
+    /// Sets each path's permission bits (at most 0o7777); a symlink at a
+    /// path is refused, not followed ([`FailureKind::NotRegular`]):
+    /// [`Reply::Ok`].
+    SetModes { modes: Vec<PathMode> },
+    /// Makes symbolic links (their directories exist):
+    /// [`Reply::Ok`]; [`FailureKind::AlreadyExists`] when something is at
+    /// a path.
+    MakeSymlinks { links: Vec<NewSymlink> },
     /// Forward TCP connections from `listen` (all addresses) to
     /// 127.0.0.1:`port`, accepting peers in `allow` (an IPv4 CIDR) only.
     /// Idempotent. [`Reply::Ok`].
@@ -459,6 +480,50 @@ pub enum Precondition {
     IfNoneMatch,
 }
 
+/// Deepest directory level an [`Op::Snapshot`] walks.
+pub const MAX_SNAPSHOT_DEPTH: usize = 256;
+/// Longest symlink target an [`Op::Snapshot`] answers or an
+/// [`Op::MakeSymlinks`] makes, in bytes.
+pub const MAX_LINK_TARGET: usize = 4096;
+
+/// One entry of an [`Op::Snapshot`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SnapshotEntry {
+    /// Relative to the workspace, '/'-separated.
+    pub path: String,
+    /// Never [`EntryKind::Other`].
+    pub kind: EntryKind,
+    /// Permission bits, at most 0o7777.
+    pub mode: u32,
+    pub identity: FileIdentity,
+    /// A symlink's target, as it is (never followed).
+    pub target: Option<String>,
+}
+
+/// What tells a file's content unchanged without reading it: the same
+/// inode with the same size, modification and status-change times.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileIdentity {
+    pub size: u64,
+    pub mtime_ns: i64,
+    pub ctime_ns: i64,
+    pub ino: u64,
+}
+
+/// A path and the permission bits to give it ([`Op::SetModes`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PathMode {
+    pub path: String,
+    pub mode: u32,
+}
+
+/// A symbolic link to make ([`Op::MakeSymlinks`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NewSymlink {
+    pub path: String,
+    pub target: String,
+}
+
 /// A file whose precondition did not hold, and its content's SHA-256 now
 /// (`None`: no such file).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -572,6 +637,7 @@ pub enum Reply {
     Matches(Vec<Match>),
     Searched(Searched),
     ChangesPart(Vec<Change>),
+    Snapshot(Vec<SnapshotEntry>),
     Changes(ChangesSummary),
     /// Whether [`Op::MakeDir`] made the directory (`false`: one was there).
     MadeDir {

@@ -1,7 +1,7 @@
 //! The agent client: one multiplexed connection to the agent inside a
 //! sandbox (`sandboxd-agent`, see `sandboxd-proto`), and one typed method
 //! per operation of the protocol, by family ([`commands`], [`files`],
-//! [`ptys`], [`ports`], [`file_watch`]). Requests go out with ids; a reader task hands each
+//! [`ptys`], [`ports`], [`file_watch`], [`snapshots`]). Requests go out with ids; a reader task hands each
 //! response to whoever waits for its id, so a long poll for a command's end
 //! and a file write share the connection. The protocol's envelope (`Op`,
 //! `Reply`) stays in here: the domain gets the answer it asked for, or an
@@ -25,6 +25,7 @@ mod file_watch;
 mod files;
 mod ports;
 mod ptys;
+mod snapshots;
 
 pub use commands::TailPiece;
 pub use file_watch::{AgentWatch, WatchPart};
@@ -454,6 +455,7 @@ fn reply_name(r: &Reply) -> &'static str {
         Reply::Searched(_) => "Searched",
         Reply::ChangesPart(_) => "ChangesPart",
         Reply::Changes(_) => "Changes",
+        Reply::Snapshot(_) => "Snapshot",
         Reply::MadeDir { .. } => "MadeDir",
         Reply::Error(_) => "Error",
         Reply::Watching => "Watching",

@@ -9,6 +9,7 @@ use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 use utoipa::ToSchema;
 
+use crate::checkpoints::CheckpointError;
 use crate::command::CommandError;
 use crate::files::{FileError, Mismatch};
 use crate::origin_policy::Refusal;
@@ -56,6 +57,7 @@ error_codes! {
     PtyNotFound = "pty_not_found", NOT_FOUND;
     FileNotFound = "file_not_found", NOT_FOUND;
     TokenNotFound = "token_not_found", NOT_FOUND;
+    CheckpointNotFound = "checkpoint_not_found", NOT_FOUND;
     MethodNotAllowed = "method_not_allowed", METHOD_NOT_ALLOWED;
     HostNotAllowed = "host_not_allowed", MISDIRECTED_REQUEST;
     NeedsRecursive = "needs_recursive", CONFLICT;
@@ -68,6 +70,10 @@ error_codes! {
     CommandFinished = "command_finished", CONFLICT;
     StdinClosed = "stdin_closed", CONFLICT;
     StdinNotRead = "stdin_not_read", CONFLICT;
+    CheckpointLabelTaken = "checkpoint_label_taken", CONFLICT;
+    WorkspaceChanging = "workspace_changing", CONFLICT;
+    WorkspaceUnsupported = "workspace_unsupported", CONFLICT;
+    CommandsRunning = "commands_running", CONFLICT;
     BodyTooLarge = "body_too_large", PAYLOAD_TOO_LARGE;
     FileTooLarge = "file_too_large", PAYLOAD_TOO_LARGE;
     UnsupportedMediaType = "unsupported_media_type", UNSUPPORTED_MEDIA_TYPE;
@@ -77,6 +83,7 @@ error_codes! {
     TooManyPtys = "too_many_ptys", TOO_MANY_REQUESTS;
     TooManyTokens = "too_many_tokens", TOO_MANY_REQUESTS;
     TooManyWatches = "too_many_watches", TOO_MANY_REQUESTS;
+    TooManyCheckpoints = "too_many_checkpoints", TOO_MANY_REQUESTS;
     EngineError = "engine_error", BAD_GATEWAY;
     AgentFailed = "agent_failed", BAD_GATEWAY;
     PortPublishFailed = "port_publish_failed", BAD_GATEWAY;
@@ -87,6 +94,7 @@ error_codes! {
     ShuttingDown = "shutting_down", SERVICE_UNAVAILABLE;
     StateWriteFailed = "state_write_failed", SERVICE_UNAVAILABLE;
     InsufficientStorage = "insufficient_storage", INSUFFICIENT_STORAGE;
+    CheckpointStoreFull = "checkpoint_store_full", INSUFFICIENT_STORAGE;
 }
 
 /// A file of a refused write (`precondition_failed`).
@@ -277,6 +285,32 @@ impl From<PortError> for ApiError {
             PortError::Failed(_) => {
                 tracing::error!(error = %message, "publishing a port failed");
                 ErrorCode::PortPublishFailed
+            }
+        };
+        ApiError::new(code, message)
+    }
+}
+
+impl From<CheckpointError> for ApiError {
+    fn from(e: CheckpointError) -> Self {
+        let message = e.to_string();
+        let code = match e {
+            CheckpointError::Sandbox(inner) => return inner.into(),
+            CheckpointError::Invalid(_) => ErrorCode::InvalidRequest,
+            CheckpointError::NotFound(_) => ErrorCode::CheckpointNotFound,
+            CheckpointError::LabelTaken(_) => ErrorCode::CheckpointLabelTaken,
+            CheckpointError::TooMany { .. } => ErrorCode::TooManyCheckpoints,
+            CheckpointError::StoreFull(_) => ErrorCode::CheckpointStoreFull,
+            CheckpointError::WorkspaceChanging(_) => ErrorCode::WorkspaceChanging,
+            CheckpointError::Unsupported(_) => ErrorCode::WorkspaceUnsupported,
+            CheckpointError::CommandsRunning(_) => ErrorCode::CommandsRunning,
+            CheckpointError::Store(_) => {
+                tracing::error!(error = %message, "the checkpoint store failed");
+                return ApiError::new(
+                    ErrorCode::StateWriteFailed,
+                    "the checkpoint store in state_dir failed; nothing was stored; \
+                     sandboxd's log has the details",
+                );
             }
         };
         ApiError::new(code, message)

@@ -3,6 +3,7 @@
 //! errors through [`ApiError`]; no engine type is visible here.
 
 mod auth;
+mod checkpoints;
 mod commands;
 mod dto;
 mod e2b;
@@ -79,6 +80,18 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/v1/sandboxes/{id}/files:search", post(files::search_files))
         .route("/v1/sandboxes/{id}/files:edit", post(files::edit_file))
         .route("/v1/sandboxes/{id}/files:watch", get(files::watch_files))
+        .route(
+            "/v1/sandboxes/{id}/checkpoints",
+            post(checkpoints::create_checkpoint).get(checkpoints::list_checkpoints),
+        )
+        .route(
+            "/v1/sandboxes/{id}/checkpoints/{cp}",
+            post(checkpoints::checkpoint_action).delete(checkpoints::delete_checkpoint),
+        )
+        .route(
+            "/v1/sandboxes/{id}/checkpoints/{cp}/diff",
+            get(checkpoints::diff_checkpoint),
+        )
         .route("/v1/sandboxes/{id}/ports/{port}", get(ports::port_url))
         .route(
             "/v1/sandboxes/{id}/ptys",

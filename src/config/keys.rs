@@ -222,6 +222,15 @@ settings! {
     /// and in sandboxd each; past it an `overflow` event replaces the rest.
     watch_queue_events: usize = 4096, key "watch_queue_events", check |v| within(1, 65_536)(v);
 
+    // --- Checkpoints ---
+    /// Most checkpoints one sandbox keeps; another is refused (429).
+    checkpoint_max_count: usize = 100, key "checkpoint_max_count", check |v| within(1, 10_000)(v);
+    /// Most bytes of content one sandbox's checkpoint store holds (each
+    /// content once); a checkpoint that would pass it is refused (507).
+    checkpoint_max_store_bytes: u64 = 4 << 30, key "checkpoint_max_store_bytes", check |v| within(1 << 20, 1 << 50)(v);
+    /// Most entries (files, directories, symlinks) a checkpoint holds.
+    checkpoint_max_entries: u32 = 200_000, key "checkpoint_max_entries", check |v| within(1, 10_000_000)(v);
+
     // --- Published ports ---
     /// Host address published sandbox ports bind to.
     publish_host_ip: IpAddr = IpAddr::from([127, 0, 0, 1]), key "publish_host_ip";

@@ -1,6 +1,6 @@
 //! What sandboxd keeps across restarts: where (`state_dir`, with a default
 //! that follows systemd and the XDG base directories) and the session
-//! tokens' lifetimes.
+//! tokens' lifetimes, and where checkpoints are kept.
 
 use std::path::Path;
 
@@ -57,6 +57,13 @@ impl Config {
     /// was given and there is no default.
     pub fn state_dir(&self) -> Option<&Path> {
         self.state_dir.as_deref().map(Path::new)
+    }
+
+    /// Where sandbox `sandbox_id`'s checkpoints are kept: under the state
+    /// directory, beside nothing a container mounts. `None` without one.
+    pub fn checkpoint_dir(&self, sandbox_id: &str) -> Option<std::path::PathBuf> {
+        self.state_dir()
+            .map(|d| d.join("checkpoints").join(&self.instance).join(sandbox_id))
     }
 
     /// A token's default lifetime is one it may have.

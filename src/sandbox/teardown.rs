@@ -6,7 +6,8 @@
 //! and its link network, which the shared egress proxy leaves first) holds
 //! nothing of the session and only takes engine time: it goes to [`Teardowns`], a queue
 //! that [`run_teardown`] drains in the background, yielding to the creates
-//! a user waits for (for a bounded time).
+//! a user waits for (for a bounded time). The sandbox's checkpoints, in
+//! sandboxd's state directory, go with its volumes.
 //!
 //! Nothing is lost: a retried stop of an id finishes its teardown at once;
 //! a create that finds no free link block finishes every pending teardown
@@ -340,6 +341,16 @@ impl Sandboxes {
         for n in self.engine.list_networks(&filter).await? {
             self.detach_shared_egress(&n.name).await?;
             self.engine.remove_network(&n.name).await?;
+        }
+        // Its checkpoints go with its workspace.
+        if let Some(dir) = self.config.checkpoint_dir(id) {
+            match tokio::fs::remove_dir_all(&dir).await {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => {
+                    tracing::warn!(sandbox_id = %id, error = %e, "could not remove the sandbox's checkpoints");
+                }
+            }
         }
         Ok(())
     }

@@ -123,6 +123,7 @@ async fn token_guards_every_route_but_health() {
         ("port", "3000"),
         ("sessionKey", "should-never-exist"),
         ("tokenId", "0123456789abcdef"),
+        ("cp", "0123456789abcdef"),
     ];
     let body = json!({"sessionKey": "should-never-exist"});
     let ops = documented_operations();
@@ -252,6 +253,7 @@ async fn every_route_needs_the_token() {
         ("port", "3000"),
         ("sessionKey", "t"),
         ("tokenId", token_id.as_str()),
+        ("cp", "0123456789abcdef"),
     ];
     let body = json!({"sessionKey": "x", "command": "touch /workspace/pwned", "files": [{"path": "pwned", "contentBase64": ""}], "paths": ["a"], "pattern": "x"});
     for op in documented_operations() {

@@ -10,6 +10,7 @@ mod abuse;
 mod agent;
 mod auth;
 mod changes;
+mod checkpoints;
 mod codes;
 mod commands;
 mod config;

@@ -27,7 +27,8 @@
 //! answers of an operation that failed), [`entries`] (what an open
 //! directory holds), [`resolve`] (the [`Workspace`] and the walk that
 //! cannot leave it), then one part per operation family: [`read`],
-//! [`list`], [`write`], [`delete`], [`rename`] and [`make_dir`].
+//! [`list`], [`write`], [`delete`], [`rename`] and [`make_dir`]; and
+//! [`snapshot`], what workspace checkpoints read and restore.
 
 mod delete;
 mod entries;
@@ -37,12 +38,14 @@ mod make_dir;
 mod read;
 mod rename;
 mod resolve;
+mod snapshot;
 mod write;
 
 pub(crate) use write::is_temp_name;
 
 pub(crate) use entries::sorted_names;
 pub(crate) use resolve::Workspace;
+pub(crate) use snapshot::read_checked;
 
 #[cfg(test)]
 mod fixture;

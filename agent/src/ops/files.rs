@@ -1,14 +1,19 @@
 //! The operations on the workspace's files: read one, write several (the
 //! content coming in pieces after the request), what paths are, a
-//! directory's entries, delete, move, make a directory. Each runs on the
-//! agent's file thread.
+//! directory's entries, delete, move, make a directory; and for
+//! checkpoints a snapshot of the workspace, a read of a file that must not
+//! change meanwhile, modes set and symlinks made. Each runs on the agent's
+//! file thread.
 
 use std::sync::mpsc as std_mpsc;
 
 use bytes::Bytes;
-use sandboxd_proto::{ENTRIES_PER_CHUNK, Failure, FailureKind, NewFile, Reply};
+use sandboxd_proto::{
+    ENTRIES_PER_CHUNK, Failure, FailureKind, FileIdentity, NewFile, NewSymlink, PathMode, Reply,
+};
 
-use super::{Agent, Answer};
+use super::{Agent, Answer, frame_pieces};
+use crate::files::read_checked;
 
 /// A file's content goes in pieces of this size: sandboxd hashes and
 /// encodes each while the next one is on its way, so what it does after
@@ -106,5 +111,57 @@ pub(crate) async fn delete(agent: &Agent, paths: Vec<String>, recursive: bool, a
         .files
         .call(move |ws| ws.delete(&paths, recursive))
         .await;
+    answer.result(r.map(|()| Reply::Ok)).await
+}
+
+pub(crate) async fn snapshot(agent: &Agent, max_entries: u32, answer: Answer) {
+    let max = usize::try_from(max_entries).unwrap_or(usize::MAX);
+    match agent.files.call(move |ws| ws.snapshot(max)).await {
+        Ok(entries) => {
+            let pieces = frame_pieces(entries, |e| {
+                e.path.len() + e.target.as_ref().map_or(0, String::len) + 64
+            });
+            if answer.parts(pieces.into_iter().map(Reply::Snapshot)).await {
+                answer.last(Reply::Ok).await
+            }
+        }
+        Err(f) => answer.last(Reply::Error(f)).await,
+    }
+}
+
+/// The file thread reads and hands each piece over a small channel, so a
+/// large file is never held whole.
+pub(crate) async fn read_exact(agent: &Agent, path: String, expect: FileIdentity, answer: Answer) {
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<Vec<u8>>(4);
+    let read = agent.files.call(move |ws| {
+        let file = ws.open_exact(&path, expect)?;
+        read_checked(file, &path, expect, |piece| tx.blocking_send(piece).is_ok())
+    });
+    tokio::pin!(read);
+    let mut open = true;
+    let done = loop {
+        tokio::select! {
+            r = &mut read => break r,
+            Some(piece) = rx.recv() => {
+                open = open && answer.part(Reply::Data(piece)).await;
+            }
+        }
+    };
+    // The pieces sent before the read ended.
+    while let Some(piece) = rx.recv().await {
+        open = open && answer.part(Reply::Data(piece)).await;
+    }
+    if open {
+        answer.result(done.map(|()| Reply::Ok)).await
+    }
+}
+
+pub(crate) async fn set_modes(agent: &Agent, modes: Vec<PathMode>, answer: Answer) {
+    let r = agent.files.call(move |ws| ws.set_modes(&modes)).await;
+    answer.result(r.map(|()| Reply::Ok)).await
+}
+
+pub(crate) async fn make_symlinks(agent: &Agent, links: Vec<NewSymlink>, answer: Answer) {
+    let r = agent.files.call(move |ws| ws.make_symlinks(&links)).await;
     answer.result(r.map(|()| Reply::Ok)).await
 }

@@ -5,9 +5,10 @@
 //! names are the contract in docs/API.md: camelCase, and the compat ones
 //! exactly as RemcoChat's client reads them. Each also derives its OpenAPI
 //! schema (see `openapi`), so the document describes exactly what is sent.
-//! This file holds the sandbox, port and terminal bodies; `commands`,
-//! `files` and `tokens` the bodies of those routes.
+//! This file holds the sandbox, port and terminal bodies; `checkpoints`,
+//! `commands`, `files` and `tokens` the bodies of those routes.
 
+mod checkpoints;
 mod commands;
 mod files;
 mod tokens;
@@ -17,6 +18,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
+pub(super) use checkpoints::*;
 pub(super) use commands::*;
 pub(super) use files::*;
 pub(super) use tokens::*;

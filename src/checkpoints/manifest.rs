@@ -1,0 +1,179 @@
+//! A checkpoint's manifest: every entry of the workspace at that moment
+//! (path, kind, mode, size, content hash or link target, and the identity
+//! that tells a file unchanged without reading it), and the comparison of
+//! two such trees that both a diff and a restore's plan are made of.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+/// The manifest format's version; another one is refused, not guessed at.
+pub(super) const VERSION: u32 = 1;
+
+/// What an entry is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum EntryKind {
+    File,
+    Dir,
+    Symlink,
+}
+
+impl EntryKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EntryKind::File => "file",
+            EntryKind::Dir => "dir",
+            EntryKind::Symlink => "symlink",
+        }
+    }
+}
+
+/// One entry of a tree.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub(super) struct Entry {
+    /// Relative to the workspace, '/'-separated, checked.
+    pub(super) path: String,
+    pub(super) kind: EntryKind,
+    /// Permission bits, at most 0o7777.
+    pub(super) mode: u32,
+    pub(super) size: u64,
+    /// A file's content's SHA-256, lowercase hex.
+    pub(super) sha256: Option<String>,
+    /// A symlink's target.
+    pub(super) target: Option<String>,
+    pub(super) mtime_ns: i64,
+    pub(super) ctime_ns: i64,
+    pub(super) ino: u64,
+}
+
+impl Entry {
+    /// The same thing at the same path: kind, mode, content or target.
+    pub(super) fn same_as(&self, other: &Entry) -> bool {
+        self.kind == other.kind
+            && self.mode == other.mode
+            && self.sha256 == other.sha256
+            && self.target == other.target
+    }
+}
+
+/// A checkpoint as stored.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub(super) struct Manifest {
+    pub(super) version: u32,
+    pub(super) id: String,
+    pub(super) label: Option<String>,
+    pub(super) created_at: u64,
+    /// Orders checkpoints made in the same millisecond.
+    pub(super) seq: u64,
+    pub(super) bytes: u64,
+    pub(super) new_bytes: u64,
+    pub(super) duration_ms: u64,
+    /// Sorted by path.
+    pub(super) entries: Vec<Entry>,
+}
+
+impl Manifest {
+    pub(super) fn files(&self) -> u64 {
+        self.entries
+            .iter()
+            .filter(|e| e.kind == EntryKind::File)
+            .count() as u64
+    }
+}
+
+/// How two trees differ: entries only in the new one, in both but not
+/// the same, only in the old one; each list sorted by path.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub(super) struct TreeDiff<'a> {
+    pub(super) created: Vec<&'a Entry>,
+    /// (old, new)
+    pub(super) modified: Vec<(&'a Entry, &'a Entry)>,
+    pub(super) deleted: Vec<&'a Entry>,
+}
+
+/// What changed from `old` to `new`.
+pub(super) fn compare<'a>(old: &'a [Entry], new: &'a [Entry]) -> TreeDiff<'a> {
+    let old_by: BTreeMap<&str, &Entry> = old.iter().map(|e| (e.path.as_str(), e)).collect();
+    let new_by: BTreeMap<&str, &Entry> = new.iter().map(|e| (e.path.as_str(), e)).collect();
+    let mut diff = TreeDiff::default();
+    for (path, n) in &new_by {
+        match old_by.get(path) {
+            None => diff.created.push(n),
+            Some(o) if !o.same_as(n) => diff.modified.push((o, n)),
+            Some(_) => {}
+        }
+    }
+    diff.deleted = old_by
+        .iter()
+        .filter(|(path, _)| !new_by.contains_key(*path))
+        .map(|(_, e)| *e)
+        .collect();
+    diff
+}
+
+#[cfg(test)]
+pub(super) mod tests {
+    use super::*;
+
+    pub(in crate::checkpoints) fn file(path: &str, content: &str, mode: u32) -> Entry {
+        Entry {
+            path: path.into(),
+            kind: EntryKind::File,
+            mode,
+            size: content.len() as u64,
+            sha256: Some(crate::files::text::sha256_hex(content.as_bytes())),
+            target: None,
+            mtime_ns: 1,
+            ctime_ns: 1,
+            ino: 1,
+        }
+    }
+
+    pub(in crate::checkpoints) fn dir(path: &str) -> Entry {
+        Entry {
+            kind: EntryKind::Dir,
+            size: 0,
+            sha256: None,
+            ..file(path, "", 0o755)
+        }
+    }
+
+    pub(in crate::checkpoints) fn link(path: &str, target: &str) -> Entry {
+        Entry {
+            kind: EntryKind::Symlink,
+            target: Some(target.into()),
+            sha256: None,
+            ..file(path, "", 0o777)
+        }
+    }
+
+    #[test]
+    fn a_diff_names_created_modified_and_deleted_entries_by_what_they_hold() {
+        let old = vec![
+            dir("d"),
+            file("d/a", "one", 0o644),
+            file("b", "same", 0o644),
+            file("m", "x", 0o644),
+            link("l", "b"),
+        ];
+        let mut touched = file("b", "same", 0o644);
+        touched.mtime_ns = 99;
+        let new = vec![
+            touched,
+            file("m", "x", 0o755),
+            link("l", "d"),
+            file("n", "new", 0o600),
+            dir("e"),
+        ];
+        let d = compare(&old, &new);
+        let paths = |v: &[&Entry]| v.iter().map(|e| e.path.clone()).collect::<Vec<_>>();
+        assert_eq!(paths(&d.created), ["e", "n"]);
+        assert_eq!(paths(&d.deleted), ["d", "d/a"]);
+        let modified: Vec<&str> = d.modified.iter().map(|(o, _)| o.path.as_str()).collect();
+        assert_eq!(modified, ["l", "m"], "a new mtime alone is no change");
+        assert_eq!(compare(&new, &new), TreeDiff::default());
+    }
+}

@@ -1,0 +1,462 @@
+//! Workspace checkpoints: a sandbox's workspace recorded at a moment
+//! (every path, kind, mode, content and symlink target, empty directories
+//! too), listed, compared with another checkpoint or with the workspace
+//! now, restored exactly, and deleted.
+//!
+//! The content lives on the host in the sandbox's [`store`], each content
+//! once however many checkpoints hold it; a checkpoint's [`manifest`]
+//! names it by hash. A checkpoint reads only files whose identity (inode,
+//! size, modification and change times) differs from the newest
+//! checkpoint's (or every file, with `verify`), through the agent
+//! ([`tree`]), so its cost grows with what changed. A file that changes
+//! while it is read makes the checkpoint start over once, then fail with
+//! [`CheckpointError::WorkspaceChanging`]; a refused checkpoint (a limit,
+//! a failure) leaves no manifest and removes the content it stored.
+//!
+//! Operations on one sandbox's checkpoints run one at a time.
+
+mod manifest;
+mod store;
+mod tree;
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Instant;
+
+use dashmap::DashMap;
+use sandboxd_proto::FailureKind;
+
+use crate::agent_client::AgentError;
+use crate::config::Config;
+use crate::field_error::FieldError;
+use crate::sandbox::{SandboxError, Sandboxes};
+pub use manifest::EntryKind;
+use manifest::{Entry, Manifest, TreeDiff, VERSION, compare};
+use store::{Store, StoreError};
+
+/// Most entries of each list of a diff that are shown; all are counted.
+pub const MAX_DIFF_SHOWN: usize = 1000;
+/// Longest label, in bytes.
+pub const MAX_LABEL_BYTES: usize = 256;
+
+/// What can go wrong with a checkpoint.
+#[derive(Debug, thiserror::Error)]
+pub enum CheckpointError {
+    #[error(transparent)]
+    Invalid(#[from] FieldError),
+    #[error("no checkpoint {0:?} in this sandbox")]
+    NotFound(String),
+    #[error("a checkpoint labelled {0:?} exists in this sandbox")]
+    LabelTaken(String),
+    #[error("the sandbox has {max} checkpoints, as many as it may keep; delete one first")]
+    TooMany { max: usize },
+    /// Past the store's bytes or a checkpoint's entries.
+    #[error("{0}")]
+    StoreFull(String),
+    /// Files kept changing while they were read.
+    #[error("{0}; nothing was stored, try again when the workspace is still")]
+    WorkspaceChanging(String),
+    /// The workspace holds what a checkpoint cannot keep (a name that is
+    /// not UTF-8, a tree too deep).
+    #[error("{0}")]
+    Unsupported(String),
+    /// Commands run in the sandbox and the restore may not end them.
+    #[error("{0}")]
+    CommandsRunning(String),
+    #[error("the checkpoint store failed: {0}")]
+    Store(StoreError),
+    #[error(transparent)]
+    Sandbox(#[from] SandboxError),
+}
+
+impl CheckpointError {
+    fn from_agent(e: AgentError) -> Self {
+        match e {
+            AgentError::Refused(f) => match f.kind {
+                FailureKind::Changed | FailureKind::NotFound => {
+                    CheckpointError::WorkspaceChanging(f.message)
+                }
+                FailureKind::TooMany => CheckpointError::StoreFull(f.message),
+                FailureKind::Invalid | FailureKind::TooLarge => {
+                    CheckpointError::Unsupported(f.message)
+                }
+                _ => CheckpointError::Sandbox(AgentError::Refused(f).into()),
+            },
+            other => CheckpointError::Sandbox(other.into()),
+        }
+    }
+
+    fn agent_broke(what: &str) -> Self {
+        CheckpointError::Sandbox(AgentError::Protocol(what.to_string()).into())
+    }
+}
+
+pub type CheckpointResult<T> = Result<T, CheckpointError>;
+
+/// A checkpoint as the API shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CheckpointInfo {
+    pub checkpoint_id: String,
+    pub label: Option<String>,
+    pub created_at: u64,
+    /// Regular files in it.
+    pub files: u64,
+    /// Their bytes.
+    pub bytes: u64,
+    /// Bytes this checkpoint added to the store.
+    pub new_bytes: u64,
+    pub duration_ms: u64,
+}
+
+impl From<&Manifest> for CheckpointInfo {
+    fn from(m: &Manifest) -> Self {
+        CheckpointInfo {
+            checkpoint_id: m.id.clone(),
+            label: m.label.clone(),
+            created_at: m.created_at,
+            files: m.files(),
+            bytes: m.bytes,
+            new_bytes: m.new_bytes,
+            duration_ms: m.duration_ms,
+        }
+    }
+}
+
+/// One changed path of a diff.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DiffEntry {
+    pub path: String,
+    /// What it is after (what it was, for a deleted one).
+    pub kind: EntryKind,
+    /// A file's size before; `None` when it was not a file.
+    pub size_before: Option<u64>,
+    pub size_after: Option<u64>,
+}
+
+/// What changed between two trees: at most [`MAX_DIFF_SHOWN`] of each
+/// list, sorted by path, and exact counts.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Diff {
+    pub created: Vec<DiffEntry>,
+    pub modified: Vec<DiffEntry>,
+    pub deleted: Vec<DiffEntry>,
+    pub created_count: u64,
+    pub modified_count: u64,
+    pub deleted_count: u64,
+}
+
+fn file_size(e: &Entry) -> Option<u64> {
+    (e.kind == EntryKind::File).then_some(e.size)
+}
+
+impl From<TreeDiff<'_>> for Diff {
+    fn from(d: TreeDiff<'_>) -> Self {
+        let one = |before: Option<&Entry>, after: Option<&Entry>| {
+            let shown = after.or(before);
+            DiffEntry {
+                path: shown.map(|e| e.path.clone()).unwrap_or_default(),
+                kind: shown.map_or(EntryKind::File, |e| e.kind),
+                size_before: before.and_then(file_size),
+                size_after: after.and_then(file_size),
+            }
+        };
+        Diff {
+            created_count: d.created.len() as u64,
+            modified_count: d.modified.len() as u64,
+            deleted_count: d.deleted.len() as u64,
+            created: (d.created.iter().take(MAX_DIFF_SHOWN))
+                .map(|e| one(None, Some(e)))
+                .collect(),
+            modified: (d.modified.iter().take(MAX_DIFF_SHOWN))
+                .map(|(o, n)| one(Some(o), Some(n)))
+                .collect(),
+            deleted: (d.deleted.iter().take(MAX_DIFF_SHOWN))
+                .map(|e| one(Some(e), None))
+                .collect(),
+        }
+    }
+}
+
+/// The other side of a diff.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DiffTarget {
+    Checkpoint(String),
+    /// The workspace now.
+    Current,
+}
+
+/// See the module docs.
+#[derive(Debug)]
+pub struct Checkpoints {
+    config: Arc<Config>,
+    sandboxes: Arc<Sandboxes>,
+    /// One lock per sandbox: its operations run one at a time.
+    locks: DashMap<String, Arc<tokio::sync::Mutex<()>>>,
+}
+
+fn store_err(e: StoreError) -> CheckpointError {
+    CheckpointError::Store(e)
+}
+
+impl Checkpoints {
+    pub fn new(config: Arc<Config>, sandboxes: Arc<Sandboxes>) -> Self {
+        Checkpoints {
+            config,
+            sandboxes,
+            locks: DashMap::new(),
+        }
+    }
+
+    fn store(&self, sandbox_id: &str) -> CheckpointResult<Store> {
+        self.config
+            .checkpoint_dir(sandbox_id)
+            .map(Store::at)
+            .ok_or_else(|| CheckpointError::Store(StoreError::none_configured()))
+    }
+
+    fn lock(&self, sandbox_id: &str) -> Arc<tokio::sync::Mutex<()>> {
+        Arc::clone(&self.locks.entry(sandbox_id.to_string()).or_default())
+    }
+
+    /// Records the workspace of `sandbox_id` now.
+    pub async fn create(
+        &self,
+        sandbox_id: &str,
+        label: Option<String>,
+        verify: bool,
+    ) -> CheckpointResult<CheckpointInfo> {
+        let started = Instant::now();
+        if let Some(l) = &label {
+            if l.is_empty() || l.len() > MAX_LABEL_BYTES || l.chars().any(char::is_control) {
+                return Err(FieldError::new(
+                    "label",
+                    format!("must be 1 to {MAX_LABEL_BYTES} bytes without control characters"),
+                )
+                .into());
+            }
+        }
+        let sandbox = self.sandboxes.lookup(sandbox_id).await?;
+        let _busy = sandbox.open_request();
+        let lock = self.lock(&sandbox.id);
+        let _one = lock.lock().await;
+        let store = self.store(&sandbox.id)?;
+        let existing = store.manifests().map_err(store_err)?;
+        if let Some(l) = &label {
+            if existing.iter().any(|m| m.label.as_ref() == Some(l)) {
+                return Err(CheckpointError::LabelTaken(l.clone()));
+            }
+        }
+        if existing.len() >= self.config.checkpoint_max_count {
+            return Err(CheckpointError::TooMany {
+                max: self.config.checkpoint_max_count,
+            });
+        }
+        // What a checkpoint cut short left: temporaries and objects no
+        // manifest names.
+        store.clear_temporaries().map_err(store_err)?;
+        let keep: HashSet<&str> = existing
+            .iter()
+            .flat_map(|m| m.entries.iter().filter_map(|e| e.sha256.as_deref()))
+            .collect();
+        store.sweep(&keep).map_err(store_err)?;
+        let stored_before = store.object_bytes().map_err(store_err)?;
+        let previous = existing.first().filter(|_| !verify);
+        let conn = self
+            .sandboxes
+            .agent(&sandbox)
+            .await
+            .map_err(|e| self.sandboxes.gone_or(&sandbox, CheckpointError::from(e)))?;
+        let agent = tree::Agent {
+            conn: &conn,
+            limit: self.config.agent_timeout,
+            dirs: self.config.workspace_dirs().collect(),
+        };
+        let mut added = Vec::new();
+        let taken = self
+            .take(&agent, &store, previous, stored_before, &mut added)
+            .await;
+        let (entries, new_bytes) = match taken {
+            Ok(taken) => taken,
+            Err(e) => {
+                store.remove_objects(&added).map_err(store_err)?;
+                return Err(self.sandboxes.gone_or(&sandbox, e));
+            }
+        };
+        let id = crate::id::random_hex(8).map_err(SandboxError::from)?;
+        let bytes = entries
+            .iter()
+            .filter(|e| e.kind == EntryKind::File)
+            .map(|e| e.size)
+            .sum();
+        let manifest = Manifest {
+            version: VERSION,
+            id,
+            label,
+            created_at: crate::clock::now_ms(),
+            seq: existing.first().map_or(1, |m| m.seq + 1),
+            bytes,
+            new_bytes,
+            duration_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
+            entries,
+        };
+        if let Err(e) = store.save_manifest(&manifest) {
+            store.remove_objects(&added).map_err(store_err)?;
+            return Err(store_err(e));
+        }
+        crate::telemetry::checkpoint_made(started, new_bytes, bytes.saturating_sub(new_bytes));
+        Ok(CheckpointInfo::from(&manifest))
+    }
+
+    /// The workspace's entries with their content in the store: a second
+    /// try when a file changed under the first. `added` collects the
+    /// objects stored anew (removed by the caller on failure).
+    async fn take(
+        &self,
+        agent: &tree::Agent<'_>,
+        store: &Store,
+        previous: Option<&Manifest>,
+        stored_before: u64,
+        added: &mut Vec<String>,
+    ) -> CheckpointResult<(Vec<Entry>, u64)> {
+        let max_bytes = self.config.checkpoint_max_store_bytes;
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let mut new_bytes = 0u64;
+            let result = async {
+                let mut entries = agent.snapshot(self.config.checkpoint_max_entries).await?;
+                let known = previous.map(|m| m.entries.as_slice()).unwrap_or_default();
+                let known: std::collections::HashMap<&str, &Entry> =
+                    known.iter().map(|e| (e.path.as_str(), e)).collect();
+                for e in entries.iter_mut().filter(|e| e.kind == EntryKind::File) {
+                    let same = known.get(e.path.as_str()).filter(|k| {
+                        k.kind == EntryKind::File
+                            && (k.size, k.mtime_ns, k.ctime_ns, k.ino)
+                                == (e.size, e.mtime_ns, e.ctime_ns, e.ino)
+                            && k.sha256.as_deref().is_some_and(|h| store.has_object(h))
+                    });
+                    if let Some(k) = same {
+                        e.sha256.clone_from(&k.sha256);
+                        continue;
+                    }
+                    let stored = agent.store_file(store, e).await?;
+                    if stored.new {
+                        added.push(stored.sha256.clone());
+                        new_bytes += stored.size;
+                        if stored_before + new_bytes > max_bytes {
+                            return Err(CheckpointError::StoreFull(format!(
+                                "the checkpoint store would pass checkpoint_max_store_bytes ({max_bytes} bytes); delete checkpoints first"
+                            )));
+                        }
+                    }
+                    e.sha256 = Some(stored.sha256);
+                }
+                Ok(entries)
+            }
+            .await;
+            match result {
+                Ok(entries) => return Ok((entries, new_bytes)),
+                Err(CheckpointError::WorkspaceChanging(_)) if attempt < 2 => {}
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// The checkpoints of a sandbox, newest first.
+    pub async fn list(&self, sandbox_id: &str) -> CheckpointResult<Vec<CheckpointInfo>> {
+        let sandbox = self.sandboxes.lookup(sandbox_id).await?;
+        let store = self.store(&sandbox.id)?;
+        let all = store.manifests().map_err(store_err)?;
+        Ok(all.iter().map(CheckpointInfo::from).collect())
+    }
+
+    /// Deletes a checkpoint and the content no other one holds.
+    pub async fn delete(&self, sandbox_id: &str, checkpoint_id: &str) -> CheckpointResult<()> {
+        let sandbox = self.sandboxes.lookup(sandbox_id).await?;
+        let lock = self.lock(&sandbox.id);
+        let _one = lock.lock().await;
+        let store = self.store(&sandbox.id)?;
+        if !store.remove_manifest(checkpoint_id).map_err(store_err)? {
+            return Err(CheckpointError::NotFound(checkpoint_id.to_string()));
+        }
+        let rest = store.manifests().map_err(store_err)?;
+        let keep: HashSet<&str> = rest
+            .iter()
+            .flat_map(|m| m.entries.iter().filter_map(|e| e.sha256.as_deref()))
+            .collect();
+        store.sweep(&keep).map_err(store_err)?;
+        Ok(())
+    }
+
+    fn manifest(&self, store: &Store, checkpoint_id: &str) -> CheckpointResult<Manifest> {
+        store
+            .manifest(checkpoint_id)
+            .map_err(store_err)?
+            .ok_or_else(|| CheckpointError::NotFound(checkpoint_id.to_string()))
+    }
+
+    /// What changed from checkpoint `from` to `to`.
+    pub async fn diff(
+        &self,
+        sandbox_id: &str,
+        from: &str,
+        to: DiffTarget,
+    ) -> CheckpointResult<Diff> {
+        let sandbox = self.sandboxes.lookup(sandbox_id).await?;
+        let store = self.store(&sandbox.id)?;
+        let old = self.manifest(&store, from)?;
+        let new = match to {
+            DiffTarget::Checkpoint(id) => self.manifest(&store, &id)?.entries,
+            DiffTarget::Current => {
+                let _busy = sandbox.open_request();
+                self.current(&sandbox, &old)
+                    .await
+                    .map_err(|e| self.sandboxes.gone_or(&sandbox, e))?
+            }
+        };
+        Ok(Diff::from(compare(&old.entries, &new)))
+    }
+
+    /// The workspace now, hashed (files `known` saw unchanged are not
+    /// read again).
+    async fn current(
+        &self,
+        sandbox: &Arc<crate::sandbox::Sandbox>,
+        known: &Manifest,
+    ) -> CheckpointResult<Vec<Entry>> {
+        let conn = self.sandboxes.agent(sandbox).await?;
+        let agent = tree::Agent {
+            conn: &conn,
+            limit: self.config.agent_timeout,
+            dirs: self.config.workspace_dirs().collect(),
+        };
+        let mut entries = agent.snapshot(self.config.checkpoint_max_entries).await?;
+        agent.hash_current(&mut entries, &known.entries).await?;
+        Ok(entries)
+    }
+
+    /// Makes the workspace exactly checkpoint `checkpoint_id`'s: what it
+    /// changed. The caller saw to it that no command runs.
+    pub async fn restore(&self, sandbox_id: &str, checkpoint_id: &str) -> CheckpointResult<Diff> {
+        let sandbox = self.sandboxes.lookup(sandbox_id).await?;
+        let _busy = sandbox.open_request();
+        let lock = self.lock(&sandbox.id);
+        let _one = lock.lock().await;
+        let store = self.store(&sandbox.id)?;
+        let target = self.manifest(&store, checkpoint_id)?;
+        let restored = async {
+            let current = self.current(&sandbox, &target).await?;
+            let plan = tree::plan(&current, &target.entries);
+            let conn = self.sandboxes.agent(&sandbox).await?;
+            let agent = tree::Agent {
+                conn: &conn,
+                limit: self.config.agent_timeout,
+                dirs: self.config.workspace_dirs().collect(),
+            };
+            agent.apply(&plan, &store).await?;
+            Ok(Diff::from(compare(&current, &target.entries)))
+        }
+        .await;
+        restored.map_err(|e| self.sandboxes.gone_or(&sandbox, e))
+    }
+}
