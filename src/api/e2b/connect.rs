@@ -147,8 +147,9 @@ impl From<ApiError> for ConnectError {
             | E::CommandNotFound
             | E::PtyNotFound
             | E::FileNotFound
-            | E::TokenNotFound => Code::NotFound,
-            E::FileExists => Code::AlreadyExists,
+            | E::TokenNotFound
+            | E::CheckpointNotFound => Code::NotFound,
+            E::FileExists | E::CheckpointLabelTaken => Code::AlreadyExists,
             E::NeedsRecursive
             | E::PathChanged
             | E::PreconditionFailed
@@ -157,7 +158,10 @@ impl From<ApiError> for ConnectError {
             | E::SandboxNotPaused
             | E::CommandFinished
             | E::StdinClosed
-            | E::StdinNotRead => Code::FailedPrecondition,
+            | E::StdinNotRead
+            | E::WorkspaceChanging
+            | E::WorkspaceUnsupported
+            | E::CommandsRunning => Code::FailedPrecondition,
             E::BodyTooLarge
             | E::FileTooLarge
             | E::AtCapacity
@@ -166,6 +170,8 @@ impl From<ApiError> for ConnectError {
             | E::TooManyPtys
             | E::TooManyTokens
             | E::TooManyWatches
+            | E::TooManyCheckpoints
+            | E::CheckpointStoreFull
             | E::InsufficientStorage => Code::ResourceExhausted,
             E::EngineError | E::AgentFailed | E::PortPublishFailed => Code::Internal,
             E::EngineUnavailable
