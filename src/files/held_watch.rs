@@ -4,11 +4,16 @@
 //! queued events handed out a batch at a time. The watch itself is
 //! [`Files::watch`]'s, with its queue bound, overflow event and limit of
 //! watches per sandbox. A holder that stops asking for [`HELD_IDLE`] loses
-//! it: idle and ended watches are swept whenever a new one is made.
+//! it: a timer per held watch drops it then (a client that went away must
+//! not keep its sandbox busy), and an ended watch goes once its last
+//! events were read and another watch is made.
 
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
 use dashmap::DashMap;
+// The runtime's clock, which a test can pause and move.
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::watch::{FileWatch, WatchEvent};
@@ -22,7 +27,7 @@ pub const HELD_BATCH: usize = 1024;
 
 /// The held watches, by id.
 #[derive(Debug, Default)]
-pub(super) struct HeldWatches(DashMap<String, Held>);
+pub(super) struct HeldWatches(Arc<DashMap<String, Held>>);
 
 #[derive(Debug)]
 struct Held {
@@ -41,10 +46,10 @@ impl Files {
         recursive: bool,
         shutdown: CancellationToken,
     ) -> FileResult<String> {
-        self.held
-            .0
-            .retain(|_, h| !h.ended && h.polled.elapsed() < HELD_IDLE);
-        let watch = self.watch(sandbox_id, p, recursive, shutdown).await?;
+        self.held.0.retain(|_, h| !h.ended);
+        let watch = self
+            .watch(sandbox_id, p, recursive, shutdown.clone())
+            .await?;
         let id = crate::id::random_hex(12).map_err(SandboxError::from)?;
         let held = Held {
             sandbox_id: sandbox_id.to_string(),
@@ -53,6 +58,14 @@ impl Files {
             ended: false,
         };
         self.held.0.insert(id.clone(), held);
+        let last_poll = |h: &Held| h.polled;
+        tokio::spawn(drop_when_idle(
+            Arc::clone(&self.held.0),
+            id.clone(),
+            last_poll,
+            HELD_IDLE,
+            shutdown,
+        ));
         Ok(id)
     }
 
@@ -77,5 +90,57 @@ impl Files {
             .0
             .remove_if(id, |_, h| h.sandbox_id == sandbox_id)
             .is_some()
+    }
+}
+
+/// Removes entry `id` of `map` once `idle` has passed since its last poll
+/// (or when it is gone already, or at `shutdown`, when the watch ends by
+/// itself).
+async fn drop_when_idle<V>(
+    map: Arc<DashMap<String, V>>,
+    id: String,
+    last_poll: impl Fn(&V) -> Instant,
+    idle: Duration,
+    shutdown: CancellationToken,
+) {
+    loop {
+        let Some(due) = map.get(&id).map(|v| last_poll(&v) + idle) else {
+            return;
+        };
+        if Instant::now() >= due {
+            map.remove(&id);
+            return;
+        }
+        tokio::select! {
+            () = tokio::time::sleep_until(due) => {}
+            () = shutdown.cancelled() => return,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn an_entry_goes_once_it_was_not_polled_for_the_idle_time() {
+        let map: Arc<DashMap<String, Instant>> = Arc::new(DashMap::new());
+        map.insert("w".into(), Instant::now());
+        let idle = Duration::from_secs(600);
+        let timer = tokio::spawn(drop_when_idle(
+            Arc::clone(&map),
+            "w".into(),
+            |t: &Instant| *t,
+            idle,
+            CancellationToken::new(),
+        ));
+        tokio::time::sleep(Duration::from_secs(400)).await;
+        // A poll at 400 s: it lives to 1000 s.
+        map.insert("w".into(), Instant::now());
+        tokio::time::sleep(Duration::from_secs(500)).await;
+        assert!(map.contains_key("w"), "polled 500 s ago: kept");
+        tokio::time::sleep(Duration::from_secs(101)).await;
+        assert!(!map.contains_key("w"), "not polled for 601 s: dropped");
+        timer.await.expect("the timer ends");
     }
 }
