@@ -167,9 +167,19 @@ async fn changes_outside_workspace(server: &TestServer, sid: &str) -> Vec<String
                 || p.starts_with("/tmp/"))
         })
         // The engine's own init, mounted because Init is on (/sbin is /usr/sbin),
-        // and the mount point of the agent's volume.
+        // the mount point of the agent's volume, and the one of the
+        // workspace's E2B spelling, which the image does not make (so its
+        // parent changes too).
         .filter(|p| {
-            !["/usr", "/usr/sbin", "/usr/sbin/docker-init", "/.sandboxd"].contains(&p.as_str())
+            ![
+                "/usr",
+                "/usr/sbin",
+                "/usr/sbin/docker-init",
+                "/.sandboxd",
+                "/home",
+                "/home/user",
+            ]
+            .contains(&p.as_str())
         })
         .collect()
 }
