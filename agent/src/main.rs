@@ -43,6 +43,7 @@ mod search;
 mod serve;
 mod shape;
 mod splice;
+mod temp_name;
 mod transport;
 mod tree;
 mod watch;
@@ -84,7 +85,17 @@ mod layering {
         (5, &["pty", "search", "file_thread"]),
         (4, &["commands", "files", "relay", "egress", "watch"]),
         (3, &["changes", "keeper", "log"]),
-        (1, &["tree", "shape", "splice", "cgroup", "transport"]),
+        (
+            1,
+            &[
+                "tree",
+                "shape",
+                "splice",
+                "cgroup",
+                "transport",
+                "temp_name",
+            ],
+        ),
     ];
 
     #[test]

@@ -13,7 +13,8 @@ use sandboxd_proto::{Failure, FailureKind, Mismatch, NewFile, Precondition};
 use sha2::{Digest, Sha256};
 
 use super::resolve::{Step, Workspace};
-use super::write::{Content, TEMP_PREFIX};
+use super::write::Content;
+use crate::temp_name::TEMP_PREFIX;
 
 /// A workspace in a temporary directory, its alias spelling (a symlink
 /// to it, as a second mount would be), and a directory outside it.

@@ -41,8 +41,6 @@ mod resolve;
 mod snapshot;
 mod write;
 
-pub(crate) use write::is_temp_name;
-
 pub(crate) use entries::sorted_names;
 pub(crate) use resolve::Workspace;
 pub(crate) use snapshot::read_checked;

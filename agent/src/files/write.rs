@@ -19,23 +19,10 @@ use sandboxd_proto::{Failure, FailureKind, Mismatch, NewFile, Precondition};
 use super::entries::{Name, exists_at, hash_at};
 use super::failure::{io_failure, is_directory, os};
 use super::resolve::{Created, Located, Resolve, Workspace, parse};
+use crate::temp_name::TEMP_PREFIX;
 
 #[cfg(test)]
 use super::resolve::Step;
-
-/// Temporary files of a write are named this plus 16 random hex digits.
-pub(super) const TEMP_PREFIX: &str = ".sandboxd-";
-/// Whether `name` is one of a write's temporary files: [`TEMP_PREFIX`]
-/// and 16 lowercase hex digits.
-pub(crate) fn is_temp_name(name: &[u8]) -> bool {
-    name.strip_prefix(TEMP_PREFIX.as_bytes())
-        .is_some_and(|hex| {
-            hex.len() == 16
-                && hex
-                    .iter()
-                    .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(b))
-        })
-}
 
 /// Largest mode a written file may get: no setuid, setgid or sticky bits.
 const MAX_MODE: u32 = 0o777;

@@ -324,7 +324,7 @@ impl DirWatch {
         };
         // A write's temporary file is the agent's own, not the user's: a
         // written file shows as its final name, created (it is renamed in).
-        if crate::files::is_temp_name(&name) {
+        if crate::temp_name::is_temp_name(&name) {
             return;
         }
         let path = join(dir, &name);
