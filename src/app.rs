@@ -16,6 +16,7 @@ use crate::engine::Engine;
 use crate::files::Files;
 use crate::ports::Ports;
 use crate::pty::Ptys;
+use crate::sandbox::lifetime::LifetimeChange;
 use crate::sandbox::spec::CreateSandboxRequest;
 use crate::sandbox::{Created, SandboxResult, Sandboxes};
 use crate::session_tokens::SessionTokens;
@@ -112,6 +113,30 @@ impl App {
         Ok(())
     }
 
+    /// E2B's connect: a paused sandbox is resumed (see
+    /// [`resume_sandbox`](App::resume_sandbox)) and its lifetime renewed
+    /// for `length_ms`; a running one's lifetime is lengthened to
+    /// `length_ms` from now if that is later. `None` changes no lifetime.
+    pub async fn connect_sandbox(
+        &self,
+        id: &str,
+        paused: bool,
+        length_ms: Option<u64>,
+    ) -> SandboxResult<()> {
+        if paused {
+            self.resume_sandbox(id).await?;
+        }
+        let Some(length_ms) = length_ms else {
+            return Ok(());
+        };
+        let change = if paused {
+            LifetimeChange::Renew { length_ms }
+        } else {
+            LifetimeChange::Lengthen { length_ms }
+        };
+        self.sandboxes.change_lifetime(id, change).await
+    }
+
     /// Makes the sandbox's workspace exactly a checkpoint's (see
     /// [`Checkpoints::restore`]). Commands that run (or processes a
     /// finished one left) could write into it meanwhile: the restore is
@@ -164,6 +189,27 @@ impl App {
             .filter(|l| l.command.finished().is_none() || l.processes.unwrap_or(0) > 0)
             .map(|l| l.command.id.clone())
             .collect())
+    }
+
+    /// [`create_sandbox`](App::create_sandbox), then gives the sandbox a
+    /// lifetime (E2B's `timeout`, see `sandbox::lifetime`). A new sandbox
+    /// whose lifetime cannot be saved is half-made, and stopped again.
+    pub async fn create_sandbox_with_lifetime(
+        &self,
+        req: CreateSandboxRequest,
+        lifetime: LifetimeChange,
+    ) -> SandboxResult<Created> {
+        let created = self.create_sandbox(req).await?;
+        let id = &created.sandbox_id;
+        if let Err(e) = self.sandboxes.change_lifetime(id, lifetime).await {
+            if created.created
+                && let Err(stop) = self.sandboxes.stop(id).await
+            {
+                tracing::warn!(sandbox_id = %id, error = %stop, "stopping a sandbox whose lifetime was not saved failed");
+            }
+            return Err(e);
+        }
+        Ok(created)
     }
 
     /// Creates a sandbox (or reconnects to the session's), then connects to

@@ -40,6 +40,7 @@ pub mod checkpoints;
 pub mod clock;
 pub mod command;
 pub mod config;
+pub mod durable_file;
 pub mod engine;
 pub mod field_error;
 pub mod files;
@@ -88,6 +89,7 @@ mod layering {
             &[
                 "config",
                 "clock",
+                "durable_file",
                 "id",
                 "telemetry",
                 "subnet",

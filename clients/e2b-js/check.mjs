@@ -115,6 +115,14 @@ while (pages.hasNext) listed.push(...(await pages.nextItems()));
 check(listed.some((s) => s.sandboxId === sbx.sandboxId), "Sandbox.list", listed);
 ok("info");
 
+const short = await Sandbox.create({ timeoutMs: 300_000 });
+await short.commands.run("sleep 600", { background: true });
+await short.setTimeout(2_000);
+const left = ((await short.getInfo()).endAt.getTime() - Date.now()) / 1000;
+check(left > 0 && left <= 2.5, "setTimeout moved the end time", left);
+await until("the shortened sandbox to end though a command runs", async () => !(await short.isRunning()));
+ok("timeout", { sandbox: short.sandboxId });
+
 const wrongKey = await raised(() => Sandbox.create({ apiKey: "e2b_" + "0".repeat(40) }));
 check(wrongKey instanceof AuthenticationError, "wrong API key", String(wrongKey));
 ok("errors");

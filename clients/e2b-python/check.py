@@ -9,6 +9,7 @@ import asyncio
 import json
 import sys
 import time
+from datetime import datetime, timezone
 
 import e2b
 from e2b import (
@@ -318,6 +319,55 @@ def pause_metadata():
     other.kill()
 
 
+def until(what, condition, seconds=30):
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, f"{what}: not within {seconds} s"
+        time.sleep(0.2)
+
+
+def seconds_left(info):
+    return (info.end_at - datetime.now(timezone.utc)).total_seconds()
+
+
+def lifetimes():
+    # A timeout is a lifetime: set_timeout moves it either way, and the
+    # sandbox ends at it though a command runs.
+    a = Sandbox.create(timeout=300)
+    info = a.get_info()
+    assert 295 <= (info.end_at - info.started_at).total_seconds() <= 305, info
+    a.commands.run("sleep 600", background=True)
+    a.set_timeout(3)
+    assert 0 < seconds_left(a.get_info()) <= 3.5, a.get_info()
+    ok("shortened", sandbox=a.sandbox_id)
+    until("the shortened sandbox ends", lambda: not a.is_running())
+    ok("ended", sandbox=a.sandbox_id)
+
+    # Lengthened past its first end time (and, the Rust side shows, past
+    # its idle TTL).
+    b = Sandbox.create(timeout=3)
+    b.set_timeout(120)
+    assert 115 <= seconds_left(b.get_info()) <= 120.5, b.get_info()
+    ok("lengthened", sandbox=b.sandbox_id, end_at=b.get_info().end_at.isoformat())
+
+    # autoPause: paused at its end time with its processes, resumed by
+    # connect for the timeout connect names.
+    c = Sandbox.create(timeout=3, lifecycle={"on_timeout": "pause"})
+    sleeper = c.commands.run("sleep 600", background=True)
+    until(
+        "the sandbox pauses at its end time",
+        lambda: Sandbox.get_info(c.sandbox_id).state.value == "paused",
+    )
+    ok("auto_paused", sandbox=c.sandbox_id)
+    resumed = Sandbox.connect(c.sandbox_id, timeout=60)
+    info = Sandbox.get_info(c.sandbox_id)
+    assert info.state.value == "running", info
+    assert 55 <= seconds_left(info) <= 60.5, info
+    assert resumed.commands.run(f"kill -0 {sleeper.pid} && echo alive").stdout == "alive\n"
+    ok("resumed", sandbox=c.sandbox_id, pid=sleeper.pid)
+    resumed.kill()
+
+
 SCENARIOS = {
     "smoke": smoke,
     "commands": commands,
@@ -329,6 +379,7 @@ SCENARIOS = {
     "files_more": files_more,
     "watch_async": lambda: asyncio.run(watch_async()),
     "pause_metadata": pause_metadata,
+    "lifetimes": lifetimes,
 }
 
 if __name__ == "__main__":

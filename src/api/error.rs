@@ -200,6 +200,14 @@ impl From<SandboxError> for ApiError {
             SandboxError::Random(_) => ErrorCode::RandomUnavailable,
             SandboxError::Paused(_) => ErrorCode::SandboxPaused,
             SandboxError::NotPaused(_) => ErrorCode::SandboxNotPaused,
+            SandboxError::StateWrite(why) => {
+                tracing::error!(error = %why, "saving a sandbox's lifetime failed");
+                return ApiError::new(
+                    ErrorCode::StateWriteFailed,
+                    "the sandbox's lifetime could not be saved in state_dir; nothing changed; \
+                     sandboxd's log has the details",
+                );
+            }
             SandboxError::Agent(inner) => {
                 tracing::warn!(error = %inner, "the sandbox's agent failed");
                 ErrorCode::AgentFailed

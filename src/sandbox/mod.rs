@@ -8,6 +8,7 @@ mod agent_link;
 mod foreground;
 mod image;
 pub mod labels;
+pub mod lifetime;
 pub mod metadata;
 pub mod network;
 mod next_link;
@@ -91,6 +92,10 @@ pub enum SandboxError {
     /// A resume of a sandbox that is not paused.
     #[error("sandbox {0:?} is not paused")]
     NotPaused(String),
+    /// What must survive a restart (a lifetime) could not be saved in the
+    /// state directory; nothing changed.
+    #[error("{0}")]
+    StateWrite(String),
 }
 
 impl From<EngineError> for SandboxError {
@@ -137,6 +142,8 @@ pub struct SandboxInfo {
     /// Its processes are frozen (see [`Sandboxes::pause`]).
     pub paused: bool,
     pub metadata: metadata::Metadata,
+    /// An end time that replaces its idle TTL (see `lifetime`).
+    pub lifetime: Option<lifetime::Lifetime>,
 }
 
 impl From<&Sandbox> for SandboxInfo {
@@ -156,6 +163,7 @@ impl From<&Sandbox> for SandboxInfo {
             running_commands: s.running_commands(),
             paused: s.is_paused(),
             metadata: s.metadata.clone(),
+            lifetime: s.lifetime(),
         }
     }
 }
@@ -255,10 +263,13 @@ pub struct Sandboxes {
     next_link: next_link::NextLink,
     /// Volumes and link networks of removed sandboxes, still to go.
     teardown: teardown::Teardowns,
+    /// Where the sandboxes' lifetimes are kept across restarts.
+    lifetimes: lifetime::LifetimeFile,
 }
 
 impl Sandboxes {
     pub fn new(config: Arc<Config>, engine: Engine) -> Self {
+        let lifetimes = lifetime::LifetimeFile::in_dir(config.state_dir());
         Sandboxes {
             registry: SandboxRegistry::new(config.max_concurrent),
             config,
@@ -274,6 +285,7 @@ impl Sandboxes {
             pool: pool::Pool::default(),
             next_link: next_link::NextLink::default(),
             teardown: teardown::Teardowns::default(),
+            lifetimes,
         }
     }
 
@@ -945,12 +957,17 @@ impl Sandboxes {
         }
     }
 
-    /// Stops every idle sandbox whose TTL ran out. Rechecks under the key
-    /// lock, since a request may have used it in between.
+    /// Stops every idle sandbox whose TTL ran out, and ends those whose
+    /// lifetime did (see `lifetime`). Rechecks under the key lock, since a
+    /// request may have used it in between.
     pub async fn expire_idle(&self) {
         for s in self.registry.expired(now_ms()) {
+            if s.lifetime().is_some() {
+                self.end_lifetime(&s).await;
+                continue;
+            }
             let _key = self.registry.lock_key(&s.session_key).await;
-            if s.is_busy() || now_ms() < s.expires_at() || self.registry.get(&s.id).is_none() {
+            if !s.is_due(now_ms()) || self.registry.get(&s.id).is_none() {
                 continue;
             }
             self.registry.remove(&s.id);

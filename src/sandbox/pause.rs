@@ -19,36 +19,47 @@ impl Sandboxes {
     /// freezes fail (they get no answer).
     pub async fn pause(&self, id: &str) -> SandboxResult<()> {
         let s = self.lookup(id).await?;
-        {
+        let paused = {
             let _key = self.registry.lock_key(&s.session_key).await;
-            if self.registry.get(&s.id).is_none() {
-                return Err(SandboxError::NotFound(s.id.clone()));
+            self.pause_locked(&s).await
+        };
+        if matches!(paused, Err(SandboxError::NotFound(_))) {
+            self.forget_gone(&s).await;
+        }
+        paused
+    }
+
+    /// [`pause`](Sandboxes::pause) with the key lock held; a container
+    /// found gone is [`SandboxError::NotFound`], left for the caller to
+    /// forget once the lock is released.
+    pub(super) async fn pause_locked(&self, s: &Arc<Sandbox>) -> SandboxResult<()> {
+        if self.registry.get(&s.id).is_none() {
+            return Err(SandboxError::NotFound(s.id.clone()));
+        }
+        if s.is_paused() {
+            return Err(SandboxError::Paused(s.id.clone()));
+        }
+        // Marked first: no new call reaches the agent while it freezes
+        // (one would wait for an answer that cannot come).
+        s.set_paused(true);
+        match self.engine.pause_container(&s.container).await {
+            Ok(()) => {
+                Event::Paused.record(&s.id, &s.session_key);
+                Ok(())
             }
-            if s.is_paused() {
-                return Err(SandboxError::Paused(s.id.clone()));
-            }
-            // Marked first: no new call reaches the agent while it freezes
-            // (one would wait for an answer that cannot come).
-            s.set_paused(true);
-            match self.engine.pause_container(&s.container).await {
-                Ok(()) => {
-                    Event::Paused.record(&s.id, &s.session_key);
-                    return Ok(());
-                }
-                Err(e) => {
-                    s.set_paused(false);
-                    if !matches!(e, EngineError::NotFound(_)) {
-                        return Err(e.into());
-                    }
+            Err(e) => {
+                s.set_paused(false);
+                match e {
+                    EngineError::NotFound(_) => Err(SandboxError::NotFound(s.id.clone())),
+                    e => Err(e.into()),
                 }
             }
         }
-        self.forget_gone(&s).await;
-        Err(SandboxError::NotFound(s.id.clone()))
     }
 
-    /// Thaws a paused sandbox; its idle clock starts again from now. One
-    /// that is not paused is [`SandboxError::NotPaused`].
+    /// Thaws a paused sandbox; its idle clock starts again from now, and
+    /// its lifetime's for the lifetime's whole length. One that is not
+    /// paused is [`SandboxError::NotPaused`].
     pub async fn resume(&self, id: &str) -> SandboxResult<()> {
         let s = self.lookup_any(id).await?;
         {
@@ -60,6 +71,7 @@ impl Sandboxes {
                 Ok(()) => {
                     s.set_paused(false);
                     self.registry.touch(&s);
+                    self.restart_lifetime(&s).await;
                     Event::Resumed.record(&s.id, &s.session_key);
                     return Ok(());
                 }

@@ -1,5 +1,7 @@
-//! The idle reaper: a background task that stops sandboxes whose idle TTL ran
-//! out. Busy sandboxes (a command running, a stream open) are never expired.
+//! The reaper: a background task that stops sandboxes whose idle TTL ran
+//! out, and ends those whose lifetime did (see `lifetime`). Busy sandboxes
+//! (a command running, a stream open) are never idle-expired; a lifetime
+//! ends whatever the sandbox is doing.
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -15,6 +15,7 @@ use dashmap::DashMap;
 use lru::LruCache;
 
 use super::labels::SandboxRecord;
+use super::lifetime::Lifetime;
 use super::metadata::Metadata;
 use super::spec::{NetworkMode, Resources};
 use crate::agent_client::AgentConn;
@@ -52,6 +53,8 @@ pub struct Sandbox {
     pub volume: String,
     idle_ttl_ms: AtomicU64,
     last_used_at: AtomicU64,
+    /// An end time that replaces the idle TTL (see `lifetime`).
+    lifetime: Mutex<Option<Lifetime>>,
     ports: Mutex<PortState>,
     running_commands: AtomicUsize,
     open_requests: AtomicUsize,
@@ -116,6 +119,7 @@ impl Sandbox {
             volume: volume_name(instance, &r.id),
             idle_ttl_ms: AtomicU64::new(r.idle_ttl_ms),
             last_used_at: AtomicU64::new(last_used_at),
+            lifetime: Mutex::new(None),
             ports: Mutex::new(PortState {
                 allowed: r.ports.clone(),
                 published: BTreeMap::new(),
@@ -187,8 +191,31 @@ impl Sandbox {
         self.last_used_at.load(Ordering::Relaxed)
     }
 
+    /// When it ends if nothing changes: its lifetime's end time, else its
+    /// last use plus its idle TTL.
     pub fn expires_at(&self) -> u64 {
-        self.last_used_at().saturating_add(self.idle_ttl_ms())
+        match self.lifetime() {
+            Some(l) => l.ends_at,
+            None => self.last_used_at().saturating_add(self.idle_ttl_ms()),
+        }
+    }
+
+    pub fn lifetime(&self) -> Option<Lifetime> {
+        *lock(&self.lifetime)
+    }
+
+    pub(super) fn set_lifetime(&self, lifetime: Option<Lifetime>) {
+        *lock(&self.lifetime) = lifetime;
+    }
+
+    /// Whether the reaper ends it at `now`: a lifetime's end time has come
+    /// and it is not paused (busy or not), or it has no lifetime and has
+    /// been idle for its TTL.
+    pub fn is_due(&self, now: u64) -> bool {
+        match self.lifetime() {
+            Some(l) => !self.is_paused() && now >= l.ends_at,
+            None => !self.is_busy() && now >= self.expires_at(),
+        }
     }
 
     pub fn ports(&self) -> PortState {
@@ -532,12 +559,9 @@ impl SandboxRegistry {
         self.by_key.remove_if(&s.session_key, |_, id| *id == s.id);
     }
 
-    /// Idle sandboxes whose TTL has run out at `now`.
+    /// The sandboxes the reaper ends at `now` (see [`Sandbox::is_due`]).
     pub fn expired(&self, now: u64) -> Vec<Arc<Sandbox>> {
-        self.list()
-            .into_iter()
-            .filter(|s| !s.is_busy() && now >= s.expires_at())
-            .collect()
+        self.list().into_iter().filter(|s| s.is_due(now)).collect()
     }
 }
 

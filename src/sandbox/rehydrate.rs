@@ -59,6 +59,7 @@ impl Sandboxes {
         self.restore_ways_out().await;
         self.remove_orphan_volumes(&mine, &adopted).await?;
         self.remove_stale_agent_volumes().await;
+        self.restore_lifetimes().await;
         tracing::info!(sandboxes = adopted.len(), "rehydration done");
         Ok(())
     }

@@ -1,17 +1,13 @@
 //! The session tokens' file in the state directory: JSON, the tokens'
-//! SHA-256 hashes and never a token, mode 0600. A write goes to a temporary
-//! file that is synced and renamed over the old one (and the directory
-//! synced), so a crash leaves the old file or the new one, never half of
-//! either.
+//! SHA-256 hashes and never a token, mode 0600, replaced whole and durably
+//! (see `durable_file`).
 
-use std::fs::{DirBuilder, File, OpenOptions};
-use std::io::Write;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
 use super::Record;
+use crate::durable_file;
 
 /// The file's name in the state directory.
 pub(super) const FILE_NAME: &str = "session-tokens.json";
@@ -60,11 +56,9 @@ impl StateFile {
     /// Makes the directory (0700) if missing and reads the file; no file
     /// is no tokens. Anything unreadable is an error, never an empty set.
     pub(super) fn read(&self) -> Result<Vec<Record>, String> {
-        self.make_dir()?;
-        let text = match std::fs::read_to_string(&self.path) {
-            Ok(text) => text,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-            Err(e) => return Err(format!("cannot read {}: {e}", self.path.display())),
+        durable_file::make_dir(&self.dir)?;
+        let Some(text) = durable_file::read(&self.path)? else {
+            return Ok(Vec::new());
         };
         parse(&text).map_err(|reason| {
             format!(
@@ -74,19 +68,8 @@ impl StateFile {
         })
     }
 
-    /// The directory, made (0700) if missing: also when it went away
-    /// while sandboxd ran.
-    fn make_dir(&self) -> Result<(), String> {
-        DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(&self.dir)
-            .map_err(|e| format!("cannot create the directory {}: {e}", self.dir.display()))
-    }
-
     /// Replaces the file with `records`, durably.
     pub(super) fn write(&self, records: &[Record]) -> Result<(), String> {
-        self.make_dir()?;
         let contents = Contents {
             version: VERSION,
             tokens: records.iter().map(Stored::from).collect(),
@@ -94,32 +77,7 @@ impl StateFile {
         // Serialising plain strings and numbers cannot fail.
         let mut bytes = serde_json::to_vec_pretty(&contents).unwrap_or_default();
         bytes.push(b'\n');
-        let tmp = self.dir.join(format!("{FILE_NAME}.tmp"));
-        let failed = |what: &str, e: std::io::Error| format!("{what} {}: {e}", tmp.display());
-        let mut file = OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(&tmp)
-            .map_err(|e| failed("cannot open", e))?;
-        // A temporary file left by an older process keeps its mode on open.
-        file.set_permissions(std::fs::Permissions::from_mode(0o600))
-            .map_err(|e| failed("cannot chmod", e))?;
-        file.write_all(&bytes)
-            .and_then(|()| file.sync_all())
-            .map_err(|e| failed("cannot write", e))?;
-        std::fs::rename(&tmp, &self.path).map_err(|e| {
-            format!(
-                "cannot rename {} to {}: {e}",
-                tmp.display(),
-                self.path.display()
-            )
-        })?;
-        // The rename itself is durable once the directory is synced.
-        File::open(&self.dir)
-            .and_then(|d| d.sync_all())
-            .map_err(|e| format!("cannot sync {}: {e}", self.dir.display()))
+        durable_file::replace(&self.dir, FILE_NAME, &bytes)
     }
 }
 
@@ -174,6 +132,7 @@ impl From<&Record> for Stored {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::PermissionsExt;
 
     fn temp_dir(name: &str) -> PathBuf {
         let dir = std::env::temp_dir().join(format!(

@@ -484,6 +484,91 @@ async fn metadata_filters_the_list_and_a_pause_keeps_processes_for_connect_to_re
     assert_eq!(status, 404, "the SDK's kill removed the resumed sandbox");
 }
 
+/// E2B's `endAt` of a sandbox, which must exist.
+async fn end_at_of(server: &TestServer, sid: &str) -> String {
+    let path = format!("/sandboxes/{sid}");
+    let (status, body, _) = control(server, reqwest::Method::GET, &path, None, &[]).await;
+    assert_eq!(status, 200, "{sid} is there: {body}");
+    body["endAt"].as_str().expect("endAt").to_string()
+}
+
+/// `POST /sandboxes/{id}/timeout` with `body`.
+async fn set_timeout(server: &TestServer, sid: &str, body: Value) -> (u16, Value) {
+    let path = format!("/sandboxes/{sid}/timeout");
+    let (status, body, _) = control(server, reqwest::Method::POST, &path, Some(body), &[]).await;
+    (status, body)
+}
+
+/// E2B's `timeout` is a lifetime, not an idle TTL: check.py's `lifetimes`
+/// shortens one under a running command (it ends), lengthens one past its
+/// first end time, and lets an `on_timeout: pause` one pause and resumes
+/// it. Here: the ended one left nothing; the lengthened one outlives an
+/// idle TTL that a plain sandbox made later ran out of (the positive
+/// control that the reaper ran), and keeps its end time across a restart
+/// of sandboxd, whose reaper then ends it at a new one.
+#[tokio::test]
+async fn a_timeout_ends_or_pauses_a_sandbox_at_its_end_time_busy_or_idle_and_survives_a_restart() {
+    let mut server = TestServer::start_with(
+        ServerOptions::default()
+            .token(KEY)
+            .env("SANDBOXD_DEFAULT_IDLE_TTL_MS", "10000"),
+    )
+    .await;
+    let lines = check(&server, &["lifetimes"]).await;
+    let ended = line(&lines, "ended")["sandbox"]
+        .as_str()
+        .expect("id")
+        .to_string();
+    let (status, _) = server.get(&format!("/v1/sandboxes/{ended}")).await;
+    assert_eq!(status, 404, "the shortened sandbox is gone");
+    assert!(server.session_containers(&ended).await.is_empty());
+    line(&lines, "auto_paused");
+    line(&lines, "resumed");
+
+    let kept = line(&lines, "lengthened")["sandbox"]
+        .as_str()
+        .expect("id")
+        .to_string();
+    let control_id = server
+        .create(json!({"sessionKey": "idle-control", "network": {"mode": "none"}}))
+        .await;
+    // Polled by the list, which is no use of a sandbox (a GET of it is).
+    harness::eventually(
+        Duration::from_secs(40),
+        "the idle control expires",
+        || async {
+            let (_, list) = server.get("/v1/sandboxes").await;
+            !list.to_string().contains(&control_id)
+        },
+    )
+    .await;
+    let end_at = end_at_of(&server, &kept).await;
+    server.restart().await;
+    assert_eq!(
+        end_at_of(&server, &kept).await,
+        end_at,
+        "the end time survives a restart"
+    );
+
+    for bad in [json!({"timeout": -1}), json!({}), json!({"timeout": "x"})] {
+        let (status, body) = set_timeout(&server, &kept, bad.clone()).await;
+        assert_eq!(status, 400, "{bad}: {body}");
+    }
+    assert_eq!(
+        end_at_of(&server, &kept).await,
+        end_at,
+        "a refused timeout changed nothing"
+    );
+    let (status, body) = set_timeout(&server, &kept, json!({"timeout": 1})).await;
+    assert_eq!(status, 204, "{body}");
+    harness::eventually(
+        Duration::from_secs(30),
+        "the restarted reaper ends it",
+        || async { server.get(&format!("/v1/sandboxes/{kept}")).await.0 == 404 },
+    )
+    .await;
+}
+
 #[tokio::test]
 async fn what_the_domain_lacks_answers_unimplemented_naming_it() {
     let server = server().await;
@@ -491,8 +576,8 @@ async fn what_the_domain_lacks_answers_unimplemented_naming_it() {
     let (status, body, _) = control(
         &server,
         reqwest::Method::POST,
-        &format!("/sandboxes/{sid}/timeout"),
-        Some(json!({"timeout": 60})),
+        "/v2/sandboxes",
+        Some(json!({"templateID": "base", "autoPause": true, "autoResume": {"enabled": true}})),
         &[],
     )
     .await;
@@ -500,7 +585,7 @@ async fn what_the_domain_lacks_answers_unimplemented_naming_it() {
     assert!(
         body["message"]
             .as_str()
-            .is_some_and(|m| m.contains("timeout")),
+            .is_some_and(|m| m.contains("autoResume")),
         "{body}"
     );
     let (status, body) = envd(

@@ -1,9 +1,11 @@
 //! E2B's control plane (its `openapi.yml`, the part the SDKs' `Sandbox`
-//! class calls): create, connect, info, list, kill, and the calls the
-//! domain cannot serve yet (pause, a new timeout), which answer 501 naming
-//! what is missing. Bodies are JSON; every error is `{code, message}` with
-//! the HTTP status as `code`, which the SDKs turn into their exceptions
-//! (401: `AuthenticationException`, 404: not found, 429: rate limit).
+//! class calls): create, connect, info, list, kill, pause and a new
+//! timeout; what the domain cannot serve yet answers 501 naming what is
+//! missing. E2B's `timeout` is a sandbox's lifetime (see
+//! `sandbox::lifetime`), not an idle TTL. Bodies are JSON; every error is
+//! `{code, message}` with the HTTP status as `code`, which the SDKs turn
+//! into their exceptions (401: `AuthenticationException`, 404: not found,
+//! 429: rate limit).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -21,6 +23,7 @@ use super::wire::rfc3339;
 use super::{E2b, ENVD_VERSION};
 use crate::api::error::{ApiError, ErrorCode};
 use crate::api::extract::Path;
+use crate::sandbox::lifetime::{AtEnd, LifetimeChange};
 use crate::sandbox::spec::{CreateSandboxRequest, NetworkRequest};
 use crate::sandbox::{SandboxInfo, metadata};
 
@@ -31,6 +34,9 @@ const DEFAULT_PAGE: usize = 100;
 const MAX_BODY_BYTES: usize = 1024 * 1024;
 /// What `clientID` says: there is one node.
 const CLIENT_ID: &str = "sandboxd";
+/// A create's lifetime when it names none: the SDKs' own default (E2B's
+/// documented five minutes).
+const DEFAULT_TIMEOUT_SECS: i64 = 300;
 
 /// A control-plane error: `{"code": status, "message": …}`.
 #[derive(Debug)]
@@ -86,6 +92,28 @@ fn json_body<T: DeserializeOwned>(body: Result<Bytes, BytesRejection>) -> Result
         .map_err(|e| ControlError::new(StatusCode::BAD_REQUEST, format!("invalid JSON body: {e}")))
 }
 
+/// The body of `POST /sandboxes/{id}/timeout` and of connect: seconds.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+pub(super) struct Timeout {
+    timeout: Option<i64>,
+}
+
+/// A timeout in seconds as milliseconds: 0 to what the SDKs' int32
+/// holds.
+fn timeout_ms(secs: i64) -> Result<u64, ControlError> {
+    u64::try_from(secs)
+        .ok()
+        .filter(|s| *s <= u64::from(i32::MAX.unsigned_abs()))
+        .map(|s| s * 1000)
+        .ok_or_else(|| {
+            ControlError::new(
+                StatusCode::BAD_REQUEST,
+                format!("timeout must be 0 to {} seconds, not {secs}", i32::MAX),
+            )
+        })
+}
+
 /// `POST /v2/sandboxes`'s body; fields the SDKs add later are ignored.
 #[derive(Debug, Default, Deserialize)]
 #[serde(default)]
@@ -99,6 +127,9 @@ pub(super) struct NewSandbox {
     env_vars: Option<BTreeMap<String, String>>,
     #[serde(rename = "autoPause")]
     auto_pause: Option<bool>,
+    /// `{"enabled": bool}`: resumed by traffic, which sandboxd does not do.
+    #[serde(rename = "autoResume")]
+    auto_resume: Option<serde_json::Value>,
     #[serde(rename = "allow_internet_access")]
     allow_internet_access: Option<bool>,
     network: Option<serde_json::Value>,
@@ -113,8 +144,12 @@ impl NewSandbox {
         let set = |v: &Option<serde_json::Value>| v.as_ref().is_some_and(|v| !v.is_null());
         if self.env_vars.as_ref().is_some_and(|m| !m.is_empty()) {
             Some("sandbox-wide environment variables (envVars); pass envs to each command")
-        } else if self.auto_pause == Some(true) {
-            Some("autoPause (it needs pause and resume)")
+        } else if self
+            .auto_resume
+            .as_ref()
+            .is_some_and(|v| v["enabled"] == serde_json::Value::Bool(true))
+        {
+            Some("autoResume (resumed by traffic); Sandbox.connect resumes a paused sandbox")
         } else if set(&self.network) {
             Some("network rules (network); allow_internet_access is supported")
         } else if set(&self.mcp) {
@@ -275,6 +310,14 @@ pub(super) async fn create(
     if let Some(what) = req.unsupported() {
         return Err(ControlError::unimplemented(what));
     }
+    let lifetime = LifetimeChange::Set {
+        length_ms: timeout_ms(req.timeout.unwrap_or(DEFAULT_TIMEOUT_SECS))?,
+        at_end: Some(if req.auto_pause == Some(true) {
+            AtEnd::Pause
+        } else {
+            AtEnd::Stop
+        }),
+    };
     if e2b.tokens.unusable().is_some() {
         return Err(e2b.tokens_off());
     }
@@ -282,19 +325,18 @@ pub(super) async fn create(
         mode: Some("none".into()),
         allow: None,
     });
+    let create = CreateSandboxRequest {
+        session_key: session_key(&headers)?,
+        runtime: Some(runtime.to_string()),
+        idle_ttl_ms: None,
+        resources: None,
+        network,
+        ports: None,
+        metadata: req.metadata,
+    };
     let created = e2b
         .app
-        .create_sandbox(CreateSandboxRequest {
-            session_key: session_key(&headers)?,
-            runtime: Some(runtime.to_string()),
-            // E2B's timeout counts from the create; sandboxd's idle TTL
-            // from the last use, the nearest the domain has.
-            idle_ttl_ms: req.timeout.map(|s| s.saturating_mul(1000)),
-            resources: None,
-            network,
-            ports: None,
-            metadata: req.metadata,
-        })
+        .create_sandbox_with_lifetime(create, lifetime)
         .await
         .map_err(ApiError::from)?;
     let answer = e2b.created(created.sandbox_id, runtime)?;
@@ -302,18 +344,27 @@ pub(super) async fn create(
 }
 
 /// `POST /v2/sandboxes/{id}/connect`: a running sandbox is connected to
-/// as it is (200); a paused one is resumed first (201).
+/// as it is (200), its lifetime lengthened to `timeout` from now if that
+/// is later; a paused one is resumed first (201), its lifetime `timeout`
+/// from now (else its whole length again). A sandbox with no lifetime (one
+/// made by sandboxd's own API) keeps its idle TTL.
 pub(super) async fn connect(
     State(e2b): State<Arc<E2b>>,
     Path(id): Path<String>,
+    body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ControlError> {
+    let req: Timeout = json_body(body)?;
+    let length_ms = req.timeout.map(timeout_ms).transpose()?;
     let s = e2b.sandbox(&id).await?;
     let status = if s.paused {
-        e2b.app.resume_sandbox(&id).await.map_err(ApiError::from)?;
         StatusCode::CREATED
     } else {
         StatusCode::OK
     };
+    e2b.app
+        .connect_sandbox(&id, s.paused, length_ms)
+        .await
+        .map_err(ApiError::from)?;
     let answer = e2b.created(s.id, &s.runtime)?;
     Ok((status, axum::Json(answer)).into_response())
 }
@@ -434,13 +485,32 @@ pub(super) async fn list(
     Ok(resp)
 }
 
-/// `POST /sandboxes/{id}/timeout`: needs an end time the domain can move.
+/// `POST /sandboxes/{id}/timeout`: the sandbox ends `timeout` seconds
+/// from now, sooner or later than before (one made by sandboxd's own API
+/// gets a lifetime, ending in a stop, in place of its idle TTL).
 pub(super) async fn set_timeout(
     State(e2b): State<Arc<E2b>>,
     Path(id): Path<String>,
+    body: Result<Bytes, BytesRejection>,
 ) -> Result<StatusCode, ControlError> {
-    let what = "changing a sandbox's timeout (it needs an absolute end time settable later)";
-    lacking(&e2b, &id, what).await
+    let req: Timeout = json_body(body)?;
+    let secs = req.timeout.ok_or_else(|| {
+        ControlError::new(
+            StatusCode::BAD_REQUEST,
+            "the body needs a timeout in seconds",
+        )
+    })?;
+    let change = LifetimeChange::Set {
+        length_ms: timeout_ms(secs)?,
+        at_end: None,
+    };
+    e2b.sandbox(&id).await?;
+    e2b.app
+        .sandboxes
+        .change_lifetime(&id, change)
+        .await
+        .map_err(ApiError::from)?;
+    Ok(StatusCode::NO_CONTENT)
 }
 
 /// `POST /sandboxes/{id}/pause`: the engine's pause (see
@@ -452,13 +522,6 @@ pub(super) async fn pause(
     e2b.sandbox(&id).await?;
     e2b.app.sandboxes.pause(&id).await.map_err(ApiError::from)?;
     Ok(StatusCode::NO_CONTENT)
-}
-
-/// A call the domain cannot serve yet: 404 for an unknown sandbox, else
-/// 501 naming `what` is missing.
-async fn lacking(e2b: &E2b, id: &str, what: &str) -> Result<StatusCode, ControlError> {
-    e2b.sandbox(id).await?;
-    Err(ControlError::unimplemented(what))
 }
 
 /// `GET /sandboxes/{id}/metrics`: sandboxd keeps no samples of a sandbox's
@@ -493,6 +556,15 @@ mod tests {
     }
 
     #[test]
+    fn a_timeout_is_0_to_an_int32_of_seconds() {
+        assert_eq!(timeout_ms(0).ok(), Some(0));
+        assert_eq!(timeout_ms(300).ok(), Some(300_000));
+        assert_eq!(timeout_ms(2_147_483_647).ok(), Some(2_147_483_647_000));
+        assert!(timeout_ms(-1).is_err());
+        assert!(timeout_ms(2_147_483_648).is_err());
+    }
+
+    #[test]
     fn an_idempotency_key_names_one_session_and_none_a_fresh_one() {
         let mut h = HeaderMap::new();
         h.insert("idempotency-key", HeaderValue::from_static("k1"));
@@ -515,9 +587,17 @@ mod tests {
                 .unsupported()
                 .is_none()
         );
+        assert!(
+            parse(serde_json::json!({"autoPause": true, "autoResume": {"enabled": false}}))
+                .unsupported()
+                .is_none()
+        );
         [
             (serde_json::json!({"envVars": {"A": "1"}}), "envVars"),
-            (serde_json::json!({"autoPause": true}), "pause"),
+            (
+                serde_json::json!({"autoPause": true, "autoResume": {"enabled": true}}),
+                "autoResume",
+            ),
             (serde_json::json!({"volumeMounts": []}), "volume"),
         ]
         .into_iter()
