@@ -142,8 +142,6 @@ pub struct SandboxInfo {
     /// Its processes are frozen (see [`Sandboxes::pause`]).
     pub paused: bool,
     pub metadata: metadata::Metadata,
-    /// An end time that replaces its idle TTL (see `lifetime`).
-    pub lifetime: Option<lifetime::Lifetime>,
 }
 
 impl From<&Sandbox> for SandboxInfo {
@@ -163,7 +161,6 @@ impl From<&Sandbox> for SandboxInfo {
             running_commands: s.running_commands(),
             paused: s.is_paused(),
             metadata: s.metadata.clone(),
-            lifetime: s.lifetime(),
         }
     }
 }
