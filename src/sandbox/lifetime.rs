@@ -16,8 +16,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use super::registry::Sandbox;
-use super::{Event, SandboxError, SandboxResult, Sandboxes};
+use super::{Event, Sandbox, SandboxError, SandboxResult, Sandboxes};
 use crate::clock::now_ms;
 use crate::durable_file;
 
