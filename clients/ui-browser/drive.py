@@ -5,9 +5,10 @@ tests/it/ui.rs, which set up what it looks at through the API.
     drive.py full  BASE SHOTS SANDBOX_ID TICKER_COMMAND_ID PORT_URL
 
 The admin token comes in SANDBOXD_TOKEN. Each step prints one line,
-`ok STEP [what it saw]`; after an upload it prints `uploaded PATH CONTENT`
-and waits for a line on stdin (the test reads the file back through the
-API). At the end it prints every request the browser made
+`ok STEP [what it saw]`. It waits for a line on stdin after printing
+`uploaded PATH CONTENT` (the test reads the file back through the API),
+`ok restarted` (the test waits until the sandbox runs commands again) and
+`checkpoint-taken ID` (the test changes a file and starts a command). At the end it prints every request the browser made
 (`request PHASE URL`, from Chromium's performance log; PHASE is `port`
 while the port link was followed, else `console`), every console message
 (`console LEVEL TEXT`), then `done`. Screenshots go to SHOTS.
@@ -237,6 +238,9 @@ def full(c, sid, ticker, port_url):
     c.click("#confirm-ok")
     c.wait("the dialog closed", lambda: not c.find("#confirm").is_displayed())
     say("ok restarted")
+    sys.stdin.readline()  # the test waits for the restart to be over
+
+    checkpoint_steps(c, sid)
 
     # Stop: cancel first (it stays), then confirm (it goes).
     c.click(f"{row} button.stop")
@@ -251,6 +255,59 @@ def full(c, sid, ticker, port_url):
     c.wait("the sandbox gone from the list", lambda: not c.d.find_elements(By.CSS_SELECTOR, row))
     c.shot("stopped")
     say("ok stopped")
+
+
+def checkpoint_row(c, label):
+    """The checkpoint row whose label is `label`, or None."""
+    for tr in c.d.find_elements(By.CSS_SELECTOR, "#checkpoints tr[data-checkpoint]"):
+        if tr.find_element(By.CSS_SELECTOR, "td").text.split("\n")[0] == label:
+            return tr
+    return None
+
+
+def take_checkpoint(c, label):
+    """Takes a checkpoint labelled `label` through the form; its id."""
+    c.find("#checkpoint-label").send_keys(label)
+    c.click("#take-checkpoint")
+    c.wait(f"the checkpoint {label} listed", lambda: checkpoint_row(c, label) is not None)
+    return checkpoint_row(c, label).get_attribute("data-checkpoint")
+
+
+def confirm(c, title):
+    """Accepts the confirmation once it asks `title`."""
+    c.wait(f"the confirmation {title!r}", lambda: c.find("#confirm").is_displayed() and c.text("#confirm-title") == title)
+    c.click("#confirm-ok")
+
+
+def checkpoint_steps(c, sid):
+    """Takes a checkpoint, deletes another; after the test changed a file
+    (and started a command), diffs against now and restores, confirming
+    twice (the second to end the running command)."""
+    c.click(f'tr[data-sandbox="{sid}"] a')
+    c.click("#to-checkpoints")
+    kept = take_checkpoint(c, "before-edit")
+    take_checkpoint(c, "scratch")
+    c.click(f'tr[data-checkpoint="{checkpoint_row(c, "scratch").get_attribute("data-checkpoint")}"] button.delete')
+    confirm(c, "Delete this checkpoint?")
+    c.wait("the deleted checkpoint gone", lambda: checkpoint_row(c, "scratch") is None)
+    assert checkpoint_row(c, "before-edit") is not None, "the other checkpoint stays"
+    say(f"checkpoint-taken {kept}")
+    sys.stdin.readline()
+
+    c.click(f'tr[data-checkpoint="{kept}"] button.diff')
+    c.wait("the modified file in the diff", lambda: c.find('#diff-modified li[data-path="notes/readme.txt"]').is_displayed())
+    c.shot("checkpoints")
+    say(f"ok diff {' '.join(li.get_attribute('data-path') for li in c.d.find_elements(By.CSS_SELECTOR, '#diff li[data-path]'))}")
+
+    c.click(f'tr[data-checkpoint="{kept}"] button.restore')
+    confirm(c, "Restore this checkpoint?")
+    c.wait("the second confirmation", lambda: c.find("#confirm").is_displayed() and c.text("#confirm-title") == "Commands are running")
+    c.shot("confirm-end-commands")
+    confirm(c, "Commands are running")
+    c.wait("the restore", lambda: "Restored before-edit" in c.text("#checkpoints-status"))
+    c.shot("checkpoint-restored")
+    say("ok checkpoint-restored")
+    c.click('a[href="#/sandboxes"]')
 
 
 def main():

@@ -4,8 +4,8 @@
 //! into a venv under target/) against a real sandboxd with an admin token.
 //! The driver reports what the browser saw line by line; this side set up
 //! the sandbox, command, file and port server through the API, checks the
-//! upload and the stop through the API, and judges the browser's network
-//! and console logs. Screenshots land in target/ui-screenshots/.
+//! upload, the checkpoint restore and the stop through the API, and judges
+//! the browser's network and console logs. Screenshots land in target/ui-screenshots/.
 //! `smoke_signs_in` is the short one kept under gVisor.
 
 use serde_json::json;
@@ -242,6 +242,24 @@ async fn the_console_shows_and_drives_a_sandbox() {
         ended["exitCode"], 137,
         "the restart ended the running command: {ended}"
     );
+    // The console does not wait for the restart to be over; the
+    // checkpoint steps need the container up again.
+    harness::eventually(
+        std::time::Duration::from_secs(60),
+        "the restarted sandbox runs a command",
+        || async {
+            let (status, done) = server
+                .post(
+                    &format!("/v1/sandboxes/{sid}/commands:run"),
+                    json!({"command": "true"}),
+                )
+                .await;
+            status == 200 && done["exitCode"] == 0
+        },
+    )
+    .await;
+    driver.tell("running again").await;
+    checkpoint_through_the_console(&server, &sid, &mut driver).await;
     until(&mut driver, "ok stopped").await;
     let (status, gone) = server.get(&format!("/v1/sandboxes/{sid}")).await;
     assert_eq!(
@@ -255,6 +273,65 @@ async fn the_console_shows_and_drives_a_sandbox() {
         .filter(|m| m.contains("Content Security Policy") || m.contains("Refused"))
         .collect();
     assert!(refused.is_empty(), "the CSP refused something: {refused:?}");
+}
+
+/// The console took a checkpoint (and deleted another); this side changes
+/// a file and starts a command; the console's diff shows the change and
+/// its restore, confirmed twice (the second to end the command), brings
+/// the file's old content back.
+async fn checkpoint_through_the_console(server: &TestServer, sid: &str, driver: &mut ScriptRun) {
+    let taken = until(driver, "checkpoint-taken").await;
+    let (status, list) = server
+        .get(&format!("/v1/sandboxes/{sid}/checkpoints"))
+        .await;
+    assert_eq!(status, 200, "{list}");
+    let labels: Vec<(&str, &str)> = list["checkpoints"]
+        .as_array()
+        .expect("checkpoints")
+        .iter()
+        .map(|c| {
+            (
+                c["checkpointId"].as_str().unwrap_or_default(),
+                c["label"].as_str().unwrap_or_default(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        labels,
+        [(taken.as_str(), "before-edit")],
+        "the console's checkpoint, and not the one it deleted: {list}"
+    );
+    let readme = "/workspace/notes/readme.txt";
+    let (status, body) = server
+        .write_files(
+            sid,
+            json!([{"path": readme, "contentBase64": harness::b64("changed after the checkpoint\n")}]),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let sleeper = server
+        .start_command(sid, json!({"command": "sleep 300", "timeoutMs": 600000}))
+        .await;
+    driver.tell("changed").await;
+    let diff = until(driver, "ok diff").await;
+    assert_eq!(
+        diff.split_whitespace().collect::<Vec<_>>(),
+        ["notes/readme.txt"],
+        "the console's diff against now lists the changed file alone"
+    );
+    until(driver, "ok checkpoint-restored").await;
+    let (status, read) = server.read_file(sid, readme).await;
+    assert_eq!(status, 200, "{read}");
+    assert_eq!(
+        read["contentBase64"].as_str(),
+        Some(harness::b64("written through the API\n").as_str()),
+        "the restore brought back the content at the checkpoint: {read}"
+    );
+    let ended = server.wait_command(sid, &sleeper).await;
+    assert_ne!(
+        ended["exitCode"], 0,
+        "the second confirmation ended the running command: {ended}"
+    );
 }
 
 #[tokio::test]

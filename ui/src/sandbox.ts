@@ -1,12 +1,13 @@
 // One sandbox: its facts and lifecycle buttons, then a tab each for its
-// commands (with a live log), files, terminal and port URLs.
+// commands (with a live log), files, terminal, port URLs and checkpoints.
 import { ApiError, call, enc, ndjson, type Command, type FileEntry, type LogRecord, type Sandbox } from "./api";
+import { checkpointsTab } from "./checkpoints";
 import { ago, el, show } from "./dom";
 import type { Cleanup } from "./main";
 import { lifecycleButtons } from "./sandboxes";
 import { terminalTab } from "./terminal";
 
-const TABS = ["commands", "files", "terminal", "ports"] as const;
+const TABS = ["commands", "files", "terminal", "ports", "checkpoints"] as const;
 
 export function sandboxPage(id: string, tab: string): Cleanup {
   const base = `/v1/sandboxes/${enc(id)}`;
@@ -43,6 +44,7 @@ export function sandboxPage(id: string, tab: string): Cleanup {
   if (tab === "commands") cleanup = commandsTab(panel, base);
   else if (tab === "files") filesTab(panel, base, "/workspace");
   else if (tab === "terminal") cleanup = terminalTab(panel, id);
+  else if (tab === "checkpoints") cleanup = checkpointsTab(panel, base);
   return () => cleanup();
 }
 
