@@ -3,6 +3,7 @@ tests/it/ui.rs, which set up what it looks at through the API.
 
     drive.py smoke BASE SHOTS
     drive.py full  BASE SHOTS SANDBOX_ID TICKER_COMMAND_ID PORT_URL
+    drive.py keyboard BASE SHOTS SANDBOX_ID
 
 The admin token comes in SANDBOXD_TOKEN. Each step prints one line,
 `ok STEP [what it saw]`. It waits for a line on stdin after printing
@@ -310,15 +311,154 @@ def checkpoint_steps(c, sid):
     c.click('a[href="#/sandboxes"]')
 
 
+# What a keyboard can reach on the page (enabled, shown, not in a closed
+# dialog), each described by what it is and the row it is in, which stays
+# the same when a polled table renders it again.
+DESCRIBE = """
+window.describeForKeyboard = (e) => {
+  const row = e.closest('[data-key]');
+  const text = (e.textContent || e.getAttribute('aria-label') || '').trim().slice(0, 40);
+  return `${e.tagName.toLowerCase()}#${e.id}.${e.className} "${text}"${row ? ' in ' + row.dataset.key : ''}`;
+};
+"""
+REACHABLE = DESCRIBE + """
+return [...document.querySelectorAll('a[href], button, input, select, textarea, [tabindex]')]
+  .filter(e => e.tabIndex >= 0 && !e.disabled && !e.closest('dialog:not([open])')
+    && e.getClientRects().length > 0 && getComputedStyle(e).visibility !== 'hidden')
+  .map(e => window.describeForKeyboard(e));
+"""
+# The focused element and whether its focus shows: :focus-visible with an
+# outline of at least 2px.
+FOCUSED = DESCRIBE + """
+const e = document.activeElement;
+if (!e || e === document.body || e === document.documentElement) return null;
+const s = getComputedStyle(e);
+return [window.describeForKeyboard(e),
+        e.matches(':focus-visible') && s.outlineStyle !== 'none' && parseFloat(s.outlineWidth) >= 2];
+"""
+
+
+class Keyboard:
+    """Keys sent to whatever has focus, as a person at a keyboard does."""
+
+    def __init__(self, c):
+        self.c = c
+
+    def press(self, *keys):
+        ActionChains(self.c.d).send_keys(*keys).perform()
+
+    def shift_tab(self):
+        ActionChains(self.c.d).key_down(Keys.SHIFT).send_keys(Keys.TAB).key_up(Keys.SHIFT).perform()
+
+    def focused(self):
+        return self.c.d.execute_script(FOCUSED)
+
+    def active_matches(self, css):
+        return self.c.d.execute_script("return !!document.activeElement && document.activeElement.matches(arguments[0])", css)
+
+    def tab_to(self, css, most=80):
+        """Tabs until the focused element matches `css`."""
+        for _ in range(most):
+            if self.active_matches(css):
+                return
+            self.press(Keys.TAB)
+        raise AssertionError(f"{css} not reached in {most} presses of Tab; page text:\n{self.c.text('body')}")
+
+    def every_control_reached(self, page):
+        """Tabs round the whole page: every control gets focus, and shows it."""
+        want = set(self.c.d.execute_script(REACHABLE))
+        assert want, f"{page}: nothing to reach"
+        # From the top: the skip link is first, reached back from the next.
+        self.c.d.execute_script("document.querySelector('.skip').focus()")
+        self.press(Keys.TAB)
+        self.shift_tab()
+        seen, unseen_focus = set(), []
+        for _ in range(2 * len(want) + 10):
+            now = self.focused()
+            if now:
+                seen.add(now[0])
+                if not now[1]:
+                    unseen_focus.append(now[0])
+            if want <= seen:
+                break
+            self.press(Keys.TAB)
+        missing = want - seen
+        assert not missing, f"{page}: not reached by Tab: {sorted(missing)}"
+        assert not unseen_focus, f"{page}: focused without a visible focus style: {sorted(set(unseen_focus))}"
+        say(f"ok reachable {page} {len(want)}")
+
+
+def keyboard(c, sid):
+    """Only keys, never a click: sign in, every control of each page in
+    reach of Tab with its focus shown, open the sandbox from the list,
+    reach Stop, a dialog that keeps focus and closes on Escape, then stop
+    it after confirming and see it gone."""
+    k = Keyboard(c)
+    c.d.get(c.base + "/ui/")
+    c.wait("the token field", lambda: c.find("#token").is_displayed())
+    k.every_control_reached("signin")
+    k.tab_to("#token")
+    k.press(os.environ["SANDBOXD_TOKEN"], Keys.ENTER)
+    row = f'tr[data-sandbox="{sid}"]'
+    c.wait("the sandbox in the list", lambda: c.find(row).is_displayed())
+    say("ok signed-in")
+    k.every_control_reached("sandboxes")
+    for tab, ready in (
+        ("commands", "#commands tr[data-command] button"),
+        ("files", 'li[data-file="notes"] button'),
+        ("terminal", "#new-terminal"),
+        ("ports", "#ports li"),
+        ("checkpoints", "#checkpoints tr[data-checkpoint] button.restore"),
+    ):
+        c.d.get(f"{c.base}/ui/#/sandboxes/{sid}/{tab}")
+        c.wait(f"the {tab} tab", lambda: c.find(ready).is_displayed() and c.find(".sandbox-head button.stop").is_displayed())
+        k.every_control_reached(tab)
+    c.d.get(c.base + "/ui/#/status")
+    c.wait("the status table", lambda: "Pool target" in c.text("#status"))
+    k.every_control_reached("status")
+
+    c.d.get(c.base + "/ui/#/sandboxes")
+    c.wait("the sandbox in the list", lambda: c.find(row).is_displayed())
+    k.tab_to(f"{row} a")
+    k.press(Keys.ENTER)
+    c.wait("the sandbox page", lambda: c.find(".sandbox-head button.stop").is_displayed())
+    k.tab_to(".sandbox-head button.stop")
+    k.press(Keys.ENTER)
+    dialog_open = lambda: c.d.execute_script("return document.getElementById('confirm').open")
+    c.wait("the confirmation", dialog_open)
+    assert k.active_matches("#confirm-cancel"), k.focused()
+    k.press(Keys.TAB)
+    assert k.active_matches("#confirm-ok"), k.focused()
+    k.press(Keys.TAB)
+    assert k.active_matches("#confirm-cancel"), f"Tab stays in the dialog: {k.focused()}"
+    k.shift_tab()
+    assert k.active_matches("#confirm-ok"), f"Shift+Tab stays in the dialog: {k.focused()}"
+    c.shot("keyboard-confirm")
+    k.press(Keys.ESCAPE)
+    c.wait("Escape to close the dialog", lambda: not dialog_open())
+    assert k.active_matches(".sandbox-head button.stop"), f"focus back on Stop: {k.focused()}"
+    say("ok escaped")
+    sys.stdin.readline()  # the test checks the sandbox is still there
+    k.press(Keys.SPACE)
+    c.wait("the confirmation again", dialog_open)
+    k.press(Keys.TAB)
+    k.press(Keys.SPACE)
+    c.wait("the sandbox gone from the list", lambda: c.find("#sandboxes").is_displayed() and not c.d.find_elements(By.CSS_SELECTOR, row))
+    say("ok stopped")
+
+
 def main():
     scenario, base, shots = sys.argv[1:4]
     d = browser()
     try:
         c = Console(d, base, shots)
-        sign_in_steps(c)
-        if scenario == "full":
+        if scenario == "keyboard":
+            keyboard(c, sys.argv[4])
+        elif scenario == "full":
+            sign_in_steps(c)
             full(c, *sys.argv[4:7])
         else:
+            sign_in_steps(c)
             c.wait("the empty list", lambda: "0 of 0 sandboxes" in c.text("main"))
             c.shot("smoke-sandboxes")
         c.drain("console")

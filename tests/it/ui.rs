@@ -5,7 +5,8 @@
 //! The driver reports what the browser saw line by line; this side set up
 //! the sandbox, command, file and port server through the API, checks the
 //! upload, the checkpoint restore and the stop through the API, and judges
-//! the browser's network and console logs. Screenshots land in target/ui-screenshots/.
+//! the browser's network and console logs. A second run uses the keyboard
+//! alone. Screenshots land in target/ui-screenshots/.
 //! `smoke_signs_in` is the short one kept under gVisor.
 
 use serde_json::json;
@@ -332,6 +333,62 @@ async fn checkpoint_through_the_console(server: &TestServer, sid: &str, driver: 
         ended["exitCode"], 0,
         "the second confirmation ended the running command: {ended}"
     );
+}
+
+/// Only keys (clients/ui-browser/drive.py, `keyboard`): signed in, every
+/// control of each page reached by Tab with its focus shown, the sandbox
+/// opened from the list, its stop dialog kept focus and closed on Escape
+/// (the sandbox stays), then stopped after confirming.
+#[tokio::test]
+async fn keyboard_alone_reaches_every_control_and_stops_a_sandbox() {
+    let server = server().await;
+    // Something on every tab: a file, a finished command, a port, a
+    // checkpoint.
+    let sid = server
+        .create(json!({"sessionKey": "ui:keyboard", "ports": [8000]}))
+        .await;
+    let (status, body) = server
+        .write_files(
+            &sid,
+            json!([{"path": "notes/readme.txt", "contentBase64": harness::b64("for the keyboard\n")}]),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let done = server.sh(&sid, "echo finished-output").await;
+    assert_eq!(done["exitCode"], 0, "{done}");
+    let (status, taken) = server
+        .post(
+            &format!("/v1/sandboxes/{sid}/checkpoints"),
+            json!({"label": "kept"}),
+        )
+        .await;
+    assert_eq!(status, 201, "{taken}");
+
+    let mut driver = drive(&server, "keyboard", &[&sid]);
+    for page in [
+        "signin",
+        "sandboxes",
+        "commands",
+        "files",
+        "terminal",
+        "ports",
+        "checkpoints",
+        "status",
+    ] {
+        let reached = until(&mut driver, "ok reachable").await;
+        assert!(
+            reached.starts_with(&format!("{page} ")),
+            "{page}, in order: {reached}"
+        );
+    }
+    until(&mut driver, "ok escaped").await;
+    let (status, still) = server.get(&format!("/v1/sandboxes/{sid}")).await;
+    assert_eq!(status, 200, "Escape stopped nothing: {still}");
+    driver.tell("still there").await;
+    until(&mut driver, "ok stopped").await;
+    let (status, gone) = server.get(&format!("/v1/sandboxes/{sid}")).await;
+    assert_eq!(status, 404, "stopped with keys alone: {gone}");
+    finish(driver).await;
 }
 
 #[tokio::test]

@@ -3,7 +3,7 @@
 // confirmation; a restore refused for running commands asks a second time
 // whether to end them.
 import { ApiError, call, enc } from "./api";
-import { ago, confirmAction, el } from "./dom";
+import { ago, confirmAction, el, keepFocus } from "./dom";
 import type { Cleanup } from "./main";
 
 const POLL_MS = 3000;
@@ -150,13 +150,15 @@ export function checkpointsTab(panel: HTMLElement, base: string): Cleanup {
     await refresh();
   };
 
-  const render = (all: Checkpoint[]) => {
+  const render = (all: Checkpoint[]) => keepFocus(body, () => rows(all));
+
+  const rows = (all: Checkpoint[]) => {
     const now = Date.now();
     body.replaceChildren(
       ...all.map((c) =>
         el(
           "tr",
-          { "data-checkpoint": c.checkpointId },
+          { "data-checkpoint": c.checkpointId, "data-key": c.checkpointId },
           el("td", { "data-label": "Label" }, c.label ?? el("span", { class: "muted" }, "none"), el("div", { class: "muted mono" }, c.checkpointId)),
           el("td", { "data-label": "Taken" }, new Date(c.createdAt).toLocaleString(), el("div", { class: "muted" }, `${ago(now - c.createdAt)} ago`)),
           el("td", { "data-label": "Files" }, String(c.files)),
@@ -182,8 +184,7 @@ export function checkpointsTab(panel: HTMLElement, base: string): Cleanup {
     try {
       const { checkpoints } = await call<{ checkpoints: Checkpoint[] }>("GET", url);
       const seen = JSON.stringify(checkpoints);
-      // Unchanged while a keyboard user is in the table: keep their focus.
-      if (seen !== shown || !body.contains(document.activeElement)) {
+      if (seen !== shown) {
         shown = seen;
         render(checkpoints);
       }

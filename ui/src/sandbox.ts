@@ -2,7 +2,7 @@
 // commands (with a live log), files, terminal, port URLs and checkpoints.
 import { ApiError, call, enc, ndjson, type Command, type FileEntry, type LogRecord, type Sandbox } from "./api";
 import { checkpointsTab } from "./checkpoints";
-import { ago, el, show } from "./dom";
+import { ago, el, keepFocus, show } from "./dom";
 import type { Cleanup } from "./main";
 import { lifecycleButtons } from "./sandboxes";
 import { terminalTab } from "./terminal";
@@ -83,25 +83,26 @@ function commandsTab(panel: HTMLElement, base: string): Cleanup {
     try {
       const { commands } = await call<{ commands: Command[] }>("GET", `${base}/commands`);
       const now = Date.now();
-      // Unchanged while a keyboard user is in the table: keep their focus.
       const seen = JSON.stringify(commands);
       if (seen !== shown || !body.contains(document.activeElement)) {
         shown = seen;
-        body.replaceChildren(
-          ...commands
-            .slice()
-            .reverse()
-            .map((c) =>
-              el(
-                "tr",
-                { "data-command": c.commandId },
+        keepFocus(body, () =>
+          body.replaceChildren(
+            ...commands
+              .slice()
+              .reverse()
+              .map((c) =>
+                el(
+                  "tr",
+                  { "data-command": c.commandId, "data-key": c.commandId },
                 el("td", { "data-label": "Command" }, el("button", { type: "button", class: "link", onclick: () => follow(c) }, c.summary || c.commandId)),
                 el("td", { "data-label": "State" }, c.state),
                 el("td", { "data-label": "Exit" }, c.exitCode === null ? "–" : `${c.exitCode}${c.timedOut ? " (timed out)" : ""}${c.killed ? " (killed)" : ""}`),
                 el("td", { "data-label": "Duration" }, c.durationMs === null ? ago(now - c.startedAt) : `${c.durationMs} ms`),
                 el("td", { "data-label": "Processes" }, c.processes === null ? "?" : String(c.processes)),
+                ),
               ),
-            ),
+          ),
         );
       }
     } catch (err) {
