@@ -1,18 +1,22 @@
-"""Drives sandboxd's web console in Debian's headless Chromium for
-tests/it/ui.rs, which set up what it looks at through the API.
+"""Drives sandboxd's web console in Debian's headless Chromium (or, for
+`firefox`, its Firefox ESR through geckodriver) for tests/it/ui.rs, which
+set up what it looks at through the API.
 
     drive.py smoke BASE SHOTS
     drive.py full  BASE SHOTS SANDBOX_ID TICKER_COMMAND_ID PORT_URL
     drive.py keyboard BASE SHOTS SANDBOX_ID
+    drive.py firefox BASE SHOTS GECKODRIVER SANDBOX_ID TICKER_COMMAND_ID
 
 The admin token comes in SANDBOXD_TOKEN. Each step prints one line,
 `ok STEP [what it saw]`. It waits for a line on stdin after printing
 `uploaded PATH CONTENT` (the test reads the file back through the API),
 `ok restarted` (the test waits until the sandbox runs commands again) and
-`checkpoint-taken ID` (the test changes a file and starts a command). At the end it prints every request the browser made
-(`request PHASE URL`, from Chromium's performance log; PHASE is `port`
-while the port link was followed, else `console`), every console message
-(`console LEVEL TEXT`), then `done`. Screenshots go to SHOTS.
+`checkpoint-taken ID` (the test changes a file and starts a command). At
+the end it prints every request the browser made (`request PHASE URL`, from Chromium's performance log, or in Firefox from
+the page's resource timing; PHASE is `port` while the port link was
+followed, else `console`), every console message (`console LEVEL TEXT`,
+Chromium only), then `done`. Screenshots go to SHOTS (`firefox-NAME.png`
+from Firefox).
 """
 
 import json
@@ -30,6 +34,8 @@ from selenium.common.exceptions import (
 from selenium.webdriver.common.action_chains import ActionChains
 from selenium.webdriver.chrome.options import Options
 from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.firefox.options import Options as FirefoxOptions
+from selenium.webdriver.firefox.service import Service as FirefoxService
 from selenium.webdriver.common.by import By
 from selenium.webdriver.common.keys import Keys
 from selenium.webdriver.support.ui import WebDriverWait
@@ -41,7 +47,7 @@ def say(line):
     print(line, flush=True)
 
 
-def browser():
+def chromium():
     opts = Options()
     opts.binary_location = "/usr/bin/chromium"
     for arg in (
@@ -60,6 +66,38 @@ def browser():
     return d
 
 
+def firefox(geckodriver):
+    """Debian's Firefox ESR through geckodriver (built from crates.io)."""
+    opts = FirefoxOptions()
+    opts.binary_location = "/usr/bin/firefox-esr"
+    opts.add_argument("-headless")
+    # Nothing of Firefox's own reaches out (updates, telemetry, captive
+    # portal checks), and whatever would goes to a proxy on a closed
+    # loopback port: the test allows only loopback traffic, which is never
+    # proxied.
+    for pref, value in (
+        ("network.proxy.type", 1),
+        ("network.proxy.http", "127.0.0.1"),
+        ("network.proxy.http_port", 9),
+        ("network.proxy.ssl", "127.0.0.1"),
+        ("network.proxy.ssl_port", 9),
+        ("network.proxy.allow_hijacking_localhost", False),
+        ("network.trr.mode", 5),
+        ("app.update.enabled", False),
+        ("network.captive-portal-service.enabled", False),
+        ("network.connectivity-service.enabled", False),
+        ("datareporting.policy.dataSubmissionEnabled", False),
+        ("toolkit.telemetry.enabled", False),
+        ("browser.safebrowsing.update.enabled", False),
+        ("extensions.update.enabled", False),
+        ("browser.shell.checkDefaultBrowser", False),
+    ):
+        opts.set_preference(pref, value)
+    d = webdriver.Firefox(service=FirefoxService(executable_path=geckodriver), options=opts)
+    viewport(d, 1280, 800)
+    return d
+
+
 def viewport(d, width, height):
     """Sizes the window so that the page itself gets width x height."""
     d.set_window_size(width, height)
@@ -68,10 +106,11 @@ def viewport(d, width, height):
 
 
 class Console:
-    def __init__(self, driver, base, shots):
+    def __init__(self, driver, base, shots, prefix=""):
         self.d = driver
         self.base = base
         self.shots = shots
+        self.prefix = prefix
 
     def wait(self, what, cond, timeout=TIMEOUT):
         def attempt(_):
@@ -104,7 +143,7 @@ class Console:
         self.wait(f"{css} to click", go)
 
     def shot(self, name):
-        self.d.save_screenshot(os.path.join(self.shots, f"{name}.png"))
+        self.d.save_screenshot(os.path.join(self.shots, f"{self.prefix}{name}.png"))
 
     def sign_in(self, token):
         self.wait("the token field", lambda: self.find("#token").is_displayed())
@@ -123,6 +162,12 @@ class Console:
                 continue
             if url.startswith("blob:"):
                 url = url[len("blob:"):]
+            say(f"request {phase} {url}")
+
+    def resources(self, phase):
+        """Every request of the page from its resource timing (Firefox
+        has no network log; WebSockets are not in it)."""
+        for url in self.d.execute_script("return performance.getEntriesByType('resource').map(e => e.name)"):
             say(f"request {phase} {url}")
 
     def console_messages(self):
@@ -144,8 +189,7 @@ def sign_in_steps(c):
     say("ok signed-in")
 
 
-def full(c, sid, ticker, port_url):
-    row = f'tr[data-sandbox="{sid}"]'
+def listed_steps(c, row):
     c.wait("the test's sandbox in the list", lambda: c.find(row).is_displayed())
     filt = c.find("#filter")
     filt.send_keys("no-such-session")
@@ -159,7 +203,9 @@ def full(c, sid, ticker, port_url):
     viewport(c.d, 1280, 800)
     say("ok listed")
 
-    # Commands: a finished one's retained output, then the running one live.
+
+def commands_steps(c, row, ticker):
+    """A finished command's retained output, then the running one live."""
     c.click(f"{row} a")
     c.wait("the finished command", lambda: "finished-output" in c.text("#commands"))
     for tr in c.d.find_elements(By.CSS_SELECTOR, "#commands tr[data-command]"):
@@ -176,8 +222,10 @@ def full(c, sid, ticker, port_url):
     c.shot("commands")
     say(f"ok live-log tick-{first} then tick-{max(ticks())}")
 
-    # Terminal: type a command, see it echoed and answered; detach and
-    # attach again, and the scrollback still has it.
+
+def terminal_steps(c):
+    """Types a command, sees it echoed and answered; detaches and attaches
+    again, and the scrollback still has it."""
     c.click("#to-terminal")
     c.click("#new-terminal")
     c.wait("the terminal to attach", lambda: "typing goes in" in c.text("#term-state"))
@@ -192,7 +240,8 @@ def full(c, sid, ticker, port_url):
     c.wait("the scrollback after attaching again", lambda: screen().count("hello-from-ui") >= 2)
     say("ok terminal")
 
-    # Files: view one, upload one.
+
+def file_view_steps(c):
     c.click("#to-files")
     c.click('li[data-file="notes"] button')
     c.click('li[data-file="readme.txt"] button')
@@ -201,6 +250,14 @@ def full(c, sid, ticker, port_url):
     assert href.startswith("blob:"), href
     c.shot("files")
     say("ok file-viewed")
+
+
+def full(c, sid, ticker, port_url):
+    row = f'tr[data-sandbox="{sid}"]'
+    listed_steps(c, row)
+    commands_steps(c, row, ticker)
+    terminal_steps(c)
+    file_view_steps(c)
     content = f"uploaded-through-the-console-{os.getpid()}"
     folder = tempfile.mkdtemp()
     local = os.path.join(folder, "from-the-browser.txt")
@@ -447,12 +504,30 @@ def keyboard(c, sid):
     say("ok stopped")
 
 
+def in_firefox(c, sid, ticker):
+    """The main scenario's core in Firefox: sign-in, the list, the live
+    log, the terminal and a file."""
+    row = f'tr[data-sandbox="{sid}"]'
+    sign_in_steps(c)
+    listed_steps(c, row)
+    commands_steps(c, row, ticker)
+    terminal_steps(c)
+    file_view_steps(c)
+    say(f"ok browser {c.d.capabilities['browserName']} {c.d.capabilities['browserVersion']}")
+    c.resources("console")
+
+
 def main():
     scenario, base, shots = sys.argv[1:4]
-    d = browser()
+    if scenario == "firefox":
+        d = firefox(sys.argv[4])
+    else:
+        d = chromium()
     try:
-        c = Console(d, base, shots)
-        if scenario == "keyboard":
+        c = Console(d, base, shots, "firefox-" if scenario == "firefox" else "")
+        if scenario == "firefox":
+            in_firefox(c, *sys.argv[5:7])
+        elif scenario == "keyboard":
             keyboard(c, sys.argv[4])
         elif scenario == "full":
             sign_in_steps(c)
@@ -461,8 +536,9 @@ def main():
             sign_in_steps(c)
             c.wait("the empty list", lambda: "0 of 0 sandboxes" in c.text("main"))
             c.shot("smoke-sandboxes")
-        c.drain("console")
-        c.console_messages()
+        if scenario != "firefox":
+            c.drain("console")
+            c.console_messages()
         say("done")
     finally:
         d.quit()

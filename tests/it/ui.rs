@@ -8,6 +8,8 @@
 //! the browser's network and console logs. A second run uses the keyboard
 //! alone. Screenshots land in target/ui-screenshots/.
 //! `smoke_signs_in` is the short one kept under gVisor.
+//! `firefox_shows_the_log_terminal_and_files` runs the main scenario's
+//! core in Debian's Firefox ESR through geckodriver.
 
 use serde_json::json;
 use std::path::{Path, PathBuf};
@@ -26,12 +28,29 @@ fn python() -> PathBuf {
         .clone()
 }
 
+/// geckodriver, which Debian does not package: scripts/test.sh builds it
+/// from crates.io into target/ when it is missing.
+fn geckodriver() -> PathBuf {
+    let path = repo().join("target/geckodriver/bin/geckodriver");
+    assert!(
+        path.exists(),
+        "{} is missing: scripts/test.sh builds it (cargo install geckodriver)",
+        path.display()
+    );
+    path
+}
+
 /// Starts the browser driver on one scenario.
 fn drive(server: &TestServer, scenario: &str, args: &[&str]) -> ScriptRun {
-    for (tool, package) in [
-        ("/usr/bin/chromium", "chromium"),
-        ("/usr/bin/chromedriver", "chromium-driver"),
-    ] {
+    let browser: &[(&str, &str)] = if scenario == "firefox" {
+        &[("/usr/bin/firefox-esr", "firefox-esr")]
+    } else {
+        &[
+            ("/usr/bin/chromium", "chromium"),
+            ("/usr/bin/chromedriver", "chromium-driver"),
+        ]
+    };
+    for (tool, package) in browser {
         assert!(
             Path::new(tool).exists(),
             "{tool} is missing: install Debian's {package} (scripts/test.sh does)"
@@ -97,6 +116,30 @@ fn assert_only_own_origin(requests: &[String], base: &str, port_url: &str) {
         let allowed = origin == own || origin == own_ws || (phase == "port" && origin == port);
         assert!(allowed, "a request to another origin ({phase}): {url}");
     }
+}
+
+/// A sandbox with a file, a finished command and one printing a line a
+/// second (its id returned too).
+async fn sandbox_to_show(server: &TestServer) -> (String, String) {
+    let sid = server
+        .create(json!({"sessionKey": "ui:console", "ports": [8000]}))
+        .await;
+    let (status, body) = server
+        .write_files(
+            &sid,
+            json!([{"path": "notes/readme.txt", "contentBase64": harness::b64("written through the API\n")}]),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let finished = server.sh(&sid, "echo finished-output").await;
+    assert_eq!(finished["exitCode"], 0, "{finished}");
+    let ticker = server
+        .start_command(
+            &sid,
+            json!({"command": "for i in $(seq 1 90); do echo tick-$i; sleep 1; done", "timeoutMs": 600000}),
+        )
+        .await;
+    (sid, ticker)
 }
 
 #[tokio::test]
@@ -183,16 +226,7 @@ async fn the_console_shows_and_drives_a_sandbox() {
 
     // What the console is to show: a sandbox with a port, a file, a
     // command printing for a while, and a web server on the port.
-    let sid = server
-        .create(json!({"sessionKey": "ui:console", "ports": [8000]}))
-        .await;
-    let (status, body) = server
-        .write_files(
-            &sid,
-            json!([{"path": "notes/readme.txt", "contentBase64": harness::b64("written through the API\n")}]),
-        )
-        .await;
-    assert_eq!(status, 200, "{body}");
+    let (sid, ticker) = sandbox_to_show(&server).await;
     server
         .start_command(
             &sid,
@@ -205,14 +239,6 @@ async fn the_console_shows_and_drives_a_sandbox() {
     assert_eq!(status, 200, "{port}");
     assert_eq!(port["ready"], true, "{port}");
     let port_url = port["url"].as_str().expect("url").to_string();
-    let finished = server.sh(&sid, "echo finished-output").await;
-    assert_eq!(finished["exitCode"], 0, "{finished}");
-    let ticker = server
-        .start_command(
-            &sid,
-            json!({"command": "for i in $(seq 1 90); do echo tick-$i; sleep 1; done", "timeoutMs": 600000}),
-        )
-        .await;
 
     let mut driver = drive(&server, "full", &[&sid, &ticker, &port_url]);
     until(&mut driver, "ok refused").await;
@@ -389,6 +415,42 @@ async fn keyboard_alone_reaches_every_control_and_stops_a_sandbox() {
     let (status, gone) = server.get(&format!("/v1/sandboxes/{sid}")).await;
     assert_eq!(status, 404, "stopped with keys alone: {gone}");
     finish(driver).await;
+}
+
+/// The main scenario's core in Debian's Firefox ESR (geckodriver):
+/// refused, then signed in; the sandbox listed; a finished command's
+/// output and a running one's live; `echo hello-from-ui` answered in a
+/// terminal, and again after attaching anew; a file viewed; and every
+/// request to the console's own origin (the page's resource timing).
+#[tokio::test]
+async fn firefox_shows_the_log_terminal_and_files() {
+    let server = server().await;
+    let (sid, ticker) = sandbox_to_show(&server).await;
+    let gecko = geckodriver();
+    let gecko = gecko.to_str().expect("a UTF-8 path");
+    let mut driver = drive(&server, "firefox", &[gecko, &sid, &ticker]);
+    for step in [
+        "ok refused",
+        "ok signed-in",
+        "ok listed",
+        "ok live-log",
+        "ok terminal",
+        "ok file-viewed",
+    ] {
+        until(&mut driver, step).await;
+    }
+    let browser = until(&mut driver, "ok browser").await;
+    assert!(browser.starts_with("firefox "), "{browser}");
+    let (requests, _) = finish(driver).await;
+    let own = origin_of(&server.base);
+    assert!(
+        requests.iter().any(|r| r.contains("/v1/sandboxes")),
+        "the resource timing was read: {requests:?}"
+    );
+    for r in &requests {
+        let url = r.split_once(' ').map_or(r.as_str(), |(_, u)| u);
+        assert_eq!(origin_of(url), own, "a request to another origin: {url}");
+    }
 }
 
 #[tokio::test]
