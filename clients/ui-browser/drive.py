@@ -470,6 +470,19 @@ def keyboard(c, sid):
         c.d.get(f"{c.base}/ui/#/sandboxes/{sid}/{tab}")
         c.wait(f"the {tab} tab", lambda: c.find(ready).is_displayed() and c.find(".sandbox-head button.stop").is_displayed())
         k.every_control_reached(tab)
+    # In a terminal, Tab is the shell's (completion); Shift+Tab leaves it.
+    c.d.get(f"{c.base}/ui/#/sandboxes/{sid}/terminal")
+    c.wait("the terminal tab", lambda: c.find("#new-terminal").is_displayed())
+    k.tab_to("#new-terminal")
+    k.press(Keys.ENTER)
+    c.wait("the terminal to attach", lambda: "typing goes in" in c.text("#term-state"))
+    c.wait("focus in the terminal", lambda: k.active_matches("#terminal textarea"))
+    k.press("echo tab", Keys.TAB, "-completed", Keys.ENTER)
+    c.wait("the Tab typed into the shell", lambda: "tab-completed" in c.text("#terminal .xterm-rows"))
+    assert k.active_matches("#terminal textarea"), f"Tab stayed in the terminal: {k.focused()}"
+    k.shift_tab()
+    assert k.active_matches("#detach"), f"Shift+Tab left the terminal: {k.focused()}"
+    say("ok terminal-left")
     c.d.get(c.base + "/ui/#/status")
     c.wait("the status table", lambda: "Pool target" in c.text("#status"))
     k.every_control_reached("status")

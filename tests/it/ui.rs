@@ -362,8 +362,8 @@ async fn checkpoint_through_the_console(server: &TestServer, sid: &str, driver: 
 }
 
 /// Only keys (clients/ui-browser/drive.py, `keyboard`): signed in, every
-/// control of each page reached by Tab with its focus shown, the sandbox
-/// opened from the list, its stop dialog kept focus and closed on Escape
+/// control of each page reached by Tab with its focus shown, a terminal
+/// keeping Tab and left by Shift+Tab, the sandbox opened from the list, its stop dialog kept focus and closed on Escape
 /// (the sandbox stays), then stopped after confirming.
 #[tokio::test]
 async fn keyboard_alone_reaches_every_control_and_stops_a_sandbox() {
@@ -391,21 +391,20 @@ async fn keyboard_alone_reaches_every_control_and_stops_a_sandbox() {
     assert_eq!(status, 201, "{taken}");
 
     let mut driver = drive(&server, "keyboard", &[&sid]);
-    for page in [
-        "signin",
-        "sandboxes",
-        "commands",
-        "files",
-        "terminal",
-        "ports",
-        "checkpoints",
-        "status",
+    // Each page's controls all reached, in this order, and a terminal
+    // left with Shift+Tab (Tab itself typed into the shell).
+    for step in [
+        "ok reachable signin ",
+        "ok reachable sandboxes ",
+        "ok reachable commands ",
+        "ok reachable files ",
+        "ok reachable terminal ",
+        "ok reachable ports ",
+        "ok reachable checkpoints ",
+        "ok terminal-left",
+        "ok reachable status ",
     ] {
-        let reached = until(&mut driver, "ok reachable").await;
-        assert!(
-            reached.starts_with(&format!("{page} ")),
-            "{page}, in order: {reached}"
-        );
+        until(&mut driver, step).await;
     }
     until(&mut driver, "ok escaped").await;
     let (status, still) = server.get(&format!("/v1/sandboxes/{sid}")).await;
