@@ -363,25 +363,14 @@ async fn checkpoint_through_the_console(server: &TestServer, sid: &str, driver: 
 
 /// Only keys (clients/ui-browser/drive.py, `keyboard`): signed in, every
 /// control of each page reached by Tab with its focus shown, a terminal
-/// keeping Tab and left by Shift+Tab, the sandbox opened from the list, its stop dialog kept focus and closed on Escape
-/// (the sandbox stays), then stopped after confirming.
+/// keeping Tab and left by Shift+Tab, the sandbox opened from the list,
+/// its stop dialog kept focus and closed on Escape (the sandbox stays),
+/// then stopped after confirming.
 #[tokio::test]
 async fn keyboard_alone_reaches_every_control_and_stops_a_sandbox() {
     let server = server().await;
-    // Something on every tab: a file, a finished command, a port, a
-    // checkpoint.
-    let sid = server
-        .create(json!({"sessionKey": "ui:keyboard", "ports": [8000]}))
-        .await;
-    let (status, body) = server
-        .write_files(
-            &sid,
-            json!([{"path": "notes/readme.txt", "contentBase64": harness::b64("for the keyboard\n")}]),
-        )
-        .await;
-    assert_eq!(status, 200, "{body}");
-    let done = server.sh(&sid, "echo finished-output").await;
-    assert_eq!(done["exitCode"], 0, "{done}");
+    // Something on every tab: a file, commands, a port, a checkpoint.
+    let (sid, _) = sandbox_to_show(&server).await;
     let (status, taken) = server
         .post(
             &format!("/v1/sandboxes/{sid}/checkpoints"),

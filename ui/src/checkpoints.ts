@@ -3,7 +3,7 @@
 // confirmation; a restore refused for running commands asks a second time
 // whether to end them.
 import { ApiError, call, enc } from "./api";
-import { ago, confirmAction, el, keepFocus } from "./dom";
+import { ago, confirmAction, el, keepFocus, listTable } from "./dom";
 import type { Cleanup } from "./main";
 
 const POLL_MS = 3000;
@@ -224,12 +224,7 @@ export function checkpointsTab(panel: HTMLElement, base: string): Cleanup {
     el("h2", {}, "Checkpoints"),
     form,
     status,
-    el(
-      "table",
-      { id: "checkpoints", class: "list" },
-      el("thead", {}, el("tr", {}, ...["Label", "Taken", "Files", "Bytes", ""].map((h) => el("th", { scope: "col" }, h)))),
-      body,
-    ),
+    listTable("checkpoints", ["Label", "Taken", "Files", "Bytes", ""], body),
     diff,
   );
   void poll();

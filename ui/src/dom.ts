@@ -29,6 +29,11 @@ export function ago(ms: number): string {
   return `${Math.floor(s / 3600)}h ${Math.floor((s % 3600) / 60)}m`;
 }
 
+/** A list table: its column headings, then `body` (rows a poll renders). */
+export function listTable(id: string, headings: string[], body: HTMLTableSectionElement): HTMLTableElement {
+  return el("table", { id, class: "list" }, el("thead", {}, el("tr", {}, ...headings.map((h) => el("th", { scope: "col" }, h)))), body);
+}
+
 /**
  * Re-renders a polled table without losing a keyboard user's place: the
  * element that had focus in it is found again in the new rows by its row's

@@ -2,7 +2,7 @@
 // commands (with a live log), files, terminal, port URLs and checkpoints.
 import { ApiError, call, enc, ndjson, type Command, type FileEntry, type LogRecord, type Sandbox } from "./api";
 import { checkpointsTab } from "./checkpoints";
-import { ago, el, keepFocus, show } from "./dom";
+import { ago, el, keepFocus, listTable, show } from "./dom";
 import type { Cleanup } from "./main";
 import { lifecycleButtons } from "./sandboxes";
 import { terminalTab } from "./terminal";
@@ -112,7 +112,7 @@ function commandsTab(panel: HTMLElement, base: string): Cleanup {
   };
   panel.append(
     el("h2", {}, "Commands"),
-    el("table", { id: "commands", class: "list" }, el("thead", {}, el("tr", {}, ...["Command", "State", "Exit", "Duration", "Processes"].map((h) => el("th", { scope: "col" }, h)))), body),
+    listTable("commands", ["Command", "State", "Exit", "Duration", "Processes"], body),
     el("h2", {}, "Output"),
     logHead,
     log,

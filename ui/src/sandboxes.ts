@@ -1,7 +1,7 @@
 // The sandboxes list: polled every 2 s, filtered by session key, with stop
 // and restart behind a confirmation.
 import { call, enc, type Sandbox } from "./api";
-import { ago, confirmAction, el, keepFocus, show } from "./dom";
+import { ago, confirmAction, el, keepFocus, listTable, show } from "./dom";
 import type { Cleanup } from "./main";
 
 const POLL_MS = 2000;
@@ -64,12 +64,7 @@ export function sandboxesPage(): Cleanup {
     el("label", { for: "filter" }, "Filter by session key"),
     filter,
     status,
-    el(
-      "table",
-      { id: "sandboxes", class: "list" },
-      el("thead", {}, el("tr", {}, ...["Session", "Runtime", "State", "Age", "Idle", "Expires in", "Resources", "Network", "Ports", "Running", ""].map((h) => el("th", { scope: "col" }, h)))),
-      body,
-    ),
+    listTable("sandboxes", ["Session", "Runtime", "State", "Age", "Idle", "Expires in", "Resources", "Network", "Ports", "Running", ""], body),
   );
   void poll();
   return () => {
