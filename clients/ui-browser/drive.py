@@ -344,6 +344,12 @@ def checkpoint_steps(c, sid):
     c.click(f'tr[data-sandbox="{sid}"] a')
     c.click("#to-checkpoints")
     kept = take_checkpoint(c, "before-edit")
+    # Refused (the label is taken): the API's own sentence is shown.
+    c.find("#checkpoint-label").send_keys("before-edit")
+    c.click("#take-checkpoint")
+    c.wait("the refusal", lambda: c.find("#checkpoints-status").get_attribute("class") == "error")
+    say(f"checkpoint-refused {c.text('#checkpoints-status')}")
+    c.find("#checkpoint-label").clear()
     take_checkpoint(c, "scratch")
     c.click(f'tr[data-checkpoint="{checkpoint_row(c, "scratch").get_attribute("data-checkpoint")}"] button.delete')
     confirm(c, "Delete this checkpoint?")

@@ -302,11 +302,25 @@ async fn the_console_shows_and_drives_a_sandbox() {
     assert!(refused.is_empty(), "the CSP refused something: {refused:?}");
 }
 
-/// The console took a checkpoint (and deleted another); this side changes
+/// The console took a checkpoint, showed the API's refusal of its label
+/// taken again, and deleted another checkpoint; this side changes
 /// a file and starts a command; the console's diff shows the change and
 /// its restore, confirmed twice (the second to end the command), brings
 /// the file's old content back.
 async fn checkpoint_through_the_console(server: &TestServer, sid: &str, driver: &mut ScriptRun) {
+    let refused = until(driver, "checkpoint-refused").await;
+    let (status, again) = server
+        .post(
+            &format!("/v1/sandboxes/{sid}/checkpoints"),
+            json!({"label": "before-edit"}),
+        )
+        .await;
+    assert_eq!(status, 409, "{again}");
+    let sentence = again["error"].as_str().expect("the API's message");
+    assert!(
+        refused.contains(sentence),
+        "the console shows the API's message {sentence:?}: {refused}"
+    );
     let taken = until(driver, "checkpoint-taken").await;
     let (status, list) = server
         .get(&format!("/v1/sandboxes/{sid}/checkpoints"))
