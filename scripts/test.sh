@@ -10,8 +10,8 @@ cd "$(dirname "$0")/.."
 # on a root Debian machine when missing: node and npm (the TypeScript
 # client test and the web console's build), python3 with venv (the OpenAPI
 # validator and Selenium, from PyPI), ip (the egress tests' network
-# namespaces), chromium and its driver (the web console's browser test).
-# Those tests also need root.
+# namespaces), chromium and its driver, and firefox-esr (the web console's
+# browser tests). Those tests also need root.
 need_root() {
   echo "test.sh: $1 is missing and this is not a root Debian machine: install it, or run as root" >&2
   exit 1
@@ -22,6 +22,7 @@ python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || missing+=(python3-venv)
 command -v ip >/dev/null 2>&1 || missing+=(iproute2)
 [ -x /usr/bin/chromium ] || missing+=(chromium)
 [ -x /usr/bin/chromedriver ] || missing+=(chromium-driver)
+[ -x /usr/bin/firefox-esr ] || missing+=(firefox-esr)
 if ((${#missing[@]})); then
   if [ "$(id -u)" != 0 ] || [ ! -f /etc/debian_version ]; then need_root "${missing[*]}"; fi
   echo "test.sh: installing ${missing[*]} from Debian's packages" >&2
@@ -38,6 +39,10 @@ sandbox-images/build.sh
 # The web console, embedded into sandboxd by build.rs: the ui:: tests
 # drive the real one.
 scripts/build-ui.sh
+# Firefox's WebDriver, geckodriver, has no Debian package: built from
+# crates.io once into target/ (about 230 s of CPU), for the ui:: Firefox test.
+[ -x target/geckodriver/bin/geckodriver ] ||
+  cargo install --quiet --locked geckodriver --version 0.37.1 --root target/geckodriver
 
 # Test servers use instances named sbt-*; a killed run can leave objects.
 leftovers=$(docker ps -aq --filter 'name=^sbt-' || true)

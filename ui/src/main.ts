@@ -130,5 +130,11 @@ function parseMetrics(body: string): { name: string; labels: string; value: numb
     .filter((s): s is { name: string; labels: string; value: number } => s !== null);
 }
 
+// The skip link's #main would be taken for a route: it moves focus itself.
+document.querySelector(".skip")!.addEventListener("click", (e) => {
+  e.preventDefault();
+  document.getElementById("main")!.focus();
+});
+
 window.addEventListener("hashchange", route);
 route();

@@ -1,12 +1,13 @@
 // One sandbox: its facts and lifecycle buttons, then a tab each for its
-// commands (with a live log), files, terminal and port URLs.
+// commands (with a live log), files, terminal, port URLs and checkpoints.
 import { ApiError, call, enc, ndjson, type Command, type FileEntry, type LogRecord, type Sandbox } from "./api";
-import { ago, el, show } from "./dom";
+import { checkpointsTab } from "./checkpoints";
+import { ago, el, keepFocus, listTable, show } from "./dom";
 import type { Cleanup } from "./main";
 import { lifecycleButtons } from "./sandboxes";
 import { terminalTab } from "./terminal";
 
-const TABS = ["commands", "files", "terminal", "ports"] as const;
+const TABS = ["commands", "files", "terminal", "ports", "checkpoints"] as const;
 
 export function sandboxPage(id: string, tab: string): Cleanup {
   const base = `/v1/sandboxes/${enc(id)}`;
@@ -43,6 +44,7 @@ export function sandboxPage(id: string, tab: string): Cleanup {
   if (tab === "commands") cleanup = commandsTab(panel, base);
   else if (tab === "files") filesTab(panel, base, "/workspace");
   else if (tab === "terminal") cleanup = terminalTab(panel, id);
+  else if (tab === "checkpoints") cleanup = checkpointsTab(panel, base);
   return () => cleanup();
 }
 
@@ -81,25 +83,26 @@ function commandsTab(panel: HTMLElement, base: string): Cleanup {
     try {
       const { commands } = await call<{ commands: Command[] }>("GET", `${base}/commands`);
       const now = Date.now();
-      // Unchanged while a keyboard user is in the table: keep their focus.
       const seen = JSON.stringify(commands);
       if (seen !== shown || !body.contains(document.activeElement)) {
         shown = seen;
-        body.replaceChildren(
-          ...commands
-            .slice()
-            .reverse()
-            .map((c) =>
-              el(
-                "tr",
-                { "data-command": c.commandId },
+        keepFocus(body, () =>
+          body.replaceChildren(
+            ...commands
+              .slice()
+              .reverse()
+              .map((c) =>
+                el(
+                  "tr",
+                  { "data-command": c.commandId, "data-key": c.commandId },
                 el("td", { "data-label": "Command" }, el("button", { type: "button", class: "link", onclick: () => follow(c) }, c.summary || c.commandId)),
                 el("td", { "data-label": "State" }, c.state),
                 el("td", { "data-label": "Exit" }, c.exitCode === null ? "–" : `${c.exitCode}${c.timedOut ? " (timed out)" : ""}${c.killed ? " (killed)" : ""}`),
                 el("td", { "data-label": "Duration" }, c.durationMs === null ? ago(now - c.startedAt) : `${c.durationMs} ms`),
                 el("td", { "data-label": "Processes" }, c.processes === null ? "?" : String(c.processes)),
+                ),
               ),
-            ),
+          ),
         );
       }
     } catch (err) {
@@ -109,7 +112,7 @@ function commandsTab(panel: HTMLElement, base: string): Cleanup {
   };
   panel.append(
     el("h2", {}, "Commands"),
-    el("table", { id: "commands", class: "list" }, el("thead", {}, el("tr", {}, ...["Command", "State", "Exit", "Duration", "Processes"].map((h) => el("th", { scope: "col" }, h)))), body),
+    listTable("commands", ["Command", "State", "Exit", "Duration", "Processes"], body),
     el("h2", {}, "Output"),
     logHead,
     log,

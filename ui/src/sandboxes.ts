@@ -1,7 +1,7 @@
 // The sandboxes list: polled every 2 s, filtered by session key, with stop
 // and restart behind a confirmation.
 import { call, enc, type Sandbox } from "./api";
-import { ago, confirmAction, el, show } from "./dom";
+import { ago, confirmAction, el, keepFocus, listTable, show } from "./dom";
 import type { Cleanup } from "./main";
 
 const POLL_MS = 2000;
@@ -19,11 +19,12 @@ export function sandboxesPage(): Cleanup {
     const now = Date.now();
     const shown = sandboxes.filter((s) => s.sessionKey.toLowerCase().includes(needle));
     status.textContent = `${shown.length} of ${sandboxes.length} sandboxes`;
-    body.replaceChildren(
-      ...shown.map((s) =>
-        el(
-          "tr",
-          { "data-sandbox": s.sandboxId },
+    keepFocus(body, () =>
+      body.replaceChildren(
+        ...shown.map((s) =>
+          el(
+            "tr",
+            { "data-sandbox": s.sandboxId, "data-key": s.sandboxId },
           el("td", { "data-label": "Session" }, el("a", { href: `#/sandboxes/${enc(s.sandboxId)}` }, s.sessionKey), el("div", { class: "muted mono" }, s.sandboxId)),
           el("td", { "data-label": "Runtime" }, s.runtime),
           el("td", { "data-label": "State" }, s.state),
@@ -35,6 +36,7 @@ export function sandboxesPage(): Cleanup {
           el("td", { "data-label": "Ports" }, s.ports.allowed.join(", ") || "–"),
           el("td", { "data-label": "Running" }, String(s.runningCommands)),
           el("td", { class: "actions" }, ...lifecycleButtons(s, refresh)),
+          ),
         ),
       ),
     );
@@ -43,8 +45,7 @@ export function sandboxesPage(): Cleanup {
   const refresh = async () => {
     try {
       const list = (await call<{ sandboxes: Sandbox[] }>("GET", "/v1/sandboxes")).sandboxes;
-      // Unchanged while a keyboard user is in the table: keep their focus.
-      if (JSON.stringify(list) === JSON.stringify(sandboxes) && body.contains(document.activeElement)) return;
+      // Ages change with every poll: rendered again each time, focus kept.
       sandboxes = list;
       render();
     } catch (err) {
@@ -63,12 +64,7 @@ export function sandboxesPage(): Cleanup {
     el("label", { for: "filter" }, "Filter by session key"),
     filter,
     status,
-    el(
-      "table",
-      { id: "sandboxes", class: "list" },
-      el("thead", {}, el("tr", {}, ...["Session", "Runtime", "State", "Age", "Idle", "Expires in", "Resources", "Network", "Ports", "Running", ""].map((h) => el("th", { scope: "col" }, h)))),
-      body,
-    ),
+    listTable("sandboxes", ["Session", "Runtime", "State", "Age", "Idle", "Expires in", "Resources", "Network", "Ports", "Running", ""], body),
   );
   void poll();
   return () => {

@@ -50,6 +50,16 @@ export function terminalTab(panel: HTMLElement, id: string): Cleanup {
     term.loadAddon(fit);
     screen.replaceChildren();
     term.open(screen);
+    // Tab belongs to the shell (completion); Shift+Tab leaves the terminal
+    // for the Detach button, so a keyboard is never caught in it.
+    term.attachCustomKeyEventHandler((e) => {
+      if (e.key !== "Tab" || !e.shiftKey) return true;
+      if (e.type === "keydown") {
+        e.preventDefault();
+        off.focus();
+      }
+      return false;
+    });
     const encoder = new TextEncoder();
     const resize = () => {
       fit.fit();
