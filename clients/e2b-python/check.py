@@ -222,6 +222,13 @@ def stdin_pids_connect():
     r = h.wait()
     assert r.stdout == "first line\nsecond\n", repr(r.stdout)
     ok("stdin", stdout=r.stdout)
+    # The same as one client stream (StreamInput), in order.
+    s = sbx.commands.run("cat", background=True, stdin=True)
+    sbx.commands.stream_input(s.pid, ["one\n", b"two\n", "three\n"])
+    sbx.commands.close_stdin(s.pid)
+    r = s.wait()
+    assert r.stdout == "one\ntwo\nthree\n", repr(r.stdout)
+    ok("stream_input", stdout=r.stdout)
 
     # The pid is the command's own process in the sandbox.
     sleeper = sbx.commands.run("sleep 300", background=True)

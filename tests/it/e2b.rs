@@ -439,6 +439,7 @@ async fn stdin_reaches_a_command_pids_are_the_sandboxs_and_connect_follows_a_run
     let lines = check(&server, &["stdin_pids_connect"]).await;
     let sid = sandbox_of(&lines);
     assert_eq!(line(&lines, "stdin")["stdout"], "first line\nsecond\n");
+    assert_eq!(line(&lines, "stream_input")["stdout"], "one\ntwo\nthree\n");
     assert_eq!(line(&lines, "connect")["exit_code"], 4);
     // The pid the SDK was given is the one sandboxd's own API shows.
     let pid = line(&lines, "pid")["pid"].as_u64().expect("a pid");
@@ -588,14 +589,7 @@ async fn what_the_domain_lacks_answers_unimplemented_naming_it() {
             .is_some_and(|m| m.contains("autoResume")),
         "{body}"
     );
-    let (status, body) = envd(
-        &server,
-        &sid,
-        &token,
-        "process.Process/StreamInput",
-        json!({}),
-    )
-    .await;
+    let (status, body) = envd(&server, &sid, &token, "process.Process/Pause", json!({})).await;
     assert_eq!(
         (status, body["code"].as_str()),
         (501, Some("unimplemented")),
@@ -604,7 +598,7 @@ async fn what_the_domain_lacks_answers_unimplemented_naming_it() {
     assert!(
         body["message"]
             .as_str()
-            .is_some_and(|m| m.contains("send_stdin")),
+            .is_some_and(|m| m.contains("process.Process/Pause")),
         "{body}"
     );
     let (status, body) = envd(&server, &sid, &token, "process.Process/List", json!({})).await;

@@ -8,6 +8,9 @@
 //! (`Connect-Timeout-Ms`) and E2B's keepalive events
 //! (`Keepalive-Ping-Interval`) are kept here, so handlers only produce
 //! messages. Request bodies are read whole up to [`MAX_MESSAGE_BYTES`].
+//! Client streaming (`StreamInput`): enveloped request messages decoded as
+//! they arrive, each at most [`MAX_MESSAGE_BYTES`], and one enveloped
+//! answer closed by the end of stream once the client has ended.
 
 use std::convert::Infallible;
 use std::pin::Pin;
@@ -18,7 +21,7 @@ use axum::extract::{FromRequest, Request};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use bytes::{BufMut, Bytes, BytesMut};
-use futures_util::{Stream, StreamExt};
+use futures_util::{Stream, StreamExt, TryStreamExt};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
@@ -395,6 +398,120 @@ pub(super) fn to_json<T: Serialize>(message: &T) -> Result<Bytes, ConnectError> 
         .map_err(|e| ConnectError::new(Code::Internal, format!("encoding a message: {e}")))
 }
 
+/// A client-streaming call's request messages, decoded as they arrive,
+/// with its deadline.
+pub(super) struct ClientStream<T> {
+    pub(super) messages: Pin<Box<dyn Stream<Item = Result<T, ConnectError>> + Send>>,
+    pub(super) deadline: Option<Duration>,
+}
+
+impl<S: Send + Sync, T: DeserializeOwned + Send + 'static> FromRequest<S> for ClientStream<T> {
+    type Rejection = Response;
+
+    async fn from_request(req: Request, _state: &S) -> Result<Self, Self::Rejection> {
+        if !is_streaming(req.headers()) {
+            return Err(ConnectError::new(
+                Code::InvalidArgument,
+                "a streaming call takes content-type: application/connect+json",
+            )
+            .into_response());
+        }
+        let deadline = timeout_of(req.headers());
+        let body = req.into_body().into_data_stream();
+        // Each step yields a whole message when the buffer holds one, else
+        // reads another chunk (or notes the end) and yields nothing.
+        let steps = futures_util::stream::try_unfold(
+            (body, BytesMut::new(), false),
+            |(mut body, mut buf, ended)| async move {
+                if let Some(message) = take_envelope(&mut buf)? {
+                    return Ok(Some((Some(message), (body, buf, ended))));
+                }
+                if ended && buf.is_empty() {
+                    return Ok(None);
+                }
+                if ended {
+                    return Err(ConnectError::new(
+                        Code::InvalidArgument,
+                        "the request ended inside a message",
+                    ));
+                }
+                match body.next().await {
+                    Some(Ok(chunk)) => buf.extend_from_slice(&chunk),
+                    Some(Err(e)) => {
+                        return Err(ConnectError::new(
+                            Code::InvalidArgument,
+                            format!("the request could not be read: {e}"),
+                        ));
+                    }
+                    None => return Ok(Some((None, (body, buf, true)))),
+                }
+                Ok(Some((None, (body, buf, false))))
+            },
+        );
+        let messages = steps.try_filter_map(|m| async move { m.map(|m| decode(&m)).transpose() });
+        Ok(ClientStream {
+            messages: Box::pin(messages),
+            deadline,
+        })
+    }
+}
+
+/// The first whole envelope's message in `buf`, taken out of it; `None`
+/// while it holds less. One longer than [`MAX_MESSAGE_BYTES`] is refused
+/// from its header, so the buffer holds at most one message and a chunk.
+fn take_envelope(buf: &mut BytesMut) -> Result<Option<Bytes>, ConnectError> {
+    let Some(header) = buf.get(..5) else {
+        return Ok(None);
+    };
+    let flags = header[0];
+    let len = u32::from_be_bytes([header[1], header[2], header[3], header[4]]) as usize;
+    if flags != 0 {
+        return Err(ConnectError::new(
+            Code::InvalidArgument,
+            format!("a request message with flags {flags:#04x} (compressed or an end of stream)"),
+        ));
+    }
+    if len > MAX_MESSAGE_BYTES {
+        return Err(ConnectError::new(
+            Code::ResourceExhausted,
+            format!("a request message of {len} bytes (at most {MAX_MESSAGE_BYTES})"),
+        ));
+    }
+    if buf.len() < 5 + len {
+        return Ok(None);
+    }
+    let mut message = buf.split_to(5 + len);
+    Ok(Some(message.split_off(5).freeze()))
+}
+
+/// Runs a client-streaming handler within the call's deadline and answers
+/// its one message and the end of stream, or the end of stream with its
+/// error.
+pub(super) async fn client_stream_reply<R: Serialize>(
+    deadline: Option<Duration>,
+    work: impl Future<Output = Result<R, ConnectError>>,
+) -> Response {
+    let answered = async { to_json(&work.await?) };
+    let result = match deadline {
+        Some(d) => tokio::time::timeout(d, answered).await.unwrap_or_else(|_| {
+            Err(ConnectError::new(
+                Code::DeadlineExceeded,
+                "the call's deadline (Connect-Timeout-Ms) passed",
+            ))
+        }),
+        None => answered.await,
+    };
+    match result {
+        Ok(json) => {
+            let mut body = BytesMut::new();
+            body.put(envelope(0, &json));
+            body.put(end_of_stream(None));
+            streaming_response(Body::from(body.freeze()))
+        }
+        Err(e) => stream_error(&e),
+    }
+}
+
 /// A streaming answer that is only its end: the error.
 pub(super) fn stream_error(e: &ConnectError) -> Response {
     streaming_response(Body::from(end_of_stream(Some(e))))
@@ -559,6 +676,50 @@ mod tests {
             unwrap_envelope(&envelope(COMPRESSED, b"x")).map_err(|e| e.code),
             Err(Code::Unimplemented)
         );
+    }
+
+    #[tokio::test]
+    async fn a_client_stream_yields_messages_across_chunks_and_refuses_what_is_malformed() {
+        let client_stream = |chunks: Vec<&'static [u8]>| async move {
+            let chunks = chunks
+                .into_iter()
+                .map(|c| Ok::<_, Infallible>(Bytes::from_static(c)));
+            let req = HttpRequest::post("/x")
+                .header("content-type", "application/connect+json")
+                .body(Body::from_stream(futures_util::stream::iter(chunks)))
+                .expect("request");
+            let Ok(call) = ClientStream::<serde_json::Value>::from_request(req, &()).await else {
+                panic!("a streaming request was refused");
+            };
+            call.messages.collect::<Vec<_>>().await
+        };
+        // Two messages, the first split inside its header, the second in
+        // the chunk that ends the first.
+        let got = client_stream(vec![
+            b"\x00\x00",
+            b"\x00\x00\x02{}\x00\x00\x00",
+            b"\x00\x07{\"a\":7}",
+        ])
+        .await;
+        let got: Vec<_> = got.into_iter().map(|m| m.expect("a message")).collect();
+        assert_eq!(got, [serde_json::json!({}), serde_json::json!({"a": 7})]);
+        assert!(client_stream(vec![]).await.is_empty(), "no message at all");
+
+        let code = |got: Vec<Result<serde_json::Value, ConnectError>>| {
+            got.into_iter().find_map(Result::err).map(|e| e.code)
+        };
+        let truncated = client_stream(vec![b"\x00\x00\x00\x00\x07{\"a\""]).await;
+        assert_eq!(code(truncated), Some(Code::InvalidArgument));
+        let compressed = client_stream(vec![b"\x01\x00\x00\x00\x02{}"]).await;
+        assert_eq!(code(compressed), Some(Code::InvalidArgument));
+        let huge = client_stream(vec![b"\x00\x7f\xff\xff\xff"]).await;
+        assert_eq!(
+            code(huge),
+            Some(Code::ResourceExhausted),
+            "refused from its header"
+        );
+        let not_json = client_stream(vec![b"\x00\x00\x00\x00\x01x"]).await;
+        assert_eq!(code(not_json), Some(Code::InvalidArgument));
     }
 
     #[tokio::test]

@@ -78,6 +78,7 @@ pub(super) fn routes(app: &Arc<App>) -> Router<Arc<App>> {
         .route("/process.Process/List", post(process::list))
         .route("/process.Process/SendSignal", post(process::send_signal))
         .route("/process.Process/SendInput", post(process::send_input))
+        .route("/process.Process/StreamInput", post(process::stream_input))
         .route("/process.Process/CloseStdin", post(process::close_stdin))
         .route("/process.Process/Update", post(process::update))
         .route("/process.Process/{method}", any(process::other))

@@ -8,13 +8,13 @@
 //! outlives its client's disconnect, as in envd. `Connect` follows a
 //! running command (from its first output) or session again; `List`,
 //! `SendSignal`, `SendInput` (a command's stdin or a session's keys),
+//! `StreamInput` (the same input as one client stream, in order),
 //! `CloseStdin` and `Update` (a session's size) address them by pid.
 //!
 //! A command's pid is its process's pid in the sandbox, as the agent
 //! reported it. A terminal session's is 31 bits of SHA-256 of its id (the
 //! domain keeps no pid for it): the same after a sandboxd restart, with no
-//! map kept. Tags and `StreamInput` (client streaming) answer
-//! `unimplemented`.
+//! map kept. Tags answer `unimplemented`.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -26,17 +26,18 @@ use axum::response::Response;
 use bytes::Bytes;
 use std::future::ready;
 
-use futures_util::{Stream, StreamExt, stream};
+use futures_util::{Stream, StreamExt, TryStreamExt, stream};
 use sha2::{Digest, Sha256};
 use tokio::sync::mpsc;
 
 use super::connect::{
-    self, Code, ConnectError, Streaming, Timing, Unary, stream_error, stream_reply, to_json,
+    self, ClientStream, Code, ConnectError, Streaming, Timing, Unary, stream_error, stream_reply,
+    to_json,
 };
 use super::wire::{
     B64, DataEvent, Empty, EndEvent, EventMessage, ListResponse, ProcessConfig, ProcessEvent,
-    ProcessInfo, ProcessSelector, SelectRequest, SendInputRequest, SendSignalRequest, Signal,
-    StartRequest, UpdateRequest,
+    ProcessInfo, ProcessInput, ProcessSelector, SelectRequest, SendInputRequest, SendSignalRequest,
+    Signal, StartRequest, StreamInputRequest, UpdateRequest,
 };
 use super::{E2b, SandboxId, failed};
 use crate::command::log::LogLine;
@@ -133,6 +134,37 @@ impl E2b {
             .view(sandbox, pty_id, input, futures_util::sink::drain())
             .await;
         Ok(())
+    }
+}
+
+impl E2b {
+    /// A command's stdin (started with `stdin`) or a session's keys.
+    async fn deliver_input(
+        &self,
+        sandbox_id: &str,
+        process: &Process,
+        input: ProcessInput,
+    ) -> Result<(), ConnectError> {
+        match (process, input.pty, input.stdin) {
+            (Process::Session { id, .. }, Some(B64(keys)), _) => {
+                let keys = ViewerInput::Bytes(Bytes::from(keys));
+                self.type_into_session(sandbox_id, id.clone(), keys).await
+            }
+            (Process::Command { id, .. }, _, Some(B64(data))) => self
+                .app
+                .commands
+                .send_stdin(sandbox_id, id, Bytes::from(data))
+                .await
+                .map_err(failed(sandbox_id)),
+            (Process::Session { .. }, None, _) => Err(ConnectError::new(
+                Code::InvalidArgument,
+                "input: a terminal session takes pty input",
+            )),
+            (Process::Command { .. }, _, None) => Err(ConnectError::new(
+                Code::InvalidArgument,
+                "input: a command takes stdin input",
+            )),
+        }
     }
 }
 
@@ -495,31 +527,43 @@ pub(super) async fn send_input(
     connect::unary(call.deadline, async move {
         let req = call.message;
         let process = e2b.find(&sid, &req.process).await?;
-        match (process, req.input.pty, req.input.stdin) {
-            (Process::Session { id, .. }, Some(B64(keys)), _) => {
-                e2b.type_into_session(&sid, id, ViewerInput::Bytes(Bytes::from(keys)))
-                    .await?;
-            }
-            (Process::Command { id, .. }, _, Some(B64(data))) => {
-                e2b.app
-                    .commands
-                    .send_stdin(&sid, &id, Bytes::from(data))
-                    .await
-                    .map_err(failed(&sid))?;
-            }
-            (Process::Session { .. }, None, _) => {
-                return Err(ConnectError::new(
+        e2b.deliver_input(&sid, &process, req.input).await?;
+        Ok(Empty {})
+    })
+    .await
+}
+
+/// `POST /process.Process/StreamInput` (client streaming): `start` naming
+/// the process, then its input in order, as `SendInput` takes it, with
+/// keepalives between; answered once the client ends its stream. Input
+/// the stream held before a failure was delivered.
+pub(super) async fn stream_input(
+    State(e2b): State<Arc<E2b>>,
+    Extension(SandboxId(sid)): Extension<SandboxId>,
+    call: ClientStream<StreamInputRequest>,
+) -> Response {
+    let ClientStream { messages, deadline } = call;
+    connect::client_stream_reply(deadline, async move {
+        let (first, rest) = messages.into_future().await;
+        let start = first.transpose()?.and_then(|m| m.start).ok_or_else(|| {
+            ConnectError::new(
+                Code::InvalidArgument,
+                "the first message of StreamInput is start{process}",
+            )
+        })?;
+        let process = e2b.find(&sid, &start.process).await?;
+        let (e2b, sid, process) = (&e2b, &sid, &process);
+        rest.try_for_each(|m| async move {
+            match (m.start, m.data) {
+                (Some(_), _) => Err(ConnectError::new(
                     Code::InvalidArgument,
-                    "input: a terminal session takes pty input",
-                ));
+                    "start comes once, first",
+                )),
+                (None, Some(data)) => e2b.deliver_input(sid, process, data.input).await,
+                (None, None) => Ok(()),
             }
-            (Process::Command { .. }, _, None) => {
-                return Err(ConnectError::new(
-                    Code::InvalidArgument,
-                    "input: a command takes stdin input",
-                ));
-            }
-        }
+        })
+        .await?;
         Ok(Empty {})
     })
     .await
@@ -581,14 +625,10 @@ pub(super) async fn update(
     .await
 }
 
-/// Every other method of the service (`StreamInput`): `unimplemented`,
-/// naming what is missing.
+/// Every other method of the service: `unimplemented`, naming it.
 pub(super) async fn other(AxumPath(method): AxumPath<String>, headers: HeaderMap) -> Response {
-    let what = match method.as_str() {
-        "StreamInput" => "streaming a command's stdin in one call (send_stdin works)",
-        _ => "this method of process.Process",
-    };
-    connect::refuse(&headers, &ConnectError::unimplemented(what))
+    let what = format!("process.Process/{method}");
+    connect::refuse(&headers, &ConnectError::unimplemented(&what))
 }
 
 #[cfg(test)]

@@ -130,6 +130,25 @@ pub(super) struct SendInputRequest {
     pub(super) input: ProcessInput,
 }
 
+/// `process.StreamInputRequest`: one event each, `start` first, then
+/// `data` and `keepalive` in any order.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub(super) struct StreamInputRequest {
+    #[serde(default)]
+    pub(super) start: Option<SelectRequest>,
+    #[serde(default)]
+    pub(super) data: Option<StreamInputData>,
+}
+
+/// `process.StreamInputRequest.DataEvent`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub(super) struct StreamInputData {
+    #[serde(default, deserialize_with = "nullable")]
+    pub(super) input: ProcessInput,
+}
+
 /// `process.UpdateRequest`.
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(rename_all = "camelCase")]
