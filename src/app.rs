@@ -1,7 +1,8 @@
 //! `App`: what every handler shares, behind one `Arc`, and the operations
 //! that span domain services (a create that publishes its ports
 //! afterwards, a resume that finds the commands of the sandbox again, a
-//! restore of a checkpoint that ends the sandbox's commands first).
+//! restore of a checkpoint that ends the sandbox's commands and terminal
+//! sessions first).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -15,7 +16,7 @@ use crate::config::Config;
 use crate::engine::Engine;
 use crate::files::Files;
 use crate::ports::Ports;
-use crate::pty::Ptys;
+use crate::pty::{PtyError, Ptys};
 use crate::sandbox::spec::CreateSandboxRequest;
 use crate::sandbox::{Created, SandboxResult, Sandboxes};
 use crate::session_tokens::SessionTokens;
@@ -31,6 +32,28 @@ fn command_failure(e: CommandError) -> CheckpointError {
     match e {
         CommandError::Sandbox(inner) => CheckpointError::Sandbox(inner),
         other => CheckpointError::CommandsRunning(other.to_string()),
+    }
+}
+
+/// A terminal session operation that failed under a restore.
+fn pty_failure(e: PtyError) -> CheckpointError {
+    match e {
+        PtyError::Sandbox(inner) => CheckpointError::Sandbox(inner),
+        other => CheckpointError::CommandsRunning(other.to_string()),
+    }
+}
+
+/// What runs in a sandbox and could write into its workspace.
+enum Work {
+    Command(String),
+    Pty(String),
+}
+
+impl Work {
+    fn id(&self) -> &str {
+        match self {
+            Work::Command(id) | Work::Pty(id) => id,
+        }
     }
 }
 
@@ -113,34 +136,42 @@ impl App {
     }
 
     /// Makes the sandbox's workspace exactly a checkpoint's (see
-    /// [`Checkpoints::restore`]). Commands that run (or processes a
-    /// finished one left) could write into it meanwhile: the restore is
-    /// refused while there are any, unless `end_commands`, which ends
-    /// their process trees first and waits (a bounded time) until none is
-    /// left.
+    /// [`Checkpoints::restore`]). Commands and terminal sessions that run
+    /// (or processes a finished command left) could write into it
+    /// meanwhile: the restore is refused while there are any, unless
+    /// `end_commands`, which ends their process trees first and waits (a
+    /// bounded time) until none is left.
     pub async fn restore_checkpoint(
         &self,
         sandbox_id: &str,
         checkpoint_id: &str,
         end_commands: bool,
     ) -> CheckpointResult<Diff> {
-        let running = self.running_commands(sandbox_id).await?;
+        let running = self.running_work(sandbox_id).await?;
         if !running.is_empty() {
             if !end_commands {
                 return Err(CheckpointError::CommandsRunning(format!(
-                    "{} command(s) run in the sandbox ({}); end them, or restore with endCommands: true",
+                    "{} command(s) or terminal session(s) run in the sandbox ({}); end them, or restore with endCommands: true",
                     running.len(),
-                    running.join(", ")
+                    running.iter().map(Work::id).collect::<Vec<_>>().join(", ")
                 )));
             }
-            for id in &running {
-                self.commands
-                    .kill(sandbox_id, id)
-                    .await
-                    .map_err(command_failure)?;
+            for work in &running {
+                match work {
+                    Work::Command(id) => self
+                        .commands
+                        .kill(sandbox_id, id)
+                        .await
+                        .map_err(command_failure)?,
+                    Work::Pty(id) => match self.ptys.kill(sandbox_id, id).await {
+                        // It ended meanwhile.
+                        Ok(()) | Err(PtyError::NotFound(_)) => {}
+                        Err(e) => return Err(pty_failure(e)),
+                    },
+                }
             }
             let deadline = Instant::now() + self.config.kill_grace + ENDING_AT_MOST;
-            while !self.running_commands(sandbox_id).await?.is_empty() {
+            while !self.running_work(sandbox_id).await?.is_empty() {
                 if Instant::now() >= deadline {
                     return Err(CheckpointError::CommandsRunning(
                         "the sandbox's commands did not end in time; nothing was restored".into(),
@@ -152,18 +183,24 @@ impl App {
         self.checkpoints.restore(sandbox_id, checkpoint_id).await
     }
 
-    /// The ids of the sandbox's commands that run or left processes.
-    async fn running_commands(&self, sandbox_id: &str) -> CheckpointResult<Vec<String>> {
+    /// The sandbox's commands that run or left processes, and its
+    /// terminal sessions that run.
+    async fn running_work(&self, sandbox_id: &str) -> CheckpointResult<Vec<Work>> {
         let listed = self
             .commands
             .list(sandbox_id)
             .await
             .map_err(command_failure)?;
-        Ok(listed
+        let ptys = self.ptys.list(sandbox_id).await.map_err(pty_failure)?;
+        let commands = listed
             .into_iter()
             .filter(|l| l.command.finished().is_none() || l.processes.unwrap_or(0) > 0)
-            .map(|l| l.command.id.clone())
-            .collect())
+            .map(|l| Work::Command(l.command.id.clone()));
+        let sessions = ptys
+            .into_iter()
+            .filter(|p| p.ended.is_none())
+            .map(|p| Work::Pty(p.pty_id));
+        Ok(commands.chain(sessions).collect())
     }
 
     /// Creates a sandbox (or reconnects to the session's), then connects to

@@ -547,3 +547,60 @@ async fn refusals_say_what_went_wrong_and_store_nothing() {
     )
     .await;
 }
+
+#[tokio::test]
+async fn a_restore_writes_large_files_exactly_and_counts_terminal_sessions_as_running() {
+    let server = TestServer::start().await;
+    let sid = server.offline_sandbox().await;
+    // Larger than a write's piece (256 KiB) and than a piece read from
+    // the agent (1 MiB): the restore streams them from the store.
+    sh_ok(
+        &server,
+        &sid,
+        "head -c 5000000 /dev/urandom > big && head -c 300000 /dev/urandom > mid \
+         && printf small > small && : > empty",
+    )
+    .await;
+    let before = tree_hash(&server, &sid).await;
+    let cp = checkpoint(&server, &sid, "large").await;
+    sh_ok(
+        &server,
+        &sid,
+        "head -c 4000000 /dev/urandom > big && head -c 300000 /dev/urandom > mid && rm small",
+    )
+    .await;
+    assert_ne!(tree_hash(&server, &sid).await, before, "the files changed");
+
+    let (status, v) = server
+        .post(
+            &format!("/v1/sandboxes/{sid}/ptys"),
+            json!({"command": "sh"}),
+        )
+        .await;
+    assert_eq!(status, 201, "{v}");
+    let pty = v["ptyId"].as_str().expect("ptyId").to_string();
+    let (status, v) = restore(&server, &sid, id(&cp), json!({})).await;
+    assert_eq!(
+        (status, &v["code"]),
+        (409, &json!("commands_running")),
+        "a terminal session runs: {v}"
+    );
+    assert!(
+        v["error"].as_str().unwrap_or_default().contains(&pty),
+        "{v}"
+    );
+
+    let (status, v) = restore(&server, &sid, id(&cp), json!({"endCommands": true})).await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(tree_hash(&server, &sid).await, before);
+    let (status, v) = server.get(&format!("/v1/sandboxes/{sid}/ptys")).await;
+    assert_eq!(status, 200, "{v}");
+    let session = v["ptys"]
+        .as_array()
+        .expect("ptys")
+        .iter()
+        .find(|p| p["ptyId"] == pty.as_str())
+        .cloned()
+        .unwrap_or(Value::Null);
+    assert_eq!(session["state"], "exited", "the session was ended: {v}");
+}
