@@ -226,6 +226,18 @@ fn store_err(e: StoreError) -> CheckpointError {
     CheckpointError::Store(e)
 }
 
+/// Refuses a label (given as `field`) a checkpoint cannot have.
+pub fn check_label(field: &str, label: &str) -> CheckpointResult<()> {
+    if label.is_empty() || label.len() > MAX_LABEL_BYTES || label.chars().any(char::is_control) {
+        return Err(FieldError::new(
+            field,
+            format!("must be 1 to {MAX_LABEL_BYTES} bytes without control characters"),
+        )
+        .into());
+    }
+    Ok(())
+}
+
 /// Every object the checkpoints `all` name.
 fn referenced(all: &[Manifest]) -> HashSet<String> {
     all.iter()
@@ -271,13 +283,7 @@ impl Checkpoints {
     ) -> CheckpointResult<CheckpointInfo> {
         let started = Instant::now();
         if let Some(l) = &label {
-            if l.is_empty() || l.len() > MAX_LABEL_BYTES || l.chars().any(char::is_control) {
-                return Err(FieldError::new(
-                    "label",
-                    format!("must be 1 to {MAX_LABEL_BYTES} bytes without control characters"),
-                )
-                .into());
-            }
+            check_label("label", l)?;
         }
         let sandbox = self.sandboxes.lookup(sandbox_id).await?;
         let _busy = sandbox.open_request();
@@ -512,19 +518,54 @@ impl Checkpoints {
         let _one = self.lock(&sandbox.id).await;
         let store = self.store(&sandbox.id)?;
         let target = self.manifest(&store, checkpoint_id).await?;
-        let restored = async {
-            let current = self.current(&sandbox, &target).await?;
+        self.make(&sandbox, &store, &target).await
+    }
+
+    /// Checkpoint `checkpoint_id` of sandbox `sandbox_id`.
+    pub async fn info(
+        &self,
+        sandbox_id: &str,
+        checkpoint_id: &str,
+    ) -> CheckpointResult<CheckpointInfo> {
+        let store = self.store(sandbox_id)?;
+        let m = self.manifest(&store, checkpoint_id).await?;
+        Ok(CheckpointInfo::from(&m))
+    }
+
+    /// Makes the workspace of sandbox `into` (a fork just made) exactly
+    /// checkpoint `checkpoint_id` of sandbox `from`, whose content stays
+    /// meanwhile.
+    pub async fn copy(&self, from: &str, checkpoint_id: &str, into: &str) -> CheckpointResult<()> {
+        let target = self.sandboxes.lookup(into).await?;
+        let _busy = target.open_request();
+        let _source_turn = self.lock(from).await;
+        let _target_turn = self.lock(&target.id).await;
+        let store = self.store(from)?;
+        let manifest = self.manifest(&store, checkpoint_id).await?;
+        self.make(&target, &store, &manifest).await.map(drop)
+    }
+
+    /// Makes the workspace of `sandbox` exactly `target`, with the content
+    /// in `store`: what it changed.
+    async fn make(
+        &self,
+        sandbox: &Arc<crate::sandbox::Sandbox>,
+        store: &Store,
+        target: &Manifest,
+    ) -> CheckpointResult<Diff> {
+        let made = async {
+            let current = self.current(sandbox, target).await?;
             let plan = tree::plan(&current, &target.entries);
-            let conn = self.sandboxes.agent(&sandbox).await?;
+            let conn = self.sandboxes.agent(sandbox).await?;
             let agent = tree::Agent {
                 conn: &conn,
                 limit: self.config.agent_timeout,
                 dirs: self.config.workspace_dirs().collect(),
             };
-            agent.apply(&plan, &store).await?;
+            agent.apply(&plan, store).await?;
             Ok(Diff::from(compare(&current, &target.entries)))
         }
         .await;
-        restored.map_err(|e| self.sandboxes.gone_or(&sandbox, e))
+        made.map_err(|e| self.sandboxes.gone_or(sandbox, e))
     }
 }

@@ -294,6 +294,7 @@ pub(super) async fn create(
             network,
             ports: None,
             metadata: req.metadata,
+            from: None,
         })
         .await
         .map_err(ApiError::from)?;
