@@ -849,3 +849,61 @@ async fn a_fork_that_cannot_be_made_leaves_nothing_behind() {
     )
     .await;
 }
+
+#[tokio::test]
+async fn checkpoints_survive_a_restart_of_sandboxd_and_of_the_sandbox() {
+    let mut server = TestServer::start().await;
+    let sid = server.offline_sandbox().await;
+    sh_ok(&server, &sid, "mkdir d && echo kept > d/f && ln -s d/f l").await;
+    let kept = tree_hash(&server, &sid).await;
+    let cp = checkpoint(&server, &sid, "before").await;
+    sh_ok(&server, &sid, "rm -r d l && echo new > g").await;
+    assert_ne!(tree_hash(&server, &sid).await, kept);
+    server.restart().await;
+    assert_eq!(labels(&server, &sid).await, ["before"]);
+    let (status, v) = server
+        .post_within(
+            &format!("/v1/sandboxes/{sid}:restart"),
+            json!(null),
+            Duration::from_secs(60),
+        )
+        .await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(labels(&server, &sid).await, ["before"]);
+    let (status, v) = restore(&server, &sid, id(&cp), json!({})).await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(tree_hash(&server, &sid).await, kept);
+    let again = checkpoint(&server, &sid, "after").await;
+    assert_eq!(
+        again["newBytes"], 0,
+        "the store still holds it all: {again}"
+    );
+}
+
+#[tokio::test]
+async fn checkpoints_and_forks_work_in_claimed_sandboxes() {
+    let server =
+        TestServer::start_with(ServerOptions::default().env("SANDBOXD_POOL_SIZE", "1")).await;
+    crate::pool::wait_for_members(&server, "default", 1).await;
+    let sid = server
+        .create(json!({"sessionKey": crate::harness::unique_instance()}))
+        .await;
+    assert!(crate::pool::from_pool(&server, &sid), "a claim");
+    let Turns {
+        t2, turn_2_hash, ..
+    } = three_turns(&server, &sid).await;
+    let (status, v) = restore(&server, &sid, id(&t2), json!({})).await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(tree_hash(&server, &sid).await, turn_2_hash);
+
+    crate::pool::wait_for_members(&server, "default", 1).await;
+    let key = crate::harness::unique_instance();
+    let (status, made) = fork(&server, &key, &sid, id(&t2), json!({})).await;
+    assert_eq!(status, 200, "{made}");
+    let forked = made["sandboxId"].as_str().expect("sandboxId");
+    assert!(
+        crate::pool::from_pool(&server, forked),
+        "the fork is a claim"
+    );
+    assert_eq!(tree_hash(&server, forked).await, turn_2_hash);
+}
