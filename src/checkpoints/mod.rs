@@ -238,6 +238,21 @@ pub fn check_label(field: &str, label: &str) -> CheckpointResult<()> {
     Ok(())
 }
 
+/// Waits for sandbox `sandbox_id`'s turn in `locks`.
+async fn hold<'a>(locks: &'a Locks, sandbox_id: &str) -> Held<'a> {
+    // Declared first, dropped last: a waiter that gives up drops its
+    // clone of the lock before it looks.
+    let prune = Prune {
+        locks,
+        sandbox_id: sandbox_id.to_string(),
+    };
+    let lock = Arc::clone(&locks.entry(sandbox_id.to_string()).or_default());
+    Held {
+        _guard: lock.lock_owned().await,
+        _prune: prune,
+    }
+}
+
 /// Every object the checkpoints `all` name.
 fn referenced(all: &[Manifest]) -> HashSet<String> {
     all.iter()
@@ -263,15 +278,7 @@ impl Checkpoints {
 
     /// Waits for the sandbox's turn.
     async fn lock(&self, sandbox_id: &str) -> Held<'_> {
-        let prune = Prune {
-            locks: &self.locks,
-            sandbox_id: sandbox_id.to_string(),
-        };
-        let lock = Arc::clone(&self.locks.entry(sandbox_id.to_string()).or_default());
-        Held {
-            _guard: lock.lock_owned().await,
-            _prune: prune,
-        }
+        hold(&self.locks, sandbox_id).await
     }
 
     /// Records the workspace of `sandbox_id` now.
@@ -567,5 +574,35 @@ impl Checkpoints {
         }
         .await;
         made.map_err(|e| self.sandboxes.gone_or(sandbox, e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use futures_util::FutureExt;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn a_sandboxs_lock_is_kept_only_while_it_is_held_or_awaited() {
+        let locks = Locks::default();
+        let first = hold(&locks, "a").await;
+        let mut second = Box::pin(hold(&locks, "a"));
+        assert!((&mut second).now_or_never().is_none(), "one at a time");
+        drop(first);
+        assert_eq!(locks.len(), 1, "kept for the one that waits");
+        let second = second.await;
+        let other = hold(&locks, "b").await;
+        assert_eq!(locks.len(), 2);
+        drop((second, other));
+        assert!(locks.is_empty(), "none kept once no operation runs");
+
+        let first = hold(&locks, "a").await;
+        let mut gives_up = Box::pin(hold(&locks, "a"));
+        assert!((&mut gives_up).now_or_never().is_none());
+        drop(gives_up);
+        assert_eq!(locks.len(), 1);
+        drop(first);
+        assert!(locks.is_empty(), "a waiter that gave up leaves none behind");
     }
 }
