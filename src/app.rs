@@ -1,23 +1,28 @@
 //! `App`: what every handler shares, behind one `Arc`, and the operations
-//! that span domain services (a create that publishes its ports
+//! that span domain services (a command that starts after a checkpoint of
+//! the workspace, a create that publishes its ports
 //! afterwards, a resume that finds the commands of the sandbox again, a
-//! restore of a checkpoint that ends the sandbox's commands first).
+//! restore of a checkpoint that ends the sandbox's commands and terminal
+//! sessions first).
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::checkpoints::{CheckpointError, CheckpointResult, Checkpoints, Diff};
-use crate::command::{CommandError, Commands};
+use crate::checkpoints::{CheckpointError, CheckpointInfo, CheckpointResult, Checkpoints, Diff};
+use crate::command::spec::{CommandRequest, CommandSpec};
+use crate::command::{Command, CommandError, Commands, RunResult};
 use crate::config::Config;
 use crate::engine::Engine;
+use crate::field_error::FieldError;
 use crate::files::Files;
 use crate::ports::Ports;
-use crate::pty::Ptys;
+use crate::pty::{PtyError, Ptys};
 use crate::sandbox::lifetime::LifetimeChange;
-use crate::sandbox::spec::CreateSandboxRequest;
+use crate::sandbox::spec::{CreateSandboxRequest, ForkSource};
 use crate::sandbox::{Created, SandboxResult, Sandboxes};
 use crate::session_tokens::SessionTokens;
 
@@ -32,6 +37,38 @@ fn command_failure(e: CommandError) -> CheckpointError {
     match e {
         CommandError::Sandbox(inner) => CheckpointError::Sandbox(inner),
         other => CheckpointError::CommandsRunning(other.to_string()),
+    }
+}
+
+/// Why a command with a checkpoint (`checkpoint` in its request) failed:
+/// the checkpoint was refused, or the command.
+#[derive(Debug, thiserror::Error)]
+pub enum TurnError {
+    #[error(transparent)]
+    Checkpoint(#[from] CheckpointError),
+    #[error(transparent)]
+    Command(#[from] CommandError),
+}
+
+/// A terminal session operation that failed under a restore.
+fn pty_failure(e: PtyError) -> CheckpointError {
+    match e {
+        PtyError::Sandbox(inner) => CheckpointError::Sandbox(inner),
+        other => CheckpointError::CommandsRunning(other.to_string()),
+    }
+}
+
+/// What runs in a sandbox and could write into its workspace.
+enum Work {
+    Command(String),
+    Pty(String),
+}
+
+impl Work {
+    fn id(&self) -> &str {
+        match self {
+            Work::Command(id) | Work::Pty(id) => id,
+        }
     }
 }
 
@@ -138,34 +175,42 @@ impl App {
     }
 
     /// Makes the sandbox's workspace exactly a checkpoint's (see
-    /// [`Checkpoints::restore`]). Commands that run (or processes a
-    /// finished one left) could write into it meanwhile: the restore is
-    /// refused while there are any, unless `end_commands`, which ends
-    /// their process trees first and waits (a bounded time) until none is
-    /// left.
+    /// [`Checkpoints::restore`]). Commands and terminal sessions that run
+    /// (or processes a finished command left) could write into it
+    /// meanwhile: the restore is refused while there are any, unless
+    /// `end_commands`, which ends their process trees first and waits (a
+    /// bounded time) until none is left.
     pub async fn restore_checkpoint(
         &self,
         sandbox_id: &str,
         checkpoint_id: &str,
         end_commands: bool,
     ) -> CheckpointResult<Diff> {
-        let running = self.running_commands(sandbox_id).await?;
+        let running = self.running_work(sandbox_id).await?;
         if !running.is_empty() {
             if !end_commands {
                 return Err(CheckpointError::CommandsRunning(format!(
-                    "{} command(s) run in the sandbox ({}); end them, or restore with endCommands: true",
+                    "{} command(s) or terminal session(s) run in the sandbox ({}); end them, or restore with endCommands: true",
                     running.len(),
-                    running.join(", ")
+                    running.iter().map(Work::id).collect::<Vec<_>>().join(", ")
                 )));
             }
-            for id in &running {
-                self.commands
-                    .kill(sandbox_id, id)
-                    .await
-                    .map_err(command_failure)?;
+            for work in &running {
+                match work {
+                    Work::Command(id) => self
+                        .commands
+                        .kill(sandbox_id, id)
+                        .await
+                        .map_err(command_failure)?,
+                    Work::Pty(id) => match self.ptys.kill(sandbox_id, id).await {
+                        // It ended meanwhile.
+                        Ok(()) | Err(PtyError::NotFound(_)) => {}
+                        Err(e) => return Err(pty_failure(e)),
+                    },
+                }
             }
             let deadline = Instant::now() + self.config.kill_grace + ENDING_AT_MOST;
-            while !self.running_commands(sandbox_id).await?.is_empty() {
+            while !self.running_work(sandbox_id).await?.is_empty() {
                 if Instant::now() >= deadline {
                     return Err(CheckpointError::CommandsRunning(
                         "the sandbox's commands did not end in time; nothing was restored".into(),
@@ -177,18 +222,144 @@ impl App {
         self.checkpoints.restore(sandbox_id, checkpoint_id).await
     }
 
-    /// The ids of the sandbox's commands that run or left processes.
-    async fn running_commands(&self, sandbox_id: &str) -> CheckpointResult<Vec<String>> {
+    /// The sandbox's commands that run or left processes, and its
+    /// terminal sessions that run.
+    async fn running_work(&self, sandbox_id: &str) -> CheckpointResult<Vec<Work>> {
         let listed = self
             .commands
             .list(sandbox_id)
             .await
             .map_err(command_failure)?;
-        Ok(listed
+        let ptys = self.ptys.list(sandbox_id).await.map_err(pty_failure)?;
+        let commands = listed
             .into_iter()
             .filter(|l| l.command.finished().is_none() || l.processes.unwrap_or(0) > 0)
-            .map(|l| l.command.id.clone())
-            .collect())
+            .map(|l| Work::Command(l.command.id.clone()));
+        let sessions = ptys
+            .into_iter()
+            .filter(|p| p.ended.is_none())
+            .map(|p| Work::Pty(p.pty_id));
+        Ok(commands.chain(sessions).collect())
+    }
+
+    /// Starts a command (see [`Commands::start`]); with `checkpoint` in the
+    /// request, a checkpoint of that label is taken just before.
+    pub async fn start_command(
+        &self,
+        sandbox_id: &str,
+        mut req: CommandRequest,
+    ) -> Result<(Arc<Command>, Option<CheckpointInfo>), TurnError> {
+        match req.checkpoint.take() {
+            None => Ok((self.commands.start(sandbox_id, req).await?, None)),
+            Some(label) => {
+                let start = move |req| self.commands.start(sandbox_id, req);
+                let (cmd, made) = self.checkpoint_then(sandbox_id, req, label, start).await?;
+                Ok((cmd, Some(made)))
+            }
+        }
+    }
+
+    /// Runs a command to its end (see [`Commands::run`]); with
+    /// `checkpoint` in the request, a checkpoint of that label is taken
+    /// just before it starts.
+    pub async fn run_command(
+        &self,
+        sandbox_id: &str,
+        mut req: CommandRequest,
+    ) -> Result<(RunResult, Option<CheckpointInfo>), TurnError> {
+        match req.checkpoint.take() {
+            None => Ok((
+                self.commands.run(sandbox_id, req, &self.shutdown).await?,
+                None,
+            )),
+            Some(label) => {
+                let start = move |req| self.commands.start_run(sandbox_id, req);
+                let (cmd, made) = self.checkpoint_then(sandbox_id, req, label, start).await?;
+                let ran = self
+                    .commands
+                    .run_result(sandbox_id, &cmd, &self.shutdown)
+                    .await?;
+                Ok((ran, Some(made)))
+            }
+        }
+    }
+
+    /// Takes checkpoint `label` of the workspace, then `start`s the
+    /// command `req` (checked first, so a request refused for its own
+    /// fields takes none). A command that does not start takes its
+    /// checkpoint back with it, so that the call can be made again.
+    async fn checkpoint_then<F, Fut>(
+        &self,
+        sandbox_id: &str,
+        req: CommandRequest,
+        label: String,
+        start: F,
+    ) -> Result<(Arc<Command>, CheckpointInfo), TurnError>
+    where
+        F: FnOnce(CommandRequest) -> Fut,
+        Fut: Future<Output = Result<Arc<Command>, CommandError>>,
+    {
+        crate::checkpoints::check_label("checkpoint", &label)?;
+        CommandSpec::parse(req.clone(), &self.config).map_err(CommandError::from)?;
+        let made = self
+            .checkpoints
+            .create(sandbox_id, Some(label), false)
+            .await?;
+        match start(req).await {
+            Ok(cmd) => Ok((cmd, made)),
+            Err(e) => {
+                if let Err(undo) = self
+                    .checkpoints
+                    .delete(sandbox_id, &made.checkpoint_id)
+                    .await
+                {
+                    tracing::warn!(sandbox_id, error = %undo, "the checkpoint of a command that did not start stays");
+                }
+                Err(e.into())
+            }
+        }
+    }
+
+    /// Creates a new sandbox for `req`'s session whose workspace is
+    /// checkpoint `from.checkpoint_id` of sandbox `from.sandbox_id` (a
+    /// fork; see [`Checkpoints::copy`]). The session must have no sandbox
+    /// yet; a fork that fails removes the sandbox it made.
+    pub async fn fork_sandbox(
+        &self,
+        req: CreateSandboxRequest,
+        from: ForkSource,
+    ) -> CheckpointResult<Created> {
+        let source = self.sandboxes.lookup(&from.sandbox_id).await?;
+        self.checkpoints
+            .info(&source.id, &from.checkpoint_id)
+            .await?;
+        let taken = || {
+            FieldError::new(
+                "sessionKey",
+                "has a sandbox already; a fork makes a new sandbox, for a new session key",
+            )
+        };
+        if (self.sandboxes.registry())
+            .by_session(&req.session_key)
+            .is_some()
+        {
+            return Err(taken().into());
+        }
+        let created = self.create_sandbox(req).await?;
+        if !created.created {
+            return Err(taken().into());
+        }
+        let copied = self
+            .checkpoints
+            .copy(&source.id, &from.checkpoint_id, &created.sandbox_id)
+            .await;
+        if let Err(e) = copied {
+            if let Err(stop) = self.sandboxes.stop(&created.sandbox_id).await {
+                tracing::warn!(sandbox_id = %created.sandbox_id, error = %stop, "a fork that failed could not remove its sandbox");
+            }
+            return Err(e);
+        }
+        Ok(created)
     }
 
     /// [`create_sandbox`](App::create_sandbox), then gives the sandbox a

@@ -11,10 +11,9 @@
 
 use std::time::Duration;
 
-use bytes::Bytes;
 use sandboxd_proto::{DirEntry, Match, Mismatch, NewFile, Op, PathStat, Reply, Search, Searched};
 
-use super::{AgentConn, AgentResult, no_parts, reply_name, unexpected};
+use super::{AgentConn, AgentResult, Content, no_parts, reply_name, unexpected};
 
 /// How a write went: every file written, or none because a file's
 /// precondition did not hold (the agent names which).
@@ -44,14 +43,16 @@ impl AgentConn {
     }
 
     /// Writes every file or none; `content` is the files' bytes in order,
-    /// in pieces of at most [`sandboxd_proto::WRITE_PIECE`] bytes.
+    /// in pieces of at most [`sandboxd_proto::WRITE_PIECE`] bytes (or
+    /// files on the host, read as they are sent).
     pub async fn write_files(
         &self,
         files: Vec<NewFile>,
-        content: Vec<Bytes>,
+        content: impl IntoIterator<Item = impl Into<Content>>,
         limit: Duration,
     ) -> AgentResult<WriteOutcome> {
         let op = Op::WriteFiles { files };
+        let content = content.into_iter().map(Into::into).collect();
         match self.call_with_content_within(op, content, limit).await? {
             Reply::Ok => Ok(WriteOutcome::Written),
             Reply::PreconditionFailed(failed) => Ok(WriteOutcome::PreconditionFailed(failed)),

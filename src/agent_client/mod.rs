@@ -40,8 +40,9 @@ use bytes::Bytes;
 use futures_util::{SinkExt, StreamExt};
 use sandboxd_proto::{
     Failure, Hello, HelloReply, MAX_AGENT_FRAME, MAX_HOST_FRAME, Op, Reply, Request, Response,
+    WRITE_PIECE,
 };
-use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{mpsc, watch};
 use tokio_util::codec::{FramedRead, FramedWrite};
 
@@ -85,7 +86,28 @@ type Pending = HashMap<u64, mpsc::Sender<Response>>;
 #[derive(Debug)]
 struct Outgoing {
     request: Request,
-    content: Vec<Bytes>,
+    content: Vec<Content>,
+}
+
+/// A piece of a write's content: bytes in hand (at most
+/// [`sandboxd_proto::WRITE_PIECE`]), or a file on the host that the writer
+/// task reads piece by piece as it sends it, so a large one is never held
+/// whole in memory.
+#[derive(Debug)]
+pub enum Content {
+    Bytes(Bytes),
+    /// Exactly `size` bytes read from `file`; a file that gives fewer
+    /// (or fails) closes the connection, as the agent waits for them.
+    File {
+        file: tokio::fs::File,
+        size: u64,
+    },
+}
+
+impl From<Bytes> for Content {
+    fn from(b: Bytes) -> Self {
+        Content::Bytes(b)
+    }
 }
 
 /// A live connection to one agent. Cheap to share; closes when dropped by
@@ -144,12 +166,8 @@ impl AgentConn {
                     let Some(out) = out else { break };
                     let id = out.request.id;
                     let mut sent = send_frame(&mut sink, &out.request).await;
-                    for data in out.content {
-                        if sent.is_err() {
-                            break;
-                        }
-                        let op = Op::WriteData { data };
-                        sent = send_frame(&mut sink, &Request { id, op }).await;
+                    if sent.is_ok() {
+                        sent = send_content(&mut sink, id, out.content).await;
                     }
                     if let Err(e) = sent {
                         close(
@@ -246,7 +264,7 @@ impl AgentConn {
     async fn send(
         &self,
         op: Op,
-        content: Vec<Bytes>,
+        content: Vec<Content>,
     ) -> AgentResult<(u64, mpsc::Receiver<Response>)> {
         if let Some(why) = self.closed_because() {
             return Err(AgentError::Closed(why));
@@ -315,7 +333,7 @@ impl AgentConn {
     async fn call_with_content_within(
         &self,
         op: Op,
-        content: Vec<Bytes>,
+        content: Vec<Content>,
         limit: std::time::Duration,
     ) -> AgentResult<Reply> {
         match tokio::time::timeout(limit, self.call_with_content(op, content)).await {
@@ -324,7 +342,7 @@ impl AgentConn {
         }
     }
 
-    async fn call_with_content(&self, op: Op, content: Vec<Bytes>) -> AgentResult<Reply> {
+    async fn call_with_content(&self, op: Op, content: Vec<Content>) -> AgentResult<Reply> {
         let (id, mut rx) = self.send(op, content).await?;
         let _forget = Forget { conn: self, id };
         match rx.recv().await {
@@ -346,23 +364,56 @@ impl AgentConn {
         op: Op,
         mut part: impl FnMut(Reply) -> Result<(), String>,
     ) -> AgentResult<Reply> {
-        let (id, mut rx) = self.send(op, Vec::new()).await?;
-        let _forget = Forget { conn: self, id };
+        let mut answer = self.answer(op).await?;
         loop {
-            match rx.recv().await {
-                Some(r) if r.more => {
-                    if let Reply::Error(f) = r.reply {
-                        return Err(AgentError::Refused(f));
-                    }
-                    part(r.reply).map_err(AgentError::Protocol)?;
-                }
-                Some(r) => return refused(r.reply),
-                None => {
-                    return Err(AgentError::Closed(
-                        self.closed_because()
-                            .unwrap_or_else(|| "the connection closed".into()),
-                    ));
-                }
+            match answer.next().await? {
+                Step::Part(p) => part(p).map_err(AgentError::Protocol)?,
+                Step::Last(last) => return Ok(last),
+            }
+        }
+    }
+
+    /// Sends `op`; its answer is then taken step by step.
+    async fn answer(&self, op: Op) -> AgentResult<Answer<'_>> {
+        let (id, rx) = self.send(op, Vec::new()).await?;
+        Ok(Answer {
+            rx,
+            forget: Forget { conn: self, id },
+        })
+    }
+}
+
+/// One step of an answer in parts.
+enum Step {
+    /// A part; more follow.
+    Part(Reply),
+    /// The final answer (not an error).
+    Last(Reply),
+}
+
+/// The answer to one request, taken step by step; the request is
+/// forgotten when this is dropped.
+struct Answer<'a> {
+    rx: mpsc::Receiver<Response>,
+    forget: Forget<'a>,
+}
+
+impl Answer<'_> {
+    /// The next part, or the final answer; an error answer (final or as
+    /// a part) is [`AgentError::Refused`].
+    async fn next(&mut self) -> AgentResult<Step> {
+        match self.rx.recv().await {
+            Some(r) if r.more => match r.reply {
+                Reply::Error(f) => Err(AgentError::Refused(f)),
+                part => Ok(Step::Part(part)),
+            },
+            Some(r) => refused(r.reply).map(Step::Last),
+            None => {
+                let conn = self.forget.conn;
+                Err(AgentError::Closed(
+                    conn.closed_because()
+                        .unwrap_or_else(|| "the connection closed".into()),
+                ))
             }
         }
     }
@@ -378,6 +429,45 @@ impl Drop for Forget<'_> {
     fn drop(&mut self) {
         lock(&self.conn.pending).remove(&self.id);
     }
+}
+
+/// Sends a write's content after its request, each piece a
+/// [`Op::WriteData`] frame; a file's pieces are read as they go.
+async fn send_content<W: AsyncWrite + Unpin>(
+    sink: &mut FramedWrite<W, tokio_util::codec::LengthDelimitedCodec>,
+    id: u64,
+    content: Vec<Content>,
+) -> Result<(), String> {
+    for c in content {
+        match c {
+            Content::Bytes(data) => {
+                send_frame(
+                    sink,
+                    &Request {
+                        id,
+                        op: Op::WriteData { data },
+                    },
+                )
+                .await?;
+            }
+            Content::File { mut file, size } => {
+                let mut left = size;
+                while left > 0 {
+                    let n = usize::try_from(left).map_or(WRITE_PIECE, |l| l.min(WRITE_PIECE));
+                    let mut piece = vec![0; n];
+                    file.read_exact(&mut piece)
+                        .await
+                        .map_err(|e| format!("a file to send could not be read: {e}"))?;
+                    left -= n as u64;
+                    let op = Op::WriteData {
+                        data: Bytes::from(piece),
+                    };
+                    send_frame(sink, &Request { id, op }).await?;
+                }
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Encodes and sends one frame.

@@ -28,8 +28,9 @@ pub(super) async fn start_command(
     Path(id): Path<String>,
     Json(req): Json<CommandRequest>,
 ) -> Result<axum::Json<dto::CommandStarted>, ApiError> {
-    let cmd = app.commands.start(&id, req).await?;
-    Ok(axum::Json(dto::CommandStarted::from(&*cmd)))
+    let (cmd, made) = app.start_command(&id, req).await?;
+    let started = dto::CommandStarted::from(&*cmd).with_checkpoint(made);
+    Ok(axum::Json(started))
 }
 
 /// `POST /v1/sandboxes/{id}/commands:run`
@@ -42,8 +43,8 @@ pub(super) async fn run_command(
     Path(id): Path<String>,
     Json(req): Json<CommandRequest>,
 ) -> Result<axum::Json<dto::CommandRun>, ApiError> {
-    let out = app.commands.run(&id, req, &app.shutdown).await?;
-    Ok(axum::Json(out.into()))
+    let (out, made) = app.run_command(&id, req).await?;
+    Ok(axum::Json(dto::CommandRun::from(out).with_checkpoint(made)))
 }
 
 /// `GET /v1/sandboxes/{id}/commands`

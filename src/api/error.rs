@@ -9,6 +9,7 @@ use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 use utoipa::ToSchema;
 
+use crate::app::TurnError;
 use crate::checkpoints::CheckpointError;
 use crate::command::CommandError;
 use crate::files::{FileError, Mismatch};
@@ -322,6 +323,15 @@ impl From<CheckpointError> for ApiError {
             }
         };
         ApiError::new(code, message)
+    }
+}
+
+impl From<TurnError> for ApiError {
+    fn from(e: TurnError) -> Self {
+        match e {
+            TurnError::Checkpoint(inner) => inner.into(),
+            TurnError::Command(inner) => inner.into(),
+        }
     }
 }
 

@@ -19,9 +19,12 @@ use crate::sandbox::spec::CreateSandboxRequest;
     responses((status = 200, description = "`created: false` when the session already had one", body = dto::SandboxCreated)))]
 pub(super) async fn create_sandbox(
     State(app): State<Arc<App>>,
-    Json(req): Json<CreateSandboxRequest>,
+    Json(mut req): Json<CreateSandboxRequest>,
 ) -> Result<axum::Json<dto::SandboxCreated>, ApiError> {
-    let created = app.create_sandbox(req).await?;
+    let created = match req.from.take() {
+        None => app.create_sandbox(req).await?,
+        Some(from) => app.fork_sandbox(req, from).await?,
+    };
     Ok(axum::Json(created.into()))
 }
 

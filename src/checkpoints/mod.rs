@@ -13,7 +13,9 @@
 //! [`CheckpointError::WorkspaceChanging`]; a refused checkpoint (a limit,
 //! a failure) leaves no manifest and removes the content it stored.
 //!
-//! Operations on one sandbox's checkpoints run one at a time.
+//! Operations on one sandbox's checkpoints run one at a time, under a lock
+//! kept only while some operation holds or waits for it. The store's file
+//! I/O runs on blocking threads, never on a worker of the async runtime.
 
 mod manifest;
 mod store;
@@ -185,17 +187,77 @@ pub enum DiffTarget {
     Current,
 }
 
+/// One lock per sandbox with operations under way.
+type Locks = DashMap<String, Arc<tokio::sync::Mutex<()>>>;
+
 /// See the module docs.
 #[derive(Debug)]
 pub struct Checkpoints {
     config: Arc<Config>,
     sandboxes: Arc<Sandboxes>,
-    /// One lock per sandbox: its operations run one at a time.
-    locks: DashMap<String, Arc<tokio::sync::Mutex<()>>>,
+    /// A sandbox's operations run one at a time.
+    locks: Locks,
+}
+
+/// A sandbox's lock, held; its entry leaves the map when no one else
+/// holds or waits for it.
+struct Held<'a> {
+    /// Dropped first.
+    _guard: tokio::sync::OwnedMutexGuard<()>,
+    _prune: Prune<'a>,
+}
+
+/// Removes a sandbox's lock from the map once it is the map's alone.
+struct Prune<'a> {
+    locks: &'a Locks,
+    sandbox_id: String,
+}
+
+impl Drop for Prune<'_> {
+    fn drop(&mut self) {
+        // The count is read under the map's shard lock, which a new taker
+        // also holds while it clones the lock: none is missed.
+        self.locks
+            .remove_if(&self.sandbox_id, |_, l| Arc::strong_count(l) == 1);
+    }
 }
 
 fn store_err(e: StoreError) -> CheckpointError {
     CheckpointError::Store(e)
+}
+
+/// Refuses a label (given as `field`) a checkpoint cannot have.
+pub fn check_label(field: &str, label: &str) -> CheckpointResult<()> {
+    if label.is_empty() || label.len() > MAX_LABEL_BYTES || label.chars().any(char::is_control) {
+        return Err(FieldError::new(
+            field,
+            format!("must be 1 to {MAX_LABEL_BYTES} bytes without control characters"),
+        )
+        .into());
+    }
+    Ok(())
+}
+
+/// Waits for sandbox `sandbox_id`'s turn in `locks`.
+async fn hold<'a>(locks: &'a Locks, sandbox_id: &str) -> Held<'a> {
+    // Declared first, dropped last: a waiter that gives up drops its
+    // clone of the lock before it looks.
+    let prune = Prune {
+        locks,
+        sandbox_id: sandbox_id.to_string(),
+    };
+    let lock = Arc::clone(&locks.entry(sandbox_id.to_string()).or_default());
+    Held {
+        _guard: lock.lock_owned().await,
+        _prune: prune,
+    }
+}
+
+/// Every object the checkpoints `all` name.
+fn referenced(all: &[Manifest]) -> HashSet<String> {
+    all.iter()
+        .flat_map(|m| m.entries.iter().filter_map(|e| e.sha256.clone()))
+        .collect()
 }
 
 impl Checkpoints {
@@ -214,8 +276,9 @@ impl Checkpoints {
             .ok_or_else(|| CheckpointError::Store(StoreError::none_configured()))
     }
 
-    fn lock(&self, sandbox_id: &str) -> Arc<tokio::sync::Mutex<()>> {
-        Arc::clone(&self.locks.entry(sandbox_id.to_string()).or_default())
+    /// Waits for the sandbox's turn.
+    async fn lock(&self, sandbox_id: &str) -> Held<'_> {
+        hold(&self.locks, sandbox_id).await
     }
 
     /// Records the workspace of `sandbox_id` now.
@@ -227,20 +290,13 @@ impl Checkpoints {
     ) -> CheckpointResult<CheckpointInfo> {
         let started = Instant::now();
         if let Some(l) = &label {
-            if l.is_empty() || l.len() > MAX_LABEL_BYTES || l.chars().any(char::is_control) {
-                return Err(FieldError::new(
-                    "label",
-                    format!("must be 1 to {MAX_LABEL_BYTES} bytes without control characters"),
-                )
-                .into());
-            }
+            check_label("label", l)?;
         }
         let sandbox = self.sandboxes.lookup(sandbox_id).await?;
         let _busy = sandbox.open_request();
-        let lock = self.lock(&sandbox.id);
-        let _one = lock.lock().await;
+        let _one = self.lock(&sandbox.id).await;
         let store = self.store(&sandbox.id)?;
-        let existing = store.manifests().map_err(store_err)?;
+        let existing = store.blocking(Store::manifests).await.map_err(store_err)?;
         if let Some(l) = &label {
             if existing.iter().any(|m| m.label.as_ref() == Some(l)) {
                 return Err(CheckpointError::LabelTaken(l.clone()));
@@ -251,15 +307,19 @@ impl Checkpoints {
                 max: self.config.checkpoint_max_count,
             });
         }
-        // What a checkpoint cut short left: temporaries and objects no
-        // manifest names.
-        store.clear_temporaries().map_err(store_err)?;
-        let keep: HashSet<&str> = existing
-            .iter()
-            .flat_map(|m| m.entries.iter().filter_map(|e| e.sha256.as_deref()))
-            .collect();
-        store.sweep(&keep).map_err(store_err)?;
-        let stored_before = store.object_bytes().map_err(store_err)?;
+        let keep = referenced(&existing);
+        let present = store
+            .blocking(move |s| {
+                // What a checkpoint cut short left: temporaries and
+                // objects no manifest names.
+                s.clear_temporaries()?;
+                s.sweep(&keep.iter().map(String::as_str).collect())?;
+                s.objects()
+            })
+            .await
+            .map_err(store_err)?;
+        let stored_before = present.iter().map(|(_, size)| size).sum();
+        let present: HashSet<String> = present.into_iter().map(|(name, _)| name).collect();
         let previous = existing.first().filter(|_| !verify);
         let conn = self
             .sandboxes
@@ -273,12 +333,21 @@ impl Checkpoints {
         };
         let mut added = Vec::new();
         let taken = self
-            .take(&agent, &store, previous, stored_before, &mut added)
+            .take(
+                &agent,
+                &store,
+                (previous, &present),
+                stored_before,
+                &mut added,
+            )
             .await;
         let (entries, new_bytes) = match taken {
             Ok(taken) => taken,
             Err(e) => {
-                store.remove_objects(&added).map_err(store_err)?;
+                store
+                    .blocking(move |s| s.remove_objects(&added))
+                    .await
+                    .map_err(store_err)?;
                 return Err(self.sandboxes.gone_or(&sandbox, e));
             }
         };
@@ -299,22 +368,28 @@ impl Checkpoints {
             duration_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
             entries,
         };
-        if let Err(e) = store.save_manifest(&manifest) {
-            store.remove_objects(&added).map_err(store_err)?;
+        let info = CheckpointInfo::from(&manifest);
+        if let Err(e) = store.blocking(move |s| s.save_manifest(&manifest)).await {
+            store
+                .blocking(move |s| s.remove_objects(&added))
+                .await
+                .map_err(store_err)?;
             return Err(store_err(e));
         }
         crate::telemetry::checkpoint_made(started, new_bytes, bytes.saturating_sub(new_bytes));
-        Ok(CheckpointInfo::from(&manifest))
+        Ok(info)
     }
 
     /// The workspace's entries with their content in the store: a second
-    /// try when a file changed under the first. `added` collects the
-    /// objects stored anew (removed by the caller on failure).
+    /// try when a file changed under the first. A file the newest
+    /// checkpoint saw unchanged is taken from it when its object is
+    /// `present`. `added` collects the objects stored anew (removed by
+    /// the caller on failure).
     async fn take(
         &self,
         agent: &tree::Agent<'_>,
         store: &Store,
-        previous: Option<&Manifest>,
+        (previous, present): (Option<&Manifest>, &HashSet<String>),
         stored_before: u64,
         added: &mut Vec<String>,
     ) -> CheckpointResult<(Vec<Entry>, u64)> {
@@ -333,7 +408,7 @@ impl Checkpoints {
                         k.kind == EntryKind::File
                             && (k.size, k.mtime_ns, k.ctime_ns, k.ino)
                                 == (e.size, e.mtime_ns, e.ctime_ns, e.ino)
-                            && k.sha256.as_deref().is_some_and(|h| store.has_object(h))
+                            && k.sha256.as_ref().is_some_and(|h| present.contains(h))
                     });
                     if let Some(k) = same {
                         e.sha256.clone_from(&k.sha256);
@@ -366,31 +441,38 @@ impl Checkpoints {
     pub async fn list(&self, sandbox_id: &str) -> CheckpointResult<Vec<CheckpointInfo>> {
         let sandbox = self.sandboxes.lookup(sandbox_id).await?;
         let store = self.store(&sandbox.id)?;
-        let all = store.manifests().map_err(store_err)?;
+        let all = store.blocking(Store::manifests).await.map_err(store_err)?;
         Ok(all.iter().map(CheckpointInfo::from).collect())
     }
 
     /// Deletes a checkpoint and the content no other one holds.
     pub async fn delete(&self, sandbox_id: &str, checkpoint_id: &str) -> CheckpointResult<()> {
         let sandbox = self.sandboxes.lookup(sandbox_id).await?;
-        let lock = self.lock(&sandbox.id);
-        let _one = lock.lock().await;
+        let _one = self.lock(&sandbox.id).await;
         let store = self.store(&sandbox.id)?;
-        if !store.remove_manifest(checkpoint_id).map_err(store_err)? {
+        let id = checkpoint_id.to_string();
+        let removed = store
+            .blocking(move |s| {
+                if !s.remove_manifest(&id)? {
+                    return Ok(false);
+                }
+                let keep = referenced(&s.manifests()?);
+                s.sweep(&keep.iter().map(String::as_str).collect())?;
+                Ok(true)
+            })
+            .await
+            .map_err(store_err)?;
+        if !removed {
             return Err(CheckpointError::NotFound(checkpoint_id.to_string()));
         }
-        let rest = store.manifests().map_err(store_err)?;
-        let keep: HashSet<&str> = rest
-            .iter()
-            .flat_map(|m| m.entries.iter().filter_map(|e| e.sha256.as_deref()))
-            .collect();
-        store.sweep(&keep).map_err(store_err)?;
         Ok(())
     }
 
-    fn manifest(&self, store: &Store, checkpoint_id: &str) -> CheckpointResult<Manifest> {
+    async fn manifest(&self, store: &Store, checkpoint_id: &str) -> CheckpointResult<Manifest> {
+        let id = checkpoint_id.to_string();
         store
-            .manifest(checkpoint_id)
+            .blocking(move |s| s.manifest(&id))
+            .await
             .map_err(store_err)?
             .ok_or_else(|| CheckpointError::NotFound(checkpoint_id.to_string()))
     }
@@ -404,9 +486,9 @@ impl Checkpoints {
     ) -> CheckpointResult<Diff> {
         let sandbox = self.sandboxes.lookup(sandbox_id).await?;
         let store = self.store(&sandbox.id)?;
-        let old = self.manifest(&store, from)?;
+        let old = self.manifest(&store, from).await?;
         let new = match to {
-            DiffTarget::Checkpoint(id) => self.manifest(&store, &id)?.entries,
+            DiffTarget::Checkpoint(id) => self.manifest(&store, &id).await?.entries,
             DiffTarget::Current => {
                 let _busy = sandbox.open_request();
                 self.current(&sandbox, &old)
@@ -440,23 +522,87 @@ impl Checkpoints {
     pub async fn restore(&self, sandbox_id: &str, checkpoint_id: &str) -> CheckpointResult<Diff> {
         let sandbox = self.sandboxes.lookup(sandbox_id).await?;
         let _busy = sandbox.open_request();
-        let lock = self.lock(&sandbox.id);
-        let _one = lock.lock().await;
+        let _one = self.lock(&sandbox.id).await;
         let store = self.store(&sandbox.id)?;
-        let target = self.manifest(&store, checkpoint_id)?;
-        let restored = async {
-            let current = self.current(&sandbox, &target).await?;
+        let target = self.manifest(&store, checkpoint_id).await?;
+        self.make(&sandbox, &store, &target).await
+    }
+
+    /// Checkpoint `checkpoint_id` of sandbox `sandbox_id`.
+    pub async fn info(
+        &self,
+        sandbox_id: &str,
+        checkpoint_id: &str,
+    ) -> CheckpointResult<CheckpointInfo> {
+        let store = self.store(sandbox_id)?;
+        let m = self.manifest(&store, checkpoint_id).await?;
+        Ok(CheckpointInfo::from(&m))
+    }
+
+    /// Makes the workspace of sandbox `into` (a fork just made) exactly
+    /// checkpoint `checkpoint_id` of sandbox `from`, whose content stays
+    /// meanwhile.
+    pub async fn copy(&self, from: &str, checkpoint_id: &str, into: &str) -> CheckpointResult<()> {
+        let target = self.sandboxes.lookup(into).await?;
+        let _busy = target.open_request();
+        let _source_turn = self.lock(from).await;
+        let _target_turn = self.lock(&target.id).await;
+        let store = self.store(from)?;
+        let manifest = self.manifest(&store, checkpoint_id).await?;
+        self.make(&target, &store, &manifest).await.map(drop)
+    }
+
+    /// Makes the workspace of `sandbox` exactly `target`, with the content
+    /// in `store`: what it changed.
+    async fn make(
+        &self,
+        sandbox: &Arc<crate::sandbox::Sandbox>,
+        store: &Store,
+        target: &Manifest,
+    ) -> CheckpointResult<Diff> {
+        let made = async {
+            let current = self.current(sandbox, target).await?;
             let plan = tree::plan(&current, &target.entries);
-            let conn = self.sandboxes.agent(&sandbox).await?;
+            let conn = self.sandboxes.agent(sandbox).await?;
             let agent = tree::Agent {
                 conn: &conn,
                 limit: self.config.agent_timeout,
                 dirs: self.config.workspace_dirs().collect(),
             };
-            agent.apply(&plan, &store).await?;
+            agent.apply(&plan, store).await?;
             Ok(Diff::from(compare(&current, &target.entries)))
         }
         .await;
-        restored.map_err(|e| self.sandboxes.gone_or(&sandbox, e))
+        made.map_err(|e| self.sandboxes.gone_or(sandbox, e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use futures_util::FutureExt;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn a_sandboxs_lock_is_kept_only_while_it_is_held_or_awaited() {
+        let locks = Locks::default();
+        let first = hold(&locks, "a").await;
+        let mut second = Box::pin(hold(&locks, "a"));
+        assert!((&mut second).now_or_never().is_none(), "one at a time");
+        drop(first);
+        assert_eq!(locks.len(), 1, "kept for the one that waits");
+        let second = second.await;
+        let other = hold(&locks, "b").await;
+        assert_eq!(locks.len(), 2);
+        drop((second, other));
+        assert!(locks.is_empty(), "none kept once no operation runs");
+
+        let first = hold(&locks, "a").await;
+        let mut gives_up = Box::pin(hold(&locks, "a"));
+        assert!((&mut gives_up).now_or_never().is_none());
+        drop(gives_up);
+        assert_eq!(locks.len(), 1);
+        drop(first);
+        assert!(locks.is_empty(), "a waiter that gave up leaves none behind");
     }
 }

@@ -5,6 +5,10 @@
 //! `manifests/` one JSON manifest per checkpoint; `tmp/` what is being
 //! written. Directories are 0700 and files 0600.
 //!
+//! Its file I/O blocks, so the async side runs it through
+//! [`Store::blocking`], on tokio's blocking threads, never on a worker of
+//! the runtime.
+//!
 //! Everything is written to `tmp/`, synced, then renamed into place (and
 //! the directory synced), and a manifest only after every object it names:
 //! a crash (a SIGKILL mid-checkpoint) leaves at most unreferenced objects
@@ -18,6 +22,7 @@ use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 use sha2::{Digest, Sha256};
+use tokio::sync::mpsc;
 
 use super::manifest::{Manifest, VERSION};
 
@@ -63,6 +68,17 @@ pub(super) struct Store {
 impl Store {
     pub(super) fn at(dir: PathBuf) -> Store {
         Store { dir }
+    }
+
+    /// Runs `work` on this store on a blocking thread.
+    pub(super) async fn blocking<T: Send + 'static>(
+        &self,
+        work: impl FnOnce(&Store) -> StoreResult<T> + Send + 'static,
+    ) -> StoreResult<T> {
+        let store = self.clone();
+        tokio::task::spawn_blocking(move || work(&store))
+            .await
+            .map_err(|e| StoreError(format!("a task of the store ended early: {e}")))?
     }
 
     fn sub(&self, name: &str) -> PathBuf {
@@ -167,22 +183,53 @@ impl Store {
         Ok(self.sub("objects").join(sha256))
     }
 
-    pub(super) fn has_object(&self, sha256: &str) -> bool {
-        self.object_path(sha256).is_ok_and(|p| p.is_file())
+    /// Object `sha256` to read, checked to hold `size` bytes.
+    pub(super) fn open_object(&self, sha256: &str, size: u64) -> StoreResult<File> {
+        let path = self.object_path(sha256)?;
+        let file = File::open(&path).map_err(|e| failed("open", &path, e))?;
+        let len = file.metadata().map_err(|e| failed("stat", &path, e))?.len();
+        if len != size {
+            return Err(StoreError(format!(
+                "{} holds {len} bytes, its checkpoint says {size}",
+                path.display()
+            )));
+        }
+        Ok(file)
     }
 
-    /// An object's content.
-    pub(super) fn read_object(&self, sha256: &str) -> StoreResult<Vec<u8>> {
-        let path = self.object_path(sha256)?;
+    /// The first `size` bytes of object `sha256`, which holds that many.
+    pub(super) fn read_object(&self, sha256: &str, size: u64) -> StoreResult<Vec<u8>> {
         let mut content = Vec::new();
-        File::open(&path)
-            .and_then(|mut f| f.read_to_end(&mut content))
-            .map_err(|e| failed("read", &path, e))?;
+        self.open_object(sha256, size)?
+            .read_to_end(&mut content)
+            .map_err(|e| StoreError(format!("cannot read object {sha256}: {e}")))?;
         Ok(content)
     }
 
+    /// A new object written from `pieces` as they come, until the channel
+    /// closes: its writer, to finish or discard; `None` (nothing kept)
+    /// when more than `max` bytes came.
+    pub(super) fn receive_object(
+        &self,
+        mut pieces: mpsc::Receiver<Vec<u8>>,
+        max: u64,
+    ) -> StoreResult<Option<ObjectWriter>> {
+        let mut writer = self.new_object()?;
+        while let Some(piece) = pieces.blocking_recv() {
+            if writer.size + piece.len() as u64 > max {
+                writer.discard();
+                return Ok(None);
+            }
+            if let Err(e) = writer.write(&piece) {
+                writer.discard();
+                return Err(e);
+            }
+        }
+        Ok(Some(writer))
+    }
+
     /// A new object, written piece by piece.
-    pub(super) fn new_object(&self) -> StoreResult<ObjectWriter> {
+    fn new_object(&self) -> StoreResult<ObjectWriter> {
         self.make_dirs()?;
         Ok(ObjectWriter {
             tmp: self.temp_file()?,
@@ -241,7 +288,7 @@ impl Store {
     }
 
     /// Every object's name and size.
-    fn objects(&self) -> StoreResult<Vec<(String, u64)>> {
+    pub(super) fn objects(&self) -> StoreResult<Vec<(String, u64)>> {
         let mut out = Vec::new();
         for item in self.listing("objects")? {
             let size = item
@@ -253,11 +300,6 @@ impl Store {
             }
         }
         Ok(out)
-    }
-
-    /// Bytes of all objects.
-    pub(super) fn object_bytes(&self) -> StoreResult<u64> {
-        Ok(self.objects()?.iter().map(|(_, size)| size).sum())
     }
 }
 
@@ -287,13 +329,13 @@ pub(super) struct Stored {
 }
 
 impl ObjectWriter {
-    pub(super) fn write(&mut self, piece: &[u8]) -> Result<(), String> {
+    fn write(&mut self, piece: &[u8]) -> StoreResult<()> {
         self.hash.update(piece);
         self.size += piece.len() as u64;
         self.tmp
             .file
             .write_all(piece)
-            .map_err(|e| format!("cannot write {}: {e}", self.tmp.path.display()))
+            .map_err(|e| failed("write", &self.tmp.path, e))
     }
 
     /// Bytes written so far.
@@ -366,8 +408,14 @@ mod tests {
     }
 
     fn put(s: &Store, content: &[u8]) -> Stored {
-        let mut w = s.new_object().expect("object");
-        w.write(content).expect("write");
+        let (tx, rx) = mpsc::channel(4);
+        tx.try_send(content[..1].to_vec()).expect("send");
+        tx.try_send(content[1..].to_vec()).expect("send");
+        drop(tx);
+        let w = s
+            .receive_object(rx, 5)
+            .expect("receive")
+            .expect("in bounds");
         w.finish(s).expect("finish")
     }
 
@@ -378,16 +426,23 @@ mod tests {
         assert!(a.new);
         assert_eq!(a.sha256, hex(&Sha256::digest(b"hello")));
         assert!(!put(&s, b"hello").new, "the same content is stored once");
-        assert_eq!(s.read_object(&a.sha256).expect("read"), b"hello");
-        assert_eq!(s.object_bytes().expect("bytes"), 5);
+        assert_eq!(s.read_object(&a.sha256, 5).expect("read"), b"hello");
+        assert!(s.read_object(&a.sha256, 4).is_err(), "a size that differs");
+        assert_eq!(s.objects().expect("objects"), [(a.sha256.clone(), 5)]);
         let mode = |p: &Path| std::fs::metadata(p).expect("meta").permissions().mode() & 0o777;
         assert_eq!(mode(&s.object_path(&a.sha256).expect("path")), 0o600);
         assert_eq!(mode(&s.sub("objects")), 0o700);
         let other = put(&s, b"other");
         let keep: HashSet<&str> = [a.sha256.as_str()].into();
         assert_eq!(s.sweep(&keep).expect("sweep"), 5);
-        assert!(s.has_object(&a.sha256) && !s.has_object(&other.sha256));
-        assert!(s.read_object("../x").is_err(), "names are plain");
+        assert_eq!(s.objects().expect("objects"), [(a.sha256.clone(), 5)]);
+        assert!(other.new);
+        assert!(s.read_object("../x", 5).is_err(), "names are plain");
+        let (tx, rx) = mpsc::channel(4);
+        tx.try_send(b"toolong".to_vec()).expect("send");
+        drop(tx);
+        assert!(s.receive_object(rx, 5).expect("receive").is_none());
+        assert_eq!(std::fs::read_dir(s.sub("tmp")).expect("tmp").count(), 0);
     }
 
     #[test]
@@ -417,6 +472,7 @@ mod tests {
         assert!(!s.remove_manifest("a1").expect("again"));
         let w = s.new_object().expect("object");
         drop(w);
+        assert_eq!(std::fs::read_dir(s.sub("tmp")).expect("tmp").count(), 1);
         s.clear_temporaries().expect("clear");
         assert_eq!(std::fs::read_dir(s.sub("tmp")).expect("tmp").count(), 0);
     }

@@ -20,16 +20,20 @@ use sandboxd_proto::{
     FileIdentity, MAX_LINK_TARGET, NewFile, NewSymlink, PathMode, Precondition, SnapshotEntry,
     WRITE_PIECE,
 };
+use tokio::sync::mpsc;
 
 use super::CheckpointError;
 use super::manifest::{Entry, EntryKind, compare};
-use super::store::{Store, Stored, hex};
-use crate::agent_client::{AgentConn, WriteOutcome};
+use super::store::{Store, StoreError, Stored, hex};
+use crate::agent_client::{AgentConn, Content, WriteOutcome};
 use crate::workspace_path::WorkspacePath;
 
 /// Most paths in one stat of the current tree.
 const STAT_BATCH: usize = 512;
-/// Most content bytes in one write of a restore.
+/// Pieces of a file read from the agent that wait for the disk.
+const PIECES_IN_FLIGHT: usize = 4;
+/// Most content bytes in one write of a restore (files larger than a
+/// piece are read from the store as they are sent, never held whole).
 const WRITE_BATCH_BYTES: u64 = 32 * 1024 * 1024;
 /// Most files in one write of a restore.
 const WRITE_BATCH_FILES: usize = 1024;
@@ -139,34 +143,47 @@ impl Agent<'_> {
     }
 
     /// Reads file `e` into the store (only while it is what the snapshot
-    /// saw).
+    /// saw), written to disk on a blocking thread as the pieces come.
     pub(super) async fn store_file(
         &self,
         store: &Store,
         e: &Entry,
     ) -> Result<Stored, CheckpointError> {
-        let mut writer = store.new_object().map_err(CheckpointError::Store)?;
+        let (pieces, received) = mpsc::channel(PIECES_IN_FLIGHT);
         let expected = e.size;
-        let read = self
-            .conn
-            .read_exact(e.path.clone(), identity(e), self.limit, |piece| {
-                writer.write(&piece)?;
-                Ok(())
-            })
-            .await;
-        let short = writer.size() != expected;
-        if let Err(err) = read {
-            writer.discard();
-            return Err(CheckpointError::from_agent(err));
+        let (writer, read) = tokio::join!(
+            store.blocking(move |s| s.receive_object(received, expected)),
+            self.conn
+                .read_exact(e.path.clone(), identity(e), self.limit, pieces),
+        );
+        // A store that failed ended the read: its error is the one to tell.
+        let Some(writer) = writer.map_err(CheckpointError::Store)? else {
+            return Err(CheckpointError::agent_broke(
+                "more bytes of a file than its size",
+            ));
+        };
+        let kept = match read {
+            Err(err) => Err(CheckpointError::from_agent(err)),
+            Ok(()) if writer.size() != expected => Err(CheckpointError::WorkspaceChanging(
+                format!("{} changed while it was read", e.path),
+            )),
+            Ok(()) => Ok(()),
+        };
+        if let Err(err) = kept {
+            // Removing the partial object can only fail to free space the
+            // next checkpoint's sweep of `tmp/` frees.
+            let _ = store
+                .blocking(move |_| {
+                    writer.discard();
+                    Ok(())
+                })
+                .await;
+            return Err(err);
         }
-        if short {
-            writer.discard();
-            return Err(CheckpointError::WorkspaceChanging(format!(
-                "{} changed while it was read",
-                e.path
-            )));
-        }
-        writer.finish(store).map_err(CheckpointError::Store)
+        store
+            .blocking(move |s| writer.finish(s))
+            .await
+            .map_err(CheckpointError::Store)
     }
 
     /// Fills in the hash of every file of `current`: from `known` (a
@@ -251,21 +268,23 @@ impl Agent<'_> {
                 .map_err(fail)?;
         }
         for batch in write_batches(&plan.write) {
-            let mut files = Vec::with_capacity(batch.len());
-            let mut content = Vec::new();
-            for e in batch {
-                let sha = e.sha256.as_deref().unwrap_or_default();
-                let whole = Bytes::from(store.read_object(sha).map_err(CheckpointError::Store)?);
-                files.push(NewFile {
+            let files: Vec<NewFile> = batch
+                .iter()
+                .map(|e| NewFile {
                     path: e.path.clone(),
                     mode: e.mode & 0o777,
-                    size: whole.len() as u64,
+                    size: e.size,
                     precondition: Precondition::None,
-                });
-                for start in (0..whole.len()).step_by(WRITE_PIECE) {
-                    content.push(whole.slice(start..whole.len().min(start + WRITE_PIECE)));
-                }
-            }
+                })
+                .collect();
+            let objects: Vec<(String, u64)> = batch
+                .iter()
+                .map(|e| (e.sha256.clone().unwrap_or_default(), e.size))
+                .collect();
+            let content = store
+                .blocking(move |s| contents(s, &objects))
+                .await
+                .map_err(CheckpointError::Store)?;
             match self
                 .conn
                 .write_files(files, content, self.limit)
@@ -288,6 +307,25 @@ impl Agent<'_> {
         }
         Ok(())
     }
+}
+
+/// The content of `objects` (hash, size) for a write: a small one read
+/// now, in one piece, a larger one opened for the connection to read as
+/// it sends it.
+fn contents(store: &Store, objects: &[(String, u64)]) -> Result<Vec<Content>, StoreError> {
+    let mut content = Vec::with_capacity(objects.len());
+    for (sha256, size) in objects {
+        if *size <= WRITE_PIECE as u64 {
+            let bytes = store.read_object(sha256, *size)?;
+            if !bytes.is_empty() {
+                content.push(Content::Bytes(Bytes::from(bytes)));
+            }
+        } else {
+            let file = tokio::fs::File::from_std(store.open_object(sha256, *size)?);
+            content.push(Content::File { file, size: *size });
+        }
+    }
+    Ok(content)
 }
 
 /// Files in writes of bounded size.

@@ -382,7 +382,7 @@ impl Commands {
     /// Starts a command as [`Self::run`] does (its streams kept for its
     /// end), for a caller that follows its log or kills it before
     /// [`Self::run_result`].
-    async fn start_run(
+    pub async fn start_run(
         &self,
         sandbox_id: &str,
         req: CommandRequest,
@@ -392,7 +392,7 @@ impl Commands {
 
     /// Waits for the end of a command [`Self::start_run`] started and
     /// answers what [`Self::run`] does.
-    async fn run_result(
+    pub async fn run_result(
         &self,
         sandbox_id: &str,
         cmd: &Command,

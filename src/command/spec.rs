@@ -97,6 +97,13 @@ pub struct CommandRequest {
     #[serde(default)]
     #[schema(value_type = Option<ChangesParam>)]
     pub changes: Option<serde_json::Value>,
+    /// A label: a checkpoint of the workspace is taken just before the
+    /// command starts (see `POST …/checkpoints`), and the answer gives its
+    /// `checkpointId`. A label the sandbox has is refused (409
+    /// `checkpoint_label_taken`) and the command does not start.
+    // Taken out by `App` before the command layer parses the request.
+    #[serde(default)]
+    pub checkpoint: Option<String>,
 }
 
 /// `changes`: `true` (ignore `.git`, `node_modules`, `__pycache__` and

@@ -42,6 +42,20 @@ pub struct CreateSandboxRequest {
     /// Ignored when the session already has its sandbox.
     #[serde(default)]
     pub metadata: Option<std::collections::BTreeMap<String, String>>,
+    /// Start the workspace as a checkpoint of another sandbox (a fork),
+    /// for a session that has no sandbox yet.
+    // Taken out by `App` before the sandbox layer parses the request.
+    #[serde(default)]
+    pub from: Option<ForkSource>,
+}
+
+/// `from` of a create: the checkpoint a fork's workspace starts as.
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[schema(as = CreateFrom)]
+pub struct ForkSource {
+    pub sandbox_id: String,
+    pub checkpoint_id: String,
 }
 
 #[derive(Debug, Clone, Deserialize, ToSchema)]

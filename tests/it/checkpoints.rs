@@ -547,3 +547,363 @@ async fn refusals_say_what_went_wrong_and_store_nothing() {
     )
     .await;
 }
+
+#[tokio::test]
+async fn a_restore_writes_large_files_exactly_and_counts_terminal_sessions_as_running() {
+    let server = TestServer::start().await;
+    let sid = server.offline_sandbox().await;
+    // Larger than a write's piece (256 KiB) and than a piece read from
+    // the agent (1 MiB): the restore streams them from the store.
+    sh_ok(
+        &server,
+        &sid,
+        "head -c 5000000 /dev/urandom > big && head -c 300000 /dev/urandom > mid \
+         && printf small > small && : > empty",
+    )
+    .await;
+    let before = tree_hash(&server, &sid).await;
+    let cp = checkpoint(&server, &sid, "large").await;
+    sh_ok(
+        &server,
+        &sid,
+        "head -c 4000000 /dev/urandom > big && head -c 300000 /dev/urandom > mid && rm small",
+    )
+    .await;
+    assert_ne!(tree_hash(&server, &sid).await, before, "the files changed");
+
+    let (status, v) = server
+        .post(
+            &format!("/v1/sandboxes/{sid}/ptys"),
+            json!({"command": "sh"}),
+        )
+        .await;
+    assert_eq!(status, 201, "{v}");
+    let pty = v["ptyId"].as_str().expect("ptyId").to_string();
+    let (status, v) = restore(&server, &sid, id(&cp), json!({})).await;
+    assert_eq!(
+        (status, &v["code"]),
+        (409, &json!("commands_running")),
+        "a terminal session runs: {v}"
+    );
+    assert!(
+        v["error"].as_str().unwrap_or_default().contains(&pty),
+        "{v}"
+    );
+
+    let (status, v) = restore(&server, &sid, id(&cp), json!({"endCommands": true})).await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(tree_hash(&server, &sid).await, before);
+    let (status, v) = server.get(&format!("/v1/sandboxes/{sid}/ptys")).await;
+    assert_eq!(status, 200, "{v}");
+    let session = v["ptys"]
+        .as_array()
+        .expect("ptys")
+        .iter()
+        .find(|p| p["ptyId"] == pty.as_str())
+        .cloned()
+        .unwrap_or(Value::Null);
+    assert_eq!(session["state"], "exited", "the session was ended: {v}");
+}
+
+/// `POST …/commands:run` with `body`.
+async fn run(server: &TestServer, sid: &str, body: Value) -> (u16, Value) {
+    server
+        .post_within(
+            &format!("/v1/sandboxes/{sid}/commands:run"),
+            body,
+            Duration::from_secs(60),
+        )
+        .await
+}
+
+async fn command_count(server: &TestServer, sid: &str) -> usize {
+    let (status, v) = server.get(&format!("/v1/sandboxes/{sid}/commands")).await;
+    assert_eq!(status, 200, "{v}");
+    v["commands"].as_array().expect("commands").len()
+}
+
+#[tokio::test]
+async fn a_command_with_a_checkpoint_marks_the_turn_just_before_it_runs() {
+    let server = TestServer::start().await;
+    let sid = server.offline_sandbox().await;
+    sh_ok(&server, &sid, "echo one > f").await;
+    let (status, ran) = run(
+        &server,
+        &sid,
+        json!({"command": "echo two > f && cat f", "checkpoint": "turn-1"}),
+    )
+    .await;
+    assert_eq!((status, &ran["stdout"]), (200, &json!("two\n")), "{ran}");
+    let turn_1 = ran["checkpointId"]
+        .as_str()
+        .expect("checkpointId")
+        .to_string();
+    assert_eq!(labels(&server, &sid).await, ["turn-1"]);
+    let d = diff(&server, &sid, &turn_1, "current").await;
+    assert_eq!(
+        d["modified"],
+        json!([{"path": "f", "kind": "file", "sizeBefore": 4, "sizeAfter": 4}]),
+        "the checkpoint is the workspace before the command: {d}"
+    );
+
+    let (status, started) = server
+        .post(
+            &format!("/v1/sandboxes/{sid}/commands"),
+            json!({"command": "echo three > f", "checkpoint": "turn-2"}),
+        )
+        .await;
+    assert_eq!(status, 200, "{started}");
+    let turn_2 = started["checkpointId"].as_str().expect("checkpointId");
+    let cid = started["commandId"].as_str().expect("commandId");
+    server.wait_command(&sid, cid).await;
+    assert_eq!(labels(&server, &sid).await, ["turn-2", "turn-1"]);
+
+    // A label the sandbox has: the same refusal as the checkpoints route,
+    // and the command does not start.
+    let before = command_count(&server, &sid).await;
+    for path in ["commands", "commands:run"] {
+        let (status, v) = server
+            .post(
+                &format!("/v1/sandboxes/{sid}/{path}"),
+                json!({"command": "echo ran > marker", "checkpoint": "turn-1"}),
+            )
+            .await;
+        assert_eq!(
+            (status, v["code"].as_str()),
+            (409, Some("checkpoint_label_taken")),
+            "{path}: {v}"
+        );
+    }
+    assert_eq!(
+        command_count(&server, &sid).await,
+        before,
+        "nothing started"
+    );
+    let marker = server.sh(&sid, "test -e marker || echo absent").await;
+    assert_eq!(marker["stdout"], "absent\n", "{marker}");
+    // A command refused for its own fields takes no checkpoint.
+    let (status, v) = run(&server, &sid, json!({"checkpoint": "turn-3"})).await;
+    assert_eq!(
+        (status, v["code"].as_str()),
+        (400, Some("invalid_request")),
+        "{v}"
+    );
+    assert_eq!(labels(&server, &sid).await, ["turn-2", "turn-1"]);
+    // Without `checkpoint`, no checkpoint and no id.
+    let (status, plain) = run(&server, &sid, json!({"command": "true"})).await;
+    assert_eq!(status, 200, "{plain}");
+    assert!(plain.get("checkpointId").is_none(), "{plain}");
+
+    let (status, v) = restore(&server, &sid, &turn_1, json!({})).await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(server.sh(&sid, "cat f").await["stdout"], "one\n");
+    let (status, v) = restore(&server, &sid, turn_2, json!({})).await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(server.sh(&sid, "cat f").await["stdout"], "two\n");
+}
+
+/// `POST /v1/sandboxes` of a fork of checkpoint `cp` of `sid`.
+async fn fork(server: &TestServer, key: &str, sid: &str, cp: &str, more: Value) -> (u16, Value) {
+    let mut body = json!({"sessionKey": key, "from": {"sandboxId": sid, "checkpointId": cp}});
+    if let (Some(b), Some(m)) = (body.as_object_mut(), more.as_object()) {
+        b.extend(m.clone());
+    }
+    server
+        .post_within("/v1/sandboxes", body, Duration::from_secs(120))
+        .await
+}
+
+#[tokio::test]
+async fn a_fork_starts_as_the_checkpoint_and_the_two_then_diverge() {
+    let server = TestServer::start().await;
+    let sid = server.offline_sandbox().await;
+    let Turns {
+        t2, turn_2_hash, ..
+    } = three_turns(&server, &sid).await;
+    let source_hash = tree_hash(&server, &sid).await;
+    let key = crate::harness::unique_instance();
+    let (status, made) = fork(
+        &server,
+        &key,
+        &sid,
+        id(&t2),
+        json!({"network": {"mode": "none"}}),
+    )
+    .await;
+    assert_eq!((status, &made["created"]), (200, &json!(true)), "{made}");
+    let forked = made["sandboxId"].as_str().expect("sandboxId").to_string();
+    assert_ne!(forked, sid);
+    assert_eq!(
+        tree_hash(&server, &forked).await,
+        turn_2_hash,
+        "the fork is turn 2"
+    );
+    assert_eq!(
+        tree_hash(&server, &sid).await,
+        source_hash,
+        "the source is unchanged"
+    );
+    assert_eq!(labels(&server, &sid).await, ["turn-3", "turn-2", "turn-1"]);
+    assert_eq!(labels(&server, &forked).await, Vec::<String>::new());
+    let links = server.sh(&forked, "readlink src/docs-link entry").await;
+    assert_eq!(
+        links["stdout"], "../docs\nsrc/main.rs\n",
+        "links stay links"
+    );
+
+    sh_ok(&server, &forked, "echo fork > only-fork && rm run.sh").await;
+    sh_ok(&server, &sid, "echo source > only-source").await;
+    let present = "for p in only-fork only-source run.sh; do test -e $p && echo $p; done; true";
+    let f = server.sh(&forked, present).await;
+    let s = server.sh(&sid, present).await;
+    assert_eq!(f["stdout"], "only-fork\n", "{f}");
+    assert_eq!(s["stdout"], "only-source\nrun.sh\n", "{s}");
+}
+
+/// Sessions with a sandbox, as the API lists them.
+async fn session_keys(server: &TestServer) -> Vec<String> {
+    let (status, v) = server.get("/v1/sandboxes").await;
+    assert_eq!(status, 200, "{v}");
+    v["sandboxes"]
+        .as_array()
+        .expect("sandboxes")
+        .iter()
+        .map(|s| s["sessionKey"].as_str().unwrap_or_default().to_string())
+        .collect()
+}
+
+#[tokio::test]
+async fn a_fork_that_cannot_be_made_leaves_nothing_behind() {
+    let server = TestServer::start().await;
+    let sid = server.offline_sandbox().await;
+    sh_ok(
+        &server,
+        &sid,
+        "echo a > a && head -c 300000 /dev/urandom > b",
+    )
+    .await;
+    let cp = checkpoint(&server, &sid, "base").await;
+    let (status, source) = server.get(&format!("/v1/sandboxes/{sid}")).await;
+    assert_eq!(status, 200, "{source}");
+    let source_key = source["sessionKey"]
+        .as_str()
+        .expect("sessionKey")
+        .to_string();
+    let (containers, volumes) = (
+        server.containers().await.len(),
+        server.volumes().await.len(),
+    );
+    let key = crate::harness::unique_instance();
+    let offline = json!({"network": {"mode": "none"}});
+
+    let cases = [
+        (
+            "0123456789abcdef0123",
+            id(&cp),
+            &key,
+            404,
+            "sandbox_not_found",
+        ),
+        (
+            sid.as_str(),
+            "0123456789abcdef",
+            &key,
+            404,
+            "checkpoint_not_found",
+        ),
+        (sid.as_str(), id(&cp), &source_key, 400, "invalid_request"),
+    ];
+    for (from, checkpoint_id, session, status, code) in cases {
+        let (got, v) = fork(&server, session, from, checkpoint_id, offline.clone()).await;
+        assert_eq!((got, v["code"].as_str()), (status, Some(code)), "{v}");
+    }
+    // The store loses an object: the copy fails after the sandbox was
+    // made, and the sandbox goes.
+    let object = store_dir(&server, &sid).join("objects").join(
+        server.sh(&sid, "sha256sum b | cut -c1-64").await["stdout"]
+            .as_str()
+            .expect("stdout")
+            .trim(),
+    );
+    std::fs::remove_file(&object).expect("remove the object");
+    let (got, v) = fork(&server, &key, &sid, id(&cp), offline.clone()).await;
+    assert_eq!(
+        (got, v["code"].as_str()),
+        (503, Some("state_write_failed")),
+        "{v}"
+    );
+    assert!(
+        server
+            .log_text()
+            .lines()
+            .any(|l| l.contains("event=\"created\"") && l.contains(&key)),
+        "the fork made a sandbox before it failed"
+    );
+    assert!(!session_keys(&server).await.contains(&key));
+    eventually(
+        Duration::from_secs(30),
+        "no container or volume of the fork is left",
+        || async {
+            server.containers().await.len() == containers && server.volumes().await.len() == volumes
+        },
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn checkpoints_survive_a_restart_of_sandboxd_and_of_the_sandbox() {
+    let mut server = TestServer::start().await;
+    let sid = server.offline_sandbox().await;
+    sh_ok(&server, &sid, "mkdir d && echo kept > d/f && ln -s d/f l").await;
+    let kept = tree_hash(&server, &sid).await;
+    let cp = checkpoint(&server, &sid, "before").await;
+    sh_ok(&server, &sid, "rm -r d l && echo new > g").await;
+    assert_ne!(tree_hash(&server, &sid).await, kept);
+    server.restart().await;
+    assert_eq!(labels(&server, &sid).await, ["before"]);
+    let (status, v) = server
+        .post_within(
+            &format!("/v1/sandboxes/{sid}:restart"),
+            json!(null),
+            Duration::from_secs(60),
+        )
+        .await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(labels(&server, &sid).await, ["before"]);
+    let (status, v) = restore(&server, &sid, id(&cp), json!({})).await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(tree_hash(&server, &sid).await, kept);
+    let again = checkpoint(&server, &sid, "after").await;
+    assert_eq!(
+        again["newBytes"], 0,
+        "the store still holds it all: {again}"
+    );
+}
+
+#[tokio::test]
+async fn checkpoints_and_forks_work_in_claimed_sandboxes() {
+    let server =
+        TestServer::start_with(ServerOptions::default().env("SANDBOXD_POOL_SIZE", "1")).await;
+    crate::pool::wait_for_members(&server, "default", 1).await;
+    let sid = server
+        .create(json!({"sessionKey": crate::harness::unique_instance()}))
+        .await;
+    assert!(crate::pool::from_pool(&server, &sid), "a claim");
+    let Turns {
+        t2, turn_2_hash, ..
+    } = three_turns(&server, &sid).await;
+    let (status, v) = restore(&server, &sid, id(&t2), json!({})).await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(tree_hash(&server, &sid).await, turn_2_hash);
+
+    crate::pool::wait_for_members(&server, "default", 1).await;
+    let key = crate::harness::unique_instance();
+    let (status, made) = fork(&server, &key, &sid, id(&t2), json!({})).await;
+    assert_eq!(status, 200, "{made}");
+    let forked = made["sandboxId"].as_str().expect("sandboxId");
+    assert!(
+        crate::pool::from_pool(&server, forked),
+        "the fork is a claim"
+    );
+    assert_eq!(tree_hash(&server, forked).await, turn_2_hash);
+}

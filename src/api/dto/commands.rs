@@ -5,6 +5,7 @@
 use serde::Serialize;
 use utoipa::ToSchema;
 
+use crate::checkpoints::CheckpointInfo;
 use crate::command::changes::{self, Changes};
 use crate::command::log;
 use crate::command::{Command, Finished, Listed, RunResult};
@@ -20,6 +21,11 @@ pub(in crate::api) struct CommandStarted {
     /// not start (it ends at once with 126 or 127).
     #[schema(required = true)]
     pid: Option<u32>,
+    /// With `checkpoint` in the request: the checkpoint taken just before
+    /// the command started.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    checkpoint_id: Option<String>,
 }
 
 impl From<&Command> for CommandStarted {
@@ -28,6 +34,16 @@ impl From<&Command> for CommandStarted {
             command_id: c.id.clone(),
             timeout_ms: c.timeout_ms,
             pid: c.pid,
+            checkpoint_id: None,
+        }
+    }
+}
+
+impl CommandStarted {
+    pub(in crate::api) fn with_checkpoint(self, made: Option<CheckpointInfo>) -> Self {
+        CommandStarted {
+            checkpoint_id: made.map(|m| m.checkpoint_id),
+            ..self
         }
     }
 }
@@ -113,6 +129,20 @@ pub(in crate::api) struct CommandRun {
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(nullable = false)]
     changes: Option<WorkspaceChanges>,
+    /// With `checkpoint` in the request: the checkpoint taken just before
+    /// the command started.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    checkpoint_id: Option<String>,
+}
+
+impl CommandRun {
+    pub(in crate::api) fn with_checkpoint(self, made: Option<CheckpointInfo>) -> Self {
+        CommandRun {
+            checkpoint_id: made.map(|m| m.checkpoint_id),
+            ..self
+        }
+    }
 }
 
 /// The files a command created, modified and deleted in the workspace by
@@ -208,6 +238,7 @@ impl From<RunResult> for CommandRun {
             usage: r.finished.usage.map(Usage::from),
             output: t.shapes.map(OutputShapes::from),
             changes: r.changes.map(WorkspaceChanges::from),
+            checkpoint_id: None,
         }
     }
 }

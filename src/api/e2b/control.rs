@@ -333,6 +333,7 @@ pub(super) async fn create(
         network,
         ports: None,
         metadata: req.metadata,
+        from: None,
     };
     let created = e2b
         .app

@@ -227,6 +227,7 @@ async fn start_command(
         max_output_bytes: None,
         output: None,
         changes: None,
+        checkpoint: None,
     };
     let cmd = e2b
         .app

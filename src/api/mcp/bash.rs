@@ -67,6 +67,7 @@ pub(super) async fn run(
             raw: None,
         }),
         changes: args.changes.filter(|c| *c).map(serde_json::Value::Bool),
+        checkpoint: None,
     };
     let progress = ctx.meta.get_progress_token().map(|token| {
         let peer = ctx.peer.clone();

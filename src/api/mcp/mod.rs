@@ -170,6 +170,7 @@ fn create_request(
         }),
         ports,
         metadata: None,
+        from: None,
     })
 }
 
