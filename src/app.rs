@@ -323,7 +323,8 @@ impl App {
     /// Creates a new sandbox for `req`'s session whose workspace is
     /// checkpoint `from.checkpoint_id` of sandbox `from.sandbox_id` (a
     /// fork; see [`Checkpoints::copy`]). The session must have no sandbox
-    /// yet; a fork that fails removes the sandbox it made.
+    /// yet; a fork that fails removes the sandbox it made, and so does one
+    /// whose caller goes away mid-copy (see [`ForkUnderway`]).
     pub async fn fork_sandbox(
         &self,
         req: CreateSandboxRequest,
@@ -349,10 +350,15 @@ impl App {
         if !created.created {
             return Err(taken().into());
         }
+        let mut underway = ForkUnderway {
+            app: self,
+            sandbox_id: Some(created.sandbox_id.clone()),
+        };
         let copied = self
             .checkpoints
             .copy(&source.id, &from.checkpoint_id, &created.sandbox_id)
             .await;
+        underway.sandbox_id = None;
         if let Err(e) = copied {
             if let Err(stop) = self.sandboxes.stop(&created.sandbox_id).await {
                 tracing::warn!(sandbox_id = %created.sandbox_id, error = %stop, "a fork that failed could not remove its sandbox");
@@ -429,5 +435,30 @@ impl App {
             });
         }
         Ok(created)
+    }
+}
+
+/// A forked sandbox whose copy has not finished. Dropped before the copy
+/// ends (its request went away: a client that disconnected), it stops the
+/// sandbox in the background: a sandbox whose workspace is part of a
+/// checkpoint is removed, never left for its session to use.
+struct ForkUnderway<'a> {
+    app: &'a App,
+    /// Taken once the copy has ended, however it ended.
+    sandbox_id: Option<String>,
+}
+
+impl Drop for ForkUnderway<'_> {
+    fn drop(&mut self) {
+        let Some(id) = self.sandbox_id.take() else {
+            return;
+        };
+        tracing::warn!(sandbox_id = %id, "a fork's request went away before its copy ended; removing the sandbox");
+        let sandboxes = Arc::clone(&self.app.sandboxes);
+        self.app.tasks.spawn(async move {
+            if let Err(e) = sandboxes.stop(&id).await {
+                tracing::warn!(sandbox_id = %id, error = %e, "a fork cut short could not remove its sandbox");
+            }
+        });
     }
 }

@@ -850,6 +850,70 @@ async fn a_fork_that_cannot_be_made_leaves_nothing_behind() {
     .await;
 }
 
+/// A client that goes away while its fork copies (the request dropped):
+/// the sandbox the fork made is removed, not left with part of the
+/// checkpoint. The client is cut off once the fork's sandbox was made, so
+/// the copy of 200 MB is under way; a fork that answered first would make
+/// this test fail, not pass.
+#[tokio::test]
+async fn a_fork_whose_client_goes_away_mid_copy_leaves_nothing_behind() {
+    let server = TestServer::start().await;
+    let sid = server.offline_sandbox().await;
+    sh_ok(
+        &server,
+        &sid,
+        "for i in 1 2 3 4; do head -c 50000000 /dev/urandom > big$i; done",
+    )
+    .await;
+    let cp = checkpoint(&server, &sid, "big").await;
+    let (containers, volumes) = (
+        server.containers().await.len(),
+        server.volumes().await.len(),
+    );
+    let key = crate::harness::unique_instance();
+    let request = {
+        let (client, url) = (
+            server.client.clone(),
+            format!("{}/v1/sandboxes", server.base),
+        );
+        let body = json!({"sessionKey": key, "network": {"mode": "none"},
+            "from": {"sandboxId": sid, "checkpointId": id(&cp)}});
+        tokio::spawn(async move { client.post(url).json(&body).send().await })
+    };
+    eventually(
+        Duration::from_secs(60),
+        "the fork's sandbox is made",
+        || async {
+            server
+                .log_text()
+                .lines()
+                .any(|l| l.contains("event=\"created\"") && l.contains(&key))
+        },
+    )
+    .await;
+    assert!(
+        !request.is_finished(),
+        "the fork answered before its client went away: make the workspace bigger"
+    );
+    request.abort();
+    eventually(
+        Duration::from_secs(60),
+        "the cut-off fork's sandbox, container and volume are gone",
+        || async {
+            !session_keys(&server).await.contains(&key)
+                && server.containers().await.len() == containers
+                && server.volumes().await.len() == volumes
+        },
+    )
+    .await;
+    assert!(
+        server
+            .log_text()
+            .contains("a fork's request went away before its copy ended"),
+        "removed by the fork's guard"
+    );
+}
+
 #[tokio::test]
 async fn checkpoints_survive_a_restart_of_sandboxd_and_of_the_sandbox() {
     let mut server = TestServer::start().await;
