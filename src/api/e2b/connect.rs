@@ -314,13 +314,13 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for Unary<T> {
     }
 }
 
-/// Runs a unary handler within the call's deadline and answers its
-/// message as JSON, or its error.
-pub(super) async fn unary<R: Serialize>(
+/// `work`'s result, or `deadline_exceeded` once the call's deadline has
+/// passed.
+async fn within<R>(
     deadline: Option<Duration>,
     work: impl Future<Output = Result<R, ConnectError>>,
-) -> Response {
-    let result = match deadline {
+) -> Result<R, ConnectError> {
+    match deadline {
         Some(d) => tokio::time::timeout(d, work).await.unwrap_or_else(|_| {
             Err(ConnectError::new(
                 Code::DeadlineExceeded,
@@ -328,8 +328,16 @@ pub(super) async fn unary<R: Serialize>(
             ))
         }),
         None => work.await,
-    };
-    match result {
+    }
+}
+
+/// Runs a unary handler within the call's deadline and answers its
+/// message as JSON, or its error.
+pub(super) async fn unary<R: Serialize>(
+    deadline: Option<Duration>,
+    work: impl Future<Output = Result<R, ConnectError>>,
+) -> Response {
+    match within(deadline, work).await {
         Ok(reply) => axum::Json(reply).into_response(),
         Err(e) => e.into_response(),
     }
@@ -491,17 +499,7 @@ pub(super) async fn client_stream_reply<R: Serialize>(
     deadline: Option<Duration>,
     work: impl Future<Output = Result<R, ConnectError>>,
 ) -> Response {
-    let answered = async { to_json(&work.await?) };
-    let result = match deadline {
-        Some(d) => tokio::time::timeout(d, answered).await.unwrap_or_else(|_| {
-            Err(ConnectError::new(
-                Code::DeadlineExceeded,
-                "the call's deadline (Connect-Timeout-Ms) passed",
-            ))
-        }),
-        None => answered.await,
-    };
-    match result {
+    match within(deadline, async { to_json(&work.await?) }).await {
         Ok(json) => {
             let mut body = BytesMut::new();
             body.put(envelope(0, &json));
