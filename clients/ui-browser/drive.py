@@ -199,6 +199,10 @@ def listed_steps(c, row):
     c.wait("the filter to show it", lambda: c.find(row).is_displayed())
     c.shot("sandboxes")
     viewport(c.d, 390, 844)
+    sizes = c.d.execute_script(
+        "return [document.documentElement.scrollWidth, window.innerWidth]"
+    )
+    assert sizes[0] <= sizes[1], f"the list scrolls sideways at phone width: {sizes}"
     c.shot("sandboxes-phone-width")
     viewport(c.d, 1280, 800)
     say("ok listed")
