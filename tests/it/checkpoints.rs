@@ -760,6 +760,14 @@ async fn a_fork_starts_as_the_checkpoint_and_the_two_then_diverge() {
     assert_eq!(s["stdout"], "only-source\nrun.sh\n", "{s}");
 }
 
+/// How many containers and volumes this test's sandboxd has.
+async fn engine_objects(server: &TestServer) -> (usize, usize) {
+    (
+        server.containers().await.len(),
+        server.volumes().await.len(),
+    )
+}
+
 /// Sessions with a sandbox, as the API lists them.
 async fn session_keys(server: &TestServer) -> Vec<String> {
     let (status, v) = server.get("/v1/sandboxes").await;
@@ -789,10 +797,7 @@ async fn a_fork_that_cannot_be_made_leaves_nothing_behind() {
         .as_str()
         .expect("sessionKey")
         .to_string();
-    let (containers, volumes) = (
-        server.containers().await.len(),
-        server.volumes().await.len(),
-    );
+    let before = engine_objects(&server).await;
     let key = crate::harness::unique_instance();
     let offline = json!({"network": {"mode": "none"}});
 
@@ -843,9 +848,7 @@ async fn a_fork_that_cannot_be_made_leaves_nothing_behind() {
     eventually(
         Duration::from_secs(30),
         "no container or volume of the fork is left",
-        || async {
-            server.containers().await.len() == containers && server.volumes().await.len() == volumes
-        },
+        || async { engine_objects(&server).await == before },
     )
     .await;
 }
@@ -866,10 +869,7 @@ async fn a_fork_whose_client_goes_away_mid_copy_leaves_nothing_behind() {
     )
     .await;
     let cp = checkpoint(&server, &sid, "big").await;
-    let (containers, volumes) = (
-        server.containers().await.len(),
-        server.volumes().await.len(),
-    );
+    let before = engine_objects(&server).await;
     let key = crate::harness::unique_instance();
     let request = {
         let (client, url) = (
@@ -900,9 +900,7 @@ async fn a_fork_whose_client_goes_away_mid_copy_leaves_nothing_behind() {
         Duration::from_secs(60),
         "the cut-off fork's sandbox, container and volume are gone",
         || async {
-            !session_keys(&server).await.contains(&key)
-                && server.containers().await.len() == containers
-                && server.volumes().await.len() == volumes
+            !session_keys(&server).await.contains(&key) && engine_objects(&server).await == before
         },
     )
     .await;
