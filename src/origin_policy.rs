@@ -10,6 +10,13 @@
 //! the address it is bound to, or an `allowed_hosts` entry) and an
 //! `Origin`, when present, is this server itself or a `cors_origins` entry.
 //! Clients that send no `Origin` (curl, server-side SDKs) are unaffected.
+//!
+//! One more shape of `Host` is this server's: `PORT-ID.NAME`, where `NAME`
+//! names this server, addresses port `PORT` of sandbox `ID` (E2B's
+//! `get_host`). It is the sandbox's, not the API's: such a request is
+//! forwarded to the port and never reaches a route, and its name is not
+//! this server's as an `Origin`, so a page served by a sandbox cannot call
+//! the API.
 
 use std::net::IpAddr;
 
@@ -193,6 +200,14 @@ fn is_dns_name(s: &str) -> bool {
         })
 }
 
+/// A sandbox port named by `Host`: `PORT-ID.NAME`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PortHost {
+    pub port: u16,
+    /// As written (lowercase letters, digits); not checked to be a sandbox.
+    pub sandbox_id: String,
+}
+
 /// Why a request was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Refusal {
@@ -266,6 +281,27 @@ impl OriginPolicy {
             || self.bind_host.is_some_and(|b| host.ip == Some(b))
             || self.allowed.iter().any(|p| p.matches(&host));
         if own { Ok(()) } else { Err(refused()) }
+    }
+
+    /// The sandbox port `host` names, when it is `PORT-ID.NAME` with `PORT`
+    /// 1–65535 (no leading zero), `ID` letters and digits, and `NAME` a
+    /// host [`Self::check_host`] serves.
+    pub fn port_host(&self, host: Option<&str>) -> Option<PortHost> {
+        let (label, rest) = host?.split_once('.')?;
+        let (port, id) = label.split_once('-')?;
+        let port: u16 = Some(port)
+            .filter(|p| !p.starts_with('0') && p.bytes().all(|b| b.is_ascii_digit()))?
+            .parse()
+            .ok()?;
+        let id = id.to_ascii_lowercase();
+        if id.is_empty() || !id.bytes().all(|b| b.is_ascii_alphanumeric()) {
+            return None;
+        }
+        self.check_host(Some(rest)).ok()?;
+        Some(PortHost {
+            port,
+            sandbox_id: id,
+        })
     }
 
     /// Whether `origin`, when sent, may call this server: the page is
@@ -455,6 +491,55 @@ mod tests {
             p.check_origin(Some("127.0.0.1:8080"), Some("http://chat.example.com"))
                 .is_err()
         );
+    }
+
+    #[test]
+    fn a_port_and_an_id_before_a_served_name_name_a_sandbox_port() {
+        let p = policy(&["sandbox.example.com"], &[]);
+        let port_host = |h: &str| p.port_host(Some(h));
+        let want = |port, id: &str| {
+            Some(PortHost {
+                port,
+                sandbox_id: id.to_string(),
+            })
+        };
+        assert_eq!(port_host("8000-ab12.127.0.0.1:3000"), want(8000, "ab12"));
+        assert_eq!(port_host("8000-AB12.localhost"), want(8000, "ab12"));
+        assert_eq!(port_host("1-x.sandbox.example.com"), want(1, "x"));
+        assert_eq!(port_host("65535-x.localhost:1"), want(65535, "x"));
+        for h in [
+            // The rest must be served: rebinding cannot reach a port.
+            "8000-ab12.attacker.example",
+            "8000-ab12.example.com",
+            // Not PORT-ID.
+            "localhost:3000",
+            "127.0.0.1",
+            "8000.localhost",
+            "8000-.localhost",
+            "-ab12.localhost",
+            "08000-ab12.localhost",
+            "0-ab12.localhost",
+            "65536-ab12.localhost",
+            "80x-ab12.localhost",
+            "8000-ab_12.localhost",
+            "8000-ab-12.localhost",
+            "8000-ab12.",
+        ] {
+            assert_eq!(port_host(h), None, "{h}");
+        }
+        assert_eq!(p.port_host(None), None);
+    }
+
+    #[test]
+    fn a_page_on_a_port_host_is_not_this_servers_origin() {
+        let p = policy(&[], &[]);
+        assert!(matches!(
+            p.check_origin(
+                Some("localhost:3000"),
+                Some("http://8000-ab12.localhost:3000")
+            ),
+            Err(Refusal::Origin(_))
+        ));
     }
 
     #[test]

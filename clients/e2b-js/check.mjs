@@ -3,6 +3,7 @@
 // E2B_SANDBOX_URL set to it. Each check prints `ok <name> <json>` when it
 // passes; the first that fails throws, and the run exits 1.
 // tests/it/e2b_js.rs runs it and asserts every name printed, in order.
+import http from "node:http";
 import { AuthenticationError, CommandExitError, NotFoundError, Sandbox } from "e2b";
 
 const HOME = "/home/user";
@@ -106,6 +107,31 @@ check((await sbx.getInfo()).state === "paused", "paused state", null);
 const resumed = await Sandbox.connect(sbx.sandboxId);
 check((await resumed.commands.list()).some((p) => p.pid === sleeper.pid), "still running", sleeper.pid);
 ok("pause");
+
+// getHost(port): sandboxd forwards a request with that name as Host to
+// the port (sent to sandboxd's own address: the name is not in any DNS).
+const api = new URL(process.env.E2B_SANDBOX_URL);
+const host = sbx.getHost(8000);
+check(host === `8000-${sbx.sandboxId}.${api.host}`, "getHost", host);
+await sbx.files.write(`${HOME}/site/index.html`, "served to js");
+await sbx.commands.run(`cd ${HOME}/site && exec python3 -m http.server 8000 --bind 127.0.0.1`, { background: true });
+const getByHost = () =>
+  new Promise((resolve) => {
+    const req = http.get({ host: api.hostname, port: api.port, path: "/", headers: { host } }, (res) => {
+      let body = "";
+      res.on("data", (d) => (body += d));
+      res.on("end", () => resolve({ status: res.statusCode, body }));
+    });
+    req.on("error", (e) => resolve({ status: 0, body: String(e) }));
+  });
+let page;
+await until("the port to answer by its host", async () => (page = await getByHost()).status === 200);
+check(page.body === "served to js", "served by name", page);
+// downloadUrl: signed, opened with no headers.
+const url = await sbx.downloadUrl(`${HOME}/site/index.html`);
+const got = await fetch(url);
+check(got.status === 200 && (await got.text()) === "served to js", "downloadUrl", url);
+ok("host", { host });
 
 const details = await sbx.getInfo();
 check(details.sandboxId === sbx.sandboxId && details.templateId === "base", "getInfo", details);

@@ -6,9 +6,15 @@ gave; the Rust side checks the same sandbox through sandboxd's own API.
 Any failed assertion or exception ends the run with a traceback."""
 
 import asyncio
+import http.client
 import json
+import os
+import socket
 import sys
 import time
+import urllib.error
+import urllib.parse
+import urllib.request
 from datetime import datetime, timezone
 
 import e2b
@@ -375,6 +381,145 @@ def lifetimes():
     resumed.kill()
 
 
+# A server for one upgraded connection: answers 101 and echoes what it
+# reads, so an upgrade through a port host is seen to carry bytes.
+ECHO_UPGRADE = r"""
+import socket
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("127.0.0.1", 8002)); s.listen(1)
+c, _ = s.accept(); head = b""
+while b"\r\n\r\n" not in head: head += c.recv(1024)
+c.sendall(b"HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n")
+while True:
+    d = c.recv(1024)
+    if not d: break
+    c.sendall(d)
+"""
+
+
+def sandboxd():
+    u = urllib.parse.urlparse(os.environ["E2B_SANDBOX_URL"])
+    return u.hostname, u.port, u.netloc
+
+
+def get_by_host(host, path="/"):
+    """GET from sandboxd's own address with `host` as the Host header (the
+    name would need a wildcard DNS record to resolve)."""
+    addr, port, _ = sandboxd()
+    conn = http.client.HTTPConnection(addr, port, timeout=20)
+    try:
+        conn.request("GET", path, headers={"Host": host})
+        r = conn.getresponse()
+        return r.status, r.read()
+    finally:
+        conn.close()
+
+
+def fetch(url, data=None, headers=None):
+    req = urllib.request.Request(url, data=data, headers=headers or {})
+    try:
+        with urllib.request.urlopen(req, timeout=20) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+def port_hosts():
+    sbx = Sandbox.create()
+    _, _, netloc = sandboxd()
+    host = sbx.get_host(8000)
+    # The domain create answered is the address the SDK reached sandboxd by.
+    assert host == f"8000-{sbx.sandbox_id}.{netloc}", host
+    sbx.files.write(f"{HOME}/site/index.html", "served from the sandbox\n")
+    sbx.commands.run(
+        f"cd {HOME}/site && exec python3 -m http.server 8000 --bind 127.0.0.1",
+        background=True,
+    )
+    answers = []
+    until("the server answers through its port host",
+          lambda: answers.append(get_by_host(host)) or answers[-1][0] == 200)
+    assert answers[-1][1] == b"served from the sandbox\n", answers[-1]
+    # Nothing listens on 8001: E2B's proxy's 502, naming the port.
+    status, body = get_by_host(sbx.get_host(8001))
+    assert status == 502 and json.loads(body)["port"] == 8001, (status, body)
+    assert "nothing answers on port 8001" in json.loads(body)["message"], body
+    # An upgrade becomes a byte pipe both ways.
+    sbx.files.write(f"{HOME}/echo_upgrade.py", ECHO_UPGRADE)
+    sbx.commands.run(f"exec python3 {HOME}/echo_upgrade.py", background=True)
+    addr, port, _ = sandboxd()
+    echoed = None
+    deadline = time.monotonic() + 30
+    while echoed is None:
+        assert time.monotonic() < deadline, "the upgrade server never answered 101"
+        with socket.create_connection((addr, port), timeout=10) as c:
+            c.sendall(f"GET /ws HTTP/1.1\r\nHost: {sbx.get_host(8002)}\r\n"
+                      "Connection: Upgrade\r\nUpgrade: echo\r\n\r\n".encode())
+            head = b""
+            while b"\r\n\r\n" not in head:
+                chunk = c.recv(1024)
+                if not chunk:
+                    break
+                head += chunk
+            if head.startswith(b"HTTP/1.1 101"):
+                c.sendall(b"ping through the pipe")
+                got = b""
+                while len(got) < len(b"ping through the pipe"):
+                    chunk = c.recv(1024)
+                    assert chunk, got
+                    got += chunk
+                echoed = got
+            else:
+                time.sleep(0.2)
+    assert echoed == b"ping through the pipe", echoed
+    # A sandbox that is not there: E2B's "was not found".
+    status, body = get_by_host(f"8000-{'0' * 24}.{netloc}")
+    assert status == 502 and b"was not found" in body, (status, body)
+    # A name that is not this server's is refused by the Host rule,
+    # whatever precedes it (DNS rebinding cannot reach a port).
+    status, body = get_by_host(f"8000-{sbx.sandbox_id}.attacker.example")
+    assert status == 421 and json.loads(body)["code"] == "host_not_allowed", body
+    # Left running: the Rust side checks its proxies.
+    ok("port_hosts", sandbox=sbx.sandbox_id, host=host)
+
+
+def signed_urls():
+    a = Sandbox.create()
+    b = Sandbox.create()
+    path = f"{HOME}/signed.txt"
+    a.files.write(path, "a's file\n")
+    b.files.write(path, "b's file\n")
+    url = a.download_url(path)
+    assert "signature=v1_" in url and "E2b-Sandbox-Id" not in url, url
+    # No headers at all, as a browser opens it: the signer's file.
+    assert fetch(url) == (200, b"a's file\n"), fetch(url)
+    assert fetch(b.download_url(path)) == (200, b"b's file\n")
+    # Changed path, changed signature, or a read URL used to write: 401.
+    assert fetch(url.replace("signed.txt", "other.txt"))[0] == 401
+    assert fetch(url.replace("signature=v1_", "signature=v1_x"))[0] == 401
+    assert fetch(url, data=b"x", headers={"Content-Type": "application/octet-stream"})[0] == 401
+    # An upload URL writes (multipart, as the docs show it).
+    up = a.upload_url(f"{HOME}/uploaded.txt")
+    boundary = "sandboxdboundary"
+    body = (f"--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; "
+            f"filename=\"uploaded.txt\"\r\nContent-Type: application/octet-stream\r\n\r\n"
+            f"uploaded through a signed URL\n\r\n--{boundary}--\r\n").encode()
+    status, answer = fetch(up, data=body,
+                           headers={"Content-Type": f"multipart/form-data; boundary={boundary}"})
+    assert status == 200, (status, answer)
+    assert a.files.read(f"{HOME}/uploaded.txt") == "uploaded through a signed URL\n"
+    # An expiring URL works until it expires.
+    expiring = a.download_url(path, use_signature_expiration=2)
+    assert "signature_expiration=" in expiring, expiring
+    assert fetch(expiring)[0] == 200
+    until("the expiring URL is refused", lambda: fetch(expiring)[0] == 401, seconds=10)
+    # A killed sandbox's URL opens nothing.
+    b_url = b.download_url(path)
+    b.kill()
+    assert fetch(b_url)[0] == 401
+    ok("signed_urls", sandbox=a.sandbox_id)
+    a.kill()
+
+
 SCENARIOS = {
     "smoke": smoke,
     "commands": commands,
@@ -387,6 +532,8 @@ SCENARIOS = {
     "watch_async": lambda: asyncio.run(watch_async()),
     "pause_metadata": pause_metadata,
     "lifetimes": lifetimes,
+    "port_hosts": port_hosts,
+    "signed_urls": signed_urls,
 }
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ mod files;
 mod health;
 mod mcp;
 pub mod openapi;
+mod port_host;
 mod ports;
 mod ptys;
 mod sandboxes;
@@ -205,7 +206,7 @@ const HEALTH: &str = "/v1/health";
 /// Refuses a request whose `Host` names another server (a page that
 /// rebound its own name to our address) or whose `Origin` is another site,
 /// token or not, before anything else reads it. `GET /v1/health` answers
-/// any Host.
+/// any Host. A `Host` naming a sandbox port sends the request there.
 async fn check_host_and_origin(State(app): State<Arc<App>>, req: Request, next: Next) -> Response {
     let text = |v: &header::HeaderValue| v.to_str().unwrap_or("\u{fffd}").to_string();
     // An absolute-form target's authority overrides Host (RFC 9112 3.2.2).
@@ -216,6 +217,9 @@ async fn check_host_and_origin(State(app): State<Arc<App>>, req: Request, next: 
         .or_else(|| req.headers().get(header::HOST).map(text));
     let origin = req.headers().get(header::ORIGIN).map(text);
     let policy = &app.config.origin_policy;
+    if let Some(target) = policy.port_host(host.as_deref()) {
+        return port_host::forward(&app, target, req).await;
+    }
     let checked = if req.uri().path() == HEALTH {
         Ok(())
     } else {

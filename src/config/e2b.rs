@@ -1,6 +1,7 @@
-//! The E2B dialect's one setting: which runtime each E2B template name
+//! The E2B dialect's settings: which runtime each E2B template name
 //! creates (`e2b_templates`, entries `TEMPLATE=RUNTIME`; out of the box
-//! `base`, the SDKs' default template, is the `default` runtime).
+//! `base`, the SDKs' default template, is the `default` runtime), and the
+//! domain of its port hosts (`e2b_domain`).
 
 use super::{Config, ConfigError};
 
@@ -39,6 +40,25 @@ impl Config {
         Ok(())
     }
 
+    /// `e2b_domain`, when set, is a host this server serves: port hosts
+    /// under any other name would be refused.
+    pub(super) fn validate_e2b_domain(&self) -> Result<(), ConfigError> {
+        if self.e2b_domain.is_empty() {
+            return Ok(());
+        }
+        self.origin_policy
+            .check_host(Some(&self.e2b_domain))
+            .map_err(|_| {
+                ConfigError::invalid(
+                    "e2b_domain",
+                    format!(
+                        "{:?} must be NAME[:PORT] naming this server: loopback, the bind address or an allowed_hosts entry",
+                        self.e2b_domain
+                    ),
+                )
+            })
+    }
+
     /// The runtime an E2B template creates; `None` for an unknown template.
     pub fn e2b_runtime(&self, template: &str) -> Option<&str> {
         self.e2b_template_table()
@@ -66,6 +86,35 @@ impl Config {
 mod tests {
     use super::super::tests::{env_of, err_of};
     use super::*;
+
+    #[test]
+    fn the_e2b_domain_must_name_this_server() {
+        let domain = |v: &str, hosts: &str| {
+            Config::from_toml_and_env(
+                "",
+                env_of(&[
+                    ("SANDBOXD_E2B_DOMAIN", v),
+                    ("SANDBOXD_ALLOWED_HOSTS", hosts),
+                ]),
+            )
+        };
+        for (v, hosts) in [
+            ("", ""),
+            ("localhost:8080", ""),
+            ("sandbox.example.com", "sandbox.example.com"),
+            ("sandbox.example.com:443", "*.example.com"),
+        ] {
+            assert_eq!(domain(v, hosts).expect(v).e2b_domain, v);
+        }
+        for (v, hosts) in [
+            ("sandbox.example.com", ""),
+            ("http://localhost", ""),
+            ("localhost/x", ""),
+        ] {
+            let e = domain(v, hosts).map(|_| ()).expect_err(v).to_string();
+            assert!(e.contains("e2b_domain"), "{v}: {e}");
+        }
+    }
 
     #[test]
     fn base_is_the_default_runtime_and_the_table_is_checked() {

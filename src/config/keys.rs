@@ -275,6 +275,11 @@ settings! {
     /// an unknown template is refused.
     e2b_templates: Vec<String> = vec!["base=default".into()], key "e2b_templates",
         check |v| validate_template_entries(v);
+    /// The `domain` create and connect answer, from which the SDKs' `get_host(port)`
+    /// builds `PORT-ID.DOMAIN`: `NAME[:PORT]`, a name this server serves
+    /// (loopback, the bind address or an `allowed_hosts` entry). Empty: the
+    /// `Host` the create or connect was sent to.
+    e2b_domain: String = String::new(), key "e2b_domain";
 
     // --- State kept across restarts ---
     /// Directory on the host of what must survive a restart (the session

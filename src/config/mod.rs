@@ -158,6 +158,7 @@ impl Config {
         self.validate_workspace_volume()?;
         self.validate_runtimes()?;
         self.validate_e2b_templates()?;
+        self.validate_e2b_domain()?;
         self.validate_session_tokens()?;
         Ok(())
     }

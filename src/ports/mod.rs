@@ -15,6 +15,10 @@
 //! `sandbox::port_proxy`), so the first GET of a port is a quick check, not
 //! a container start. A proxy's relay port is read from its label.
 
+mod forward;
+
+pub use forward::{ForwardError, Opening};
+
 use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;

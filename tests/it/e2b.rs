@@ -571,6 +571,35 @@ async fn a_timeout_ends_or_pauses_a_sandbox_at_its_end_time_busy_or_idle_and_sur
 }
 
 #[tokio::test]
+async fn get_host_names_a_port_sandboxd_forwards_to_and_signed_urls_open_their_own_sandbox_only() {
+    let server = server().await;
+    let lines = check(&server, &["port_hosts", "signed_urls"]).await;
+    let named = line(&lines, "port_hosts");
+    let sid = named["sandbox"].as_str().expect("id");
+    let authority = server.base.trim_start_matches("http://");
+    assert_eq!(named["host"], format!("8000-{sid}.{authority}"));
+    // The ports opened on first use are the sandbox's: published through
+    // proxies like any port URL.
+    let proxies = server.containers_with("sandboxd.sandbox_id", sid).await;
+    let names: Vec<String> = proxies
+        .iter()
+        .flat_map(|c| c.names.iter().flatten().cloned())
+        .collect();
+    assert!(
+        names
+            .iter()
+            .any(|n| n.ends_with(&format!("{sid}-port-8000"))),
+        "port 8000 has its proxy: {names:?}"
+    );
+    let signed = line(&lines, "signed_urls")["sandbox"]
+        .as_str()
+        .expect("id")
+        .to_string();
+    let (status, _) = server.get(&format!("/v1/sandboxes/{signed}")).await;
+    assert_eq!(status, 404, "check.py killed the signed URLs' sandbox");
+}
+
+#[tokio::test]
 async fn what_the_domain_lacks_answers_unimplemented_naming_it() {
     let server = server().await;
     let (sid, token) = create(&server, &[]).await;

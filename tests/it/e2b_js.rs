@@ -3,7 +3,8 @@
 //! E2B_SANDBOX_URL set to sandboxd (clients/e2b-js/check.mjs says what
 //! each check asserts): create, commands in the foreground and the
 //! background, files, a terminal session, stdin, make_dir, rename and a
-//! streamed watch, pause and connect resuming, info and list, a timeout
+//! streamed watch, pause and connect resuming, `getHost` reaching a server
+//! in the sandbox by name and a signed `downloadUrl`, info and list, a timeout
 //! shortened under a running command (the sandbox ends), a wrong API key,
 //! kill. A missing node or npm fails the test: it is never skipped.
 
@@ -23,6 +24,7 @@ const CHECKS: &[&str] = &[
     "stdin",
     "dirs_watch",
     "pause",
+    "host",
     "info",
     "timeout",
     "errors",

@@ -4,14 +4,15 @@
 //! giving it back, the allowlist, network none,
 //! concurrent lookups, `waitMs`, restarts of sandboxd and of the sandbox, a
 //! stopped proxy, a taken relay port, cleanup (stop, idle expiry), proxy
-//! hardening, and isolation between sandboxes.
+//! hardening, and isolation between sandboxes; and a port reached by name
+//! (`PORT-ID.HOST` in `Host`), allowlisted ports only.
 
 use std::time::Duration;
 
 use bollard::query_parameters::InspectContainerOptions;
 use serde_json::{Value, json};
 
-use crate::harness::{TestServer, eventually};
+use crate::harness::{ServerOptions, TestServer, eventually};
 
 /// Starts `script`, a server meant to outlive the test, as a command.
 async fn start_server(server: &TestServer, sid: &str, script: &str) -> String {
@@ -867,5 +868,76 @@ async fn a_cold_create_without_ports_gives_the_spare_back() {
             .networks_with("sandboxd.sandbox_id", &sid)
             .await
             .is_empty()
+    );
+}
+
+/// GET `path` from sandboxd's own address with `host` as `Host`: the
+/// status and body.
+async fn by_host_at(server: &TestServer, host: &str, path: &str) -> (u16, String) {
+    let resp = reqwest::Client::new()
+        .get(format!("{}{path}", server.base))
+        .header("host", host)
+        .timeout(Duration::from_secs(10))
+        .send()
+        .await
+        .expect("sandboxd answers");
+    let status = resp.status().as_u16();
+    (status, resp.text().await.unwrap_or_default())
+}
+
+async fn by_host(server: &TestServer, host: &str) -> (u16, String) {
+    by_host_at(server, host, "/index.html").await
+}
+
+#[tokio::test]
+async fn a_port_host_reaches_an_allowlisted_port_without_the_token_and_no_other() {
+    let server = TestServer::start_with(ServerOptions::default().token("port-host-token")).await;
+    let sid = server
+        .create(json!({"sessionKey": "by-name", "ports": [3000]}))
+        .await;
+    start_server(&server, &sid, &server_script(3000, "reached by name")).await;
+    start_server(&server, &sid, &server_script(3001, "not allowlisted")).await;
+    let authority = server.base.trim_start_matches("http://").to_string();
+    let named = |p: u16| format!("{p}-{sid}.{authority}");
+    // No token: a port's name opens the port as its URL does, not the API.
+    eventually(
+        Duration::from_secs(30),
+        "port 3000 answers by name",
+        || async { by_host(&server, &named(3000)).await == (200, "reached by name\n".to_string()) },
+    )
+    .await;
+    // Positive control: 3001 does serve inside the sandbox.
+    let inside = server
+        .sh(
+            &sid,
+            "for i in $(seq 50); do python3 -c \"import urllib.request as u; print(u.urlopen('http://127.0.0.1:3001/').read().decode(), end='')\" && exit 0; sleep 0.2; done; exit 1",
+        )
+        .await;
+    assert_eq!(inside["stdout"], "not allowlisted\n", "{inside}");
+    let (status, body) = by_host(&server, &named(3001)).await;
+    assert_eq!(status, 403, "{body}");
+    let v: Value = serde_json::from_str(&body).expect("json");
+    assert_eq!(v["sandboxId"], sid.as_str(), "{v}");
+    assert_eq!(v["port"], 3001, "{v}");
+    assert!(
+        v["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("not one of this sandbox's ports")),
+        "{v}"
+    );
+    assert!(
+        proxy_of(&server, &sid, 3001).await.is_none(),
+        "no proxy was made for a port that is not allowlisted"
+    );
+    // The API itself still wants its token under the plain name.
+    let (status, _) = by_host_at(&server, &authority, "/v1/sandboxes").await;
+    assert_eq!(
+        status, 401,
+        "the API under sandboxd's own name wants the token"
+    );
+    let (status, _) = by_host_at(&server, &named(3000), "/v1/sandboxes").await;
+    assert_eq!(
+        status, 404,
+        "the API's path under a port's name is the port's"
     );
 }

@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use axum::extract::State;
 use axum::extract::rejection::BytesRejection;
-use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use serde::de::DeserializeOwned;
@@ -175,8 +175,9 @@ struct Created {
     envd_version: &'static str,
     #[serde(rename = "envdAccessToken")]
     envd_access_token: String,
-    /// None: the SDKs fall back to `E2B_DOMAIN`; envd is reached through
-    /// `E2B_SANDBOX_URL` either way.
+    /// What the SDKs' `get_host(port)` puts after `PORT-ID.`: `e2b_domain`,
+    /// else the `Host` the request was sent to (envd is reached through
+    /// `E2B_SANDBOX_URL` either way).
     domain: Option<String>,
 }
 
@@ -239,7 +240,12 @@ impl E2b {
         }
     }
 
-    fn created(&self, sandbox_id: String, runtime: &str) -> Result<Created, ControlError> {
+    fn created(
+        &self,
+        sandbox_id: String,
+        runtime: &str,
+        headers: &HeaderMap,
+    ) -> Result<Created, ControlError> {
         let token = self
             .tokens
             .token(&sandbox_id)
@@ -250,8 +256,21 @@ impl E2b {
             client_id: CLIENT_ID,
             envd_version: ENVD_VERSION,
             envd_access_token: token,
-            domain: None,
+            domain: self.domain(headers),
         })
+    }
+
+    /// `e2b_domain`, else the request's `Host` (which the Host rule has
+    /// let through, so it names this server).
+    fn domain(&self, headers: &HeaderMap) -> Option<String> {
+        let configured = &self.app.config.e2b_domain;
+        if !configured.is_empty() {
+            return Some(configured.clone());
+        }
+        headers
+            .get(header::HOST)
+            .and_then(|h| h.to_str().ok())
+            .map(str::to_ascii_lowercase)
     }
 
     fn tokens_off(&self) -> ControlError {
@@ -277,6 +296,9 @@ impl E2b {
     }
 }
 
+/// How an E2B sandbox's session key begins.
+pub(super) const SESSION_PREFIX: &str = "e2b-";
+
 /// The session key of an E2B sandbox: from `Idempotency-Key`, so a
 /// retried create finds the sandbox the first one made, else random.
 fn session_key(headers: &HeaderMap) -> Result<String, ControlError> {
@@ -284,10 +306,10 @@ fn session_key(headers: &HeaderMap) -> Result<String, ControlError> {
         Some(key) if !key.is_empty() => {
             let hash = Sha256::digest(key);
             let hex: String = hash[..16].iter().map(|b| format!("{b:02x}")).collect();
-            Ok(format!("e2b-{hex}"))
+            Ok(format!("{SESSION_PREFIX}{hex}"))
         }
         _ => crate::id::random_hex(12)
-            .map(|r| format!("e2b-{r}"))
+            .map(|r| format!("{SESSION_PREFIX}{r}"))
             .map_err(|e| ControlError::new(StatusCode::SERVICE_UNAVAILABLE, e.to_string())),
     }
 }
@@ -340,7 +362,7 @@ pub(super) async fn create(
         .create_sandbox_with_lifetime(create, lifetime)
         .await
         .map_err(ApiError::from)?;
-    let answer = e2b.created(created.sandbox_id, runtime)?;
+    let answer = e2b.created(created.sandbox_id, runtime, &headers)?;
     Ok((StatusCode::CREATED, axum::Json(answer)).into_response())
 }
 
@@ -352,6 +374,7 @@ pub(super) async fn create(
 pub(super) async fn connect(
     State(e2b): State<Arc<E2b>>,
     Path(id): Path<String>,
+    headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ControlError> {
     let req: Timeout = json_body(body)?;
@@ -366,7 +389,7 @@ pub(super) async fn connect(
         .connect_sandbox(&id, s.paused, length_ms)
         .await
         .map_err(ApiError::from)?;
-    let answer = e2b.created(s.id, &s.runtime)?;
+    let answer = e2b.created(s.id, &s.runtime, &headers)?;
     Ok((status, axum::Json(answer)).into_response())
 }
 

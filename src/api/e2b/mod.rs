@@ -23,6 +23,7 @@ mod connect;
 mod control;
 mod filesystem;
 mod process;
+mod signed_url;
 mod transfer;
 mod wire;
 
@@ -30,15 +31,17 @@ use std::sync::Arc;
 
 use axum::Router;
 use axum::extract::{Request, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::{Method, StatusCode};
 use axum::middleware::{Next, from_fn_with_state};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{any, get, post};
 
 use crate::api::error::{ApiError, ErrorCode};
 use crate::app::App;
+use crate::ports::Opening;
 use access_token::AccessTokens;
 use connect::{Code, ConnectError};
+use signed_url::{Operation, SignedUrl};
 
 /// The version of envd sandboxd answers as: the SDKs choose their
 /// requests by it (octet-stream uploads from 0.5.7 on, for one).
@@ -110,6 +113,16 @@ pub(super) fn routes(app: &Arc<App>) -> Router<Arc<App>> {
     control.merge(envd).with_state(state)
 }
 
+/// Which ports of a sandbox its port hosts open: every port of an E2B
+/// sandbox, as in E2B, and the allowlisted ones of any other.
+pub(in crate::api) fn port_opening(session_key: &str) -> Opening {
+    if session_key.starts_with(control::SESSION_PREFIX) {
+        Opening::OnFirstUse
+    } else {
+        Opening::Allowlisted
+    }
+}
+
 /// The control plane's check: `X-API-KEY` is the admin token.
 async fn require_api_key(State(e2b): State<Arc<E2b>>, req: Request, next: Next) -> Response {
     let key = req.headers().get("x-api-key").map(|v| v.as_bytes());
@@ -132,7 +145,10 @@ async fn require_access_token(
     mut req: Request,
     next: Next,
 ) -> Response {
-    let checked = check_access(&e2b, req.headers()).await;
+    let checked = match check_access(&e2b, &req) {
+        Ok(id) => running(&e2b, id).await,
+        Err(e) => Err(e),
+    };
     match checked {
         Ok(id) => {
             req.extensions_mut().insert(SandboxId(id));
@@ -145,37 +161,89 @@ async fn require_access_token(
     }
 }
 
-/// The sandbox an envd call may reach, or why it may not.
-async fn check_access(e2b: &E2b, headers: &HeaderMap) -> Result<String, EnvdError> {
+/// The sandbox an envd call may reach (if it is there), or why it may
+/// not: the one
+/// `E2b-Sandbox-Id` names, opened by its `X-Access-Token`, or for a
+/// signed file URL (no token sent), the one whose token signed it.
+fn check_access(e2b: &E2b, req: &Request) -> Result<String, EnvdError> {
     if let Some(why) = e2b.tokens.unusable() {
         return Err(EnvdError::Call(ConnectError::new(
             Code::Unavailable,
             format!("the E2B routes are off: {why}"),
         )));
     }
-    let id = headers
+    let headers = req.headers();
+    let named = headers
         .get("e2b-sandbox-id")
         .and_then(|v| v.to_str().ok())
-        .filter(|v| !v.is_empty())
-        .ok_or_else(|| {
-            EnvdError::Call(ConnectError::new(
-                Code::InvalidArgument,
-                "the E2b-Sandbox-Id header is required on envd calls",
-            ))
-        })?;
-    let presented = headers
-        .get("x-access-token")
-        .map_or(&b""[..], |v| v.as_bytes());
-    if !e2b.tokens.verify(id, presented) {
-        return Err(EnvdError::Call(ConnectError::new(
-            Code::Unauthenticated,
-            "X-Access-Token is not this sandbox's envdAccessToken",
-        )));
+        .filter(|v| !v.is_empty());
+    let signed = (req.uri().path() == "/files" && !headers.contains_key("x-access-token"))
+        .then(|| SignedUrl::from_query(req.uri().query()))
+        .flatten();
+    let id = match signed {
+        Some(url) => signer(e2b, url, req.method(), named)?,
+        None => {
+            let id = named.ok_or_else(|| {
+                EnvdError::Call(ConnectError::new(
+                    Code::InvalidArgument,
+                    "the E2b-Sandbox-Id header is required on envd calls",
+                ))
+            })?;
+            let presented = headers
+                .get("x-access-token")
+                .map_or(&b""[..], |v| v.as_bytes());
+            if !e2b.tokens.verify(id, presented) {
+                return Err(EnvdError::Call(ConnectError::new(
+                    Code::Unauthenticated,
+                    "X-Access-Token is not this sandbox's envdAccessToken",
+                )));
+            }
+            id.to_string()
+        }
+    };
+    Ok(id)
+}
+
+/// The sandbox `id`, when it is there.
+async fn running(e2b: &E2b, id: String) -> Result<String, EnvdError> {
+    match e2b.app.sandboxes.lookup(&id).await {
+        Ok(_) => Ok(id),
+        Err(e) => Err(envd_error(&id, e)),
     }
-    match e2b.app.sandboxes.lookup(id).await {
-        Ok(_) => Ok(id.to_string()),
-        Err(e) => Err(envd_error(id, e)),
-    }
+}
+
+/// The sandbox whose token signed `url` (among all, or the one `named`):
+/// a GET reads, anything else writes.
+fn signer(
+    e2b: &E2b,
+    url: Result<SignedUrl, signed_url::Refused>,
+    method: &Method,
+    named: Option<&str>,
+) -> Result<String, EnvdError> {
+    let refused = |why: signed_url::Refused| {
+        EnvdError::Call(ConnectError::new(Code::Unauthenticated, why.to_string()))
+    };
+    let url = url.map_err(refused)?;
+    let operation = if method == Method::GET {
+        Operation::Read
+    } else {
+        Operation::Write
+    };
+    let ids: Vec<String> = match named {
+        Some(id) => vec![id.to_string()],
+        None => e2b
+            .app
+            .sandboxes
+            .registry()
+            .list()
+            .iter()
+            .map(|s| s.id.clone())
+            .collect(),
+    };
+    let now = crate::clock::now_ms() / 1000;
+    url.signer(&e2b.tokens, operation, now, ids.iter().map(String::as_str))
+        .map(str::to_string)
+        .map_err(refused)
 }
 
 /// A domain error on an envd call: a sandbox that is gone is the 502

@@ -24,8 +24,8 @@ use super::control::ControlError;
 use super::{E2b, EnvdError, SandboxId, absolute, envd_error, gone_message};
 use crate::files::FileToWrite;
 
-/// `/files`' query; `username` (the SDKs' user) and the signature of
-/// signed URLs are not used.
+/// `/files`' query; `username` (the SDKs' user) is not used, and a signed
+/// URL's signature was checked before (see `signed_url`).
 #[derive(Debug, Deserialize)]
 pub(super) struct FileQuery {
     #[serde(default)]
