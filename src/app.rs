@@ -324,13 +324,15 @@ impl App {
     /// checkpoint `from.checkpoint_id` of sandbox `from.sandbox_id` (a
     /// fork; see [`Checkpoints::copy`]). The session must have no sandbox
     /// yet; a fork that fails removes the sandbox it made, and so does one
-    /// whose caller goes away mid-copy (see [`ForkUnderway`]).
+    /// whose caller goes away mid-copy (see [`ForkUnderway`]). A paused
+    /// source is forked from as it is (neither resumed nor asked
+    /// anything): the checkpoint's content is in the store, outside it.
     pub async fn fork_sandbox(
         &self,
         req: CreateSandboxRequest,
         from: ForkSource,
     ) -> CheckpointResult<Created> {
-        let source = self.sandboxes.lookup(&from.sandbox_id).await?;
+        let source = self.sandboxes.lookup_any(&from.sandbox_id).await?;
         self.checkpoints
             .info(&source.id, &from.checkpoint_id)
             .await?;

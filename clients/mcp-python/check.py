@@ -19,7 +19,10 @@ from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 
-TOOLS = {"bash", "readFile", "writeFile", "editFile", "listFiles", "searchFiles", "sandboxUrl"}
+TOOLS = {
+    "bash", "readFile", "writeFile", "editFile", "listFiles", "searchFiles", "sandboxUrl",
+    "createCheckpoint", "listCheckpoints", "diffCheckpoint", "restoreCheckpoint",
+}
 
 
 def client(url, mode):
@@ -175,6 +178,54 @@ async def cancel(url, mode):
         await asyncio.to_thread(sys.stdin.readline)
 
 
+def under(entries, prefix):
+    return [e["path"] for e in entries if e["path"].startswith(prefix)]
+
+
+async def checkpoints(url, mode):
+    """A turn's files saved, changed, diffed and restored; refusals."""
+    async with client(url, mode) as c:
+        await ok_call(c, "writeFile", {"path": "turn/a.txt", "content": "turn one\n"})
+        made = (await ok_call(c, "createCheckpoint", {"label": "turn-1"})).structured_content
+        cp = made["checkpointId"]
+        assert made["label"] == "turn-1" and made["files"] >= 1, made
+        listed = await ok_call(c, "listCheckpoints", {})
+        ids = [x["checkpointId"] for x in listed.structured_content["checkpoints"]]
+        assert ids == [cp] and cp in text(listed) and '"turn-1"' in text(listed), text(listed)
+        say("ok: createCheckpoint and listCheckpoints")
+
+        await ok_call(c, "writeFile", {"path": "turn/a.txt", "content": "turn two, longer\n"})
+        await ok_call(c, "writeFile", {"path": "turn/b.txt", "content": "new\n"})
+        r = await ok_call(c, "diffCheckpoint", {"checkpointId": cp})
+        d = r.structured_content
+        assert under(d["modified"], "turn/") == ["turn/a.txt"], d
+        assert under(d["created"], "turn/") == ["turn/b.txt"] and under(d["deleted"], "turn/") == [], d
+        assert "modified turn/a.txt (9 → 17 bytes)" in text(r), text(r)
+        assert "created turn/b.txt (4 bytes)" in text(r) and f"from {cp} to now" in text(r), text(r)
+        named = await ok_call(c, "diffCheckpoint", {"checkpointId": cp, "to": "current"})
+        assert named.structured_content == d, "to: current is the files now, as in REST"
+        say("ok: diffCheckpoint shows the change")
+
+        # A process a command left runs: refused, then ended when asked.
+        await ok_call(c, "bash", {"command": "nohup sleep 300 >/dev/null 2>&1 &"})
+        r = await err_call(c, "restoreCheckpoint", {"checkpointId": cp}, "restore while a process runs")
+        assert r.structured_content["code"] == "commands_running", r.structured_content
+        assert (await read(c, "turn/b.txt"))["content"] == "new\n", "nothing restored"
+        r = await ok_call(c, "restoreCheckpoint", {"checkpointId": cp, "endCommands": True})
+        assert under(r.structured_content["deleted"], "turn/") == ["turn/b.txt"], r.structured_content
+        assert (await read(c, "turn/a.txt"))["content"] == "turn one\n"
+        await err_call(c, "readFile", {"path": "turn/b.txt"}, "the file made since is gone")
+        d = (await ok_call(c, "diffCheckpoint", {"checkpointId": cp})).structured_content
+        assert under(d["created"] + d["modified"] + d["deleted"], "turn/") == [], d
+        say("ok: restoreCheckpoint brings the file back")
+
+        r = await err_call(c, "diffCheckpoint", {"checkpointId": "cp_unknown"}, "unknown checkpoint")
+        assert r.structured_content["code"] == "checkpoint_not_found", r.structured_content
+        r = await err_call(c, "createCheckpoint", {"label": "turn-1"}, "label taken")
+        assert r.structured_content["code"] == "checkpoint_label_taken", r.structured_content
+    say("done")
+
+
 async def restart(url, mode):
     async with client(url, mode) as c:
         await ok_call(c, "writeFile", {"path": "kept.txt", "content": "kept\n"})
@@ -201,6 +252,7 @@ def main():
         "url": lambda: url(url_, mode, sys.argv[4]),
         "cancel": lambda: cancel(url_, mode),
         "restart": lambda: restart(url_, mode),
+        "checkpoints": lambda: checkpoints(url_, mode),
     }
     asyncio.run(runs[scenario]())
 

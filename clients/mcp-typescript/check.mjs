@@ -17,7 +17,10 @@ if (!url) {
   process.exit(2);
 }
 
-const TOOLS = ["bash", "editFile", "listFiles", "readFile", "sandboxUrl", "searchFiles", "writeFile"];
+const TOOLS = [
+  "bash", "createCheckpoint", "diffCheckpoint", "editFile", "listCheckpoints", "listFiles",
+  "readFile", "restoreCheckpoint", "sandboxUrl", "searchFiles", "writeFile",
+];
 
 function fail(why, detail) {
   throw new Error(`${why}: ${JSON.stringify(detail)}`);

@@ -317,8 +317,10 @@ impl Sandboxes {
         Ok(s)
     }
 
-    /// A registered sandbox, paused or not, counted as used.
-    async fn lookup_any(&self, id: &str) -> SandboxResult<Arc<Sandbox>> {
+    /// A registered sandbox, paused or not, counted as used: for calls
+    /// that need none of its processes (a fork reads only its checkpoints,
+    /// which are kept outside it).
+    pub async fn lookup_any(&self, id: &str) -> SandboxResult<Arc<Sandbox>> {
         self.ensure_ready().await?;
         let s = self
             .registry

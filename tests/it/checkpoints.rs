@@ -20,7 +20,7 @@ use crate::harness::{ServerOptions, TestServer, b64, eventually, sha256_hex};
 const TREE_HASH: &str = "export LC_ALL=C; { find . -mindepth 1 -printf '%p %y %m %l\\n' | sort; \
     find . -type f -print0 | sort -z | xargs -0 -r sha256sum; } | sha256sum | cut -c1-64";
 
-async fn tree_hash(server: &TestServer, sid: &str) -> String {
+pub(crate) async fn tree_hash(server: &TestServer, sid: &str) -> String {
     let r = server.sh(sid, TREE_HASH).await;
     assert_eq!(r["exitCode"], 0, "{r}");
     let hash = r["stdout"].as_str().expect("stdout").trim().to_string();

@@ -4,8 +4,9 @@
 //! sandboxd: clients/e2b-python/check.py runs each scenario and asserts
 //! what the SDK gave; here the same sandboxes are checked through
 //! sandboxd's own API (an E2B sandbox is an ordinary one), and the wire's
-//! edges (credentials, restarts, what answers `unimplemented`) are checked
-//! by hand. sandboxd runs on its defaults (but for its admin token), so
+//! edges (credentials, restarts, what answers `unimplemented`, checkpoints
+//! taken through /v1 since E2B has no counterpart) are checked by hand.
+//! sandboxd runs on its defaults (but for its admin token), so
 //! E2B's home `/home/user` is the workspace by default. `smoke_*` is the short run kept under
 //! gVisor. A missing python3 or venv fails the test: nothing is skipped.
 
@@ -632,4 +633,45 @@ async fn what_the_domain_lacks_answers_unimplemented_naming_it() {
     );
     let (status, body) = envd(&server, &sid, &token, "process.Process/List", json!({})).await;
     assert_eq!(status, 200, "the positive control: {body}");
+}
+
+/// E2B's snapshots are not served (a snapshot of the whole sandbox, not a
+/// workspace checkpoint); a sandbox made through E2B takes checkpoints
+/// through sandboxd's own routes, by its `sandboxID`.
+#[tokio::test]
+async fn an_e2b_sandbox_takes_checkpoints_through_the_v1_routes() {
+    let server = server().await;
+    let (sid, _) = create(&server, &[]).await;
+    let (status, body, _) = control(
+        &server,
+        reqwest::Method::POST,
+        &format!("/sandboxes/{sid}/snapshots"),
+        Some(json!({})),
+        &[],
+    )
+    .await;
+    assert_eq!(status, 404, "E2B's snapshots are not served: {body}");
+
+    assert_eq!(server.sh(&sid, "echo one > turn.txt").await["exitCode"], 0);
+    let (status, cp) = server
+        .post(
+            &format!("/v1/sandboxes/{sid}/checkpoints"),
+            json!({"label": "e2b-turn"}),
+        )
+        .await;
+    assert_eq!(status, 201, "{cp}");
+    let later = "echo two > turn.txt && echo new > new.txt";
+    assert_eq!(server.sh(&sid, later).await["exitCode"], 0);
+    let cp_id = cp["checkpointId"].as_str().expect("checkpointId");
+    let (status, changed) = server
+        .post(
+            &format!("/v1/sandboxes/{sid}/checkpoints/{cp_id}:restore"),
+            json!({}),
+        )
+        .await;
+    assert_eq!(status, 200, "{changed}");
+    let back = server
+        .sh(&sid, "cat turn.txt; test -e new.txt || echo gone")
+        .await;
+    assert_eq!(back["stdout"], "one\ngone\n", "{back} after {changed}");
 }

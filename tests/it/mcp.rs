@@ -3,7 +3,8 @@
 //! target/ by the test): initialize, the tool list and every tool, edits
 //! that refuse, 200,000 lines within the budget, progress, cancellation
 //! killing the command's tree, a URL that answers from the host, and a
-//! sandboxd restart between two calls. Each scenario runs under both
+//! sandboxd restart between two calls, and the checkpoint tools. Each
+//! scenario but the checkpoints runs under both
 //! revisions served (`auto` picks 2026-07-28; `legacy` the 2025-11-25
 //! handshake). A missing python3 or venv fails the test: nothing is
 //! skipped. `smoke_initialize_and_tools` is the short one kept under
@@ -150,6 +151,44 @@ async fn cancelling_bash_kills_its_tree() {
 #[tokio::test]
 async fn cancelling_bash_kills_its_tree_over_the_handshake_revision() {
     cancel("legacy").await;
+}
+
+/// The checkpoint tools on a session's workspace (check.py says what each
+/// line asserts), and the checkpoint they made is the session sandbox's,
+/// the one `/v1` lists.
+#[tokio::test]
+async fn checkpoint_tools_save_diff_and_restore_the_session_s_files() {
+    let server = server().await;
+    let key = "mcp-checkpoints";
+    let out = scenario(&["checkpoints", &endpoint(&server, key, ""), "auto"])
+        .finish()
+        .await;
+    let text = out.join("\n");
+    for check in [
+        "ok: createCheckpoint and listCheckpoints",
+        "ok: diffCheckpoint shows the change",
+        "ok: restore while a process runs",
+        "ok: restoreCheckpoint brings the file back",
+        "ok: unknown checkpoint",
+        "ok: label taken",
+        "done",
+    ] {
+        assert!(text.contains(check), "{check:?} missing:\n{text}");
+    }
+    let sid = server.create(json!({"sessionKey": key})).await;
+    let (status, v) = server
+        .get(&format!("/v1/sandboxes/{sid}/checkpoints"))
+        .await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["checkpoints"][0]["label"], "turn-1", "{v}");
+    assert_eq!(v["checkpoints"].as_array().map(Vec::len), Some(1), "{v}");
+    let metrics = server.metrics_text().await;
+    for series in [
+        r#"sandboxd_mcp_tool_calls_total{tool="restoreCheckpoint",outcome="ok"}"#,
+        r#"sandboxd_mcp_tool_calls_total{tool="diffCheckpoint",outcome="tool_error"}"#,
+    ] {
+        assert!(metrics.contains(series), "{series} missing:\n{metrics}");
+    }
 }
 
 async fn restart(mode: &str, want: &str) {

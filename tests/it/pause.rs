@@ -1,8 +1,8 @@
 //! Pausing and resuming a sandbox: its processes are frozen and go on
 //! where they were, every call on it is refused as paused meanwhile, the
 //! pause survives a restart of sandboxd (and its commands are found again
-//! on resume), a paused sandbox is never idle-expired, and all of it under
-//! gVisor too.
+//! on resume), a paused sandbox is never idle-expired, a fork from its
+//! checkpoint leaves it paused, and all of it under gVisor too.
 
 use std::time::Duration;
 
@@ -189,6 +189,70 @@ async fn a_paused_sandbox_is_never_idle_expired() {
     .await;
     assert_eq!(state(&server, &paused).await, "paused");
     assert_eq!(act(&server, &paused, "resume").await.0, 200);
+}
+
+/// A fork needs none of its source's processes (the checkpoint's content
+/// is in the store, outside the sandbox): a paused sandbox is forked from
+/// as it is, not resumed, and the fork is the checkpoint, not the
+/// workspace as it was paused.
+#[tokio::test]
+async fn a_paused_sandbox_is_forked_from_its_checkpoint_and_stays_paused() {
+    let server = TestServer::start().await;
+    let sid = server.offline_sandbox().await;
+    let turn = "mkdir -p d/empty && echo one > d/a && chmod 640 d/a && ln -s d/a link";
+    assert_eq!(server.sh(&sid, turn).await["exitCode"], 0);
+    let (status, cp) = server
+        .post(
+            &format!("/v1/sandboxes/{sid}/checkpoints"),
+            json!({"label": "before-pause"}),
+        )
+        .await;
+    assert_eq!(status, 201, "{cp}");
+    let at_checkpoint = crate::checkpoints::tree_hash(&server, &sid).await;
+    let later = "echo two > d/a && echo later > later && rmdir d/empty";
+    assert_eq!(server.sh(&sid, later).await["exitCode"], 0);
+    let as_paused = crate::checkpoints::tree_hash(&server, &sid).await;
+    assert_ne!(as_paused, at_checkpoint, "the workspace moved on");
+    assert_eq!(act(&server, &sid, "pause").await.0, 200);
+    // The pause holds: a call that needs the sandbox is refused.
+    let (status, v) = server.read_file(&sid, "d/a").await;
+    assert_eq!((status, v["code"].clone()), (409, json!("sandbox_paused")));
+
+    let (status, forked) = server
+        .post_within(
+            "/v1/sandboxes",
+            json!({
+                "sessionKey": harness::unique_instance(),
+                "network": {"mode": "none"},
+                "from": {"sandboxId": sid, "checkpointId": cp["checkpointId"]},
+            }),
+            Duration::from_secs(120),
+        )
+        .await;
+    assert_eq!(
+        (status, &forked["created"]),
+        (200, &json!(true)),
+        "{forked}"
+    );
+    let fork = forked["sandboxId"].as_str().expect("sandboxId");
+    assert_eq!(
+        crate::checkpoints::tree_hash(&server, fork).await,
+        at_checkpoint,
+        "the fork is the checkpoint"
+    );
+
+    assert_eq!(state(&server, &sid).await, "paused", "still paused");
+    assert_eq!(
+        server.inspect(&sid).await.state.expect("state").paused,
+        Some(true),
+        "still frozen in the engine"
+    );
+    assert_eq!(act(&server, &sid, "resume").await.0, 200);
+    assert_eq!(
+        crate::checkpoints::tree_hash(&server, &sid).await,
+        as_paused,
+        "the source is as it was paused"
+    );
 }
 
 /// Under gVisor the engine's pause is runsc's (it stops gVisor's sandbox,

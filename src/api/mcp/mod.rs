@@ -2,8 +2,9 @@
 //! transport of the Model Context Protocol, served by the `rmcp` crate.
 //! It sits at the HTTP edge beside the REST handlers and only translates:
 //! each tool calls the same domain methods a REST route calls (`App`'s
-//! create, `commands`, `files`, `ports`) and maps domain errors through
-//! [`ApiError`] into tool results with `isError: true`.
+//! create, `commands`, `files`, `ports`, `checkpoints`, its restore) and
+//! maps domain errors through [`ApiError`] into tool results with
+//! `isError: true`.
 //!
 //! The session's sandbox is what a create with that session key gives:
 //! made on the first tool call (with the runtime, resources, network mode
@@ -19,6 +20,7 @@
 //! again; it cancels with `notifications/cancelled`).
 
 mod bash;
+mod checkpoints;
 mod tools;
 
 use std::borrow::Cow;
@@ -79,7 +81,7 @@ struct Session {
 
 /// The transport for the router, sharing the server's shutdown.
 pub(super) fn service(app: Arc<App>) -> McpService {
-    let tools = Arc::new(SessionServer::tool_router());
+    let tools = Arc::new(SessionServer::tool_router() + SessionServer::checkpoint_tools());
     let config = StreamableHttpServerConfig::default()
         // Host and Origin are checked for every route by the router.
         .disable_allowed_hosts()

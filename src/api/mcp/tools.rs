@@ -1,5 +1,6 @@
 //! The tools' arguments (their JSON Schemas come from these types) and
-//! every tool but `bash` (see `bash`): each parses nothing itself beyond
+//! every tool but `bash` (see `bash`) and the checkpoint tools (see
+//! `checkpoints`): each parses nothing itself beyond
 //! its arguments, calls the domain and words the answer for a model, as
 //! text and as `structuredContent` (the REST body where there is one).
 
@@ -19,7 +20,7 @@ use crate::files::{EntryKind, FileEdit, FileToWrite, LinesRead, SearchRequest};
 use crate::ports::MAX_WAIT_MS;
 
 /// The tools, by name.
-const NAMES: [&str; 7] = [
+const NAMES: [&str; 11] = [
     "bash",
     "readFile",
     "writeFile",
@@ -27,6 +28,10 @@ const NAMES: [&str; 7] = [
     "listFiles",
     "searchFiles",
     "sandboxUrl",
+    "createCheckpoint",
+    "listCheckpoints",
+    "diffCheckpoint",
+    "restoreCheckpoint",
 ];
 
 /// The tool's name as a metric label (`unknown` for any other).
@@ -116,7 +121,7 @@ struct ListedEntry {
 }
 
 /// A result whose text is `text` and whose `structuredContent` is `body`.
-fn answer(text: String, body: &impl Serialize) -> CallToolResult {
+pub(super) fn answer(text: String, body: &impl Serialize) -> CallToolResult {
     let mut r = CallToolResult::success(vec![ContentBlock::text(text)]);
     r.structured_content = serde_json::to_value(body).ok();
     r
@@ -134,6 +139,7 @@ macro_rules! sandbox_of {
         }
     }};
 }
+pub(super) use sandbox_of;
 
 #[tool_router(router = tool_router, vis = "pub(super)")]
 impl SessionServer {
