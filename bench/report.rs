@@ -9,7 +9,9 @@ use std::path::PathBuf;
 
 use serde_json::{Value, json};
 
-use crate::sections::{burst, changes, core, density, egress, gvisor, mcp, pool, pty, shaping};
+use crate::sections::{
+    burst, changes, core, density, e2b, egress, gvisor, mcp, pool, pty, shaping,
+};
 use crate::support::{self, Res, median, pct};
 
 /// A MB in the lines measured in binary units (the agent's binary, a pool
@@ -18,7 +20,7 @@ pub(crate) const MIB: f64 = 1024.0 * 1024.0;
 
 /// The table, section by section in the order it prints them; the gVisor
 /// lines stand next to the runc lines they compare with.
-const TABLE: [&[Line]; 13] = [
+const TABLE: [&[Line]; 14] = [
     core::EXEC_LINES,
     gvisor::EXEC_LINES,
     core::LOG_LINES,
@@ -28,6 +30,7 @@ const TABLE: [&[Line]; 13] = [
     pty::LINES,
     changes::LINES,
     mcp::LINES,
+    e2b::LINES,
     pool::LINES,
     burst::LINES,
     density::LINES,

@@ -7,6 +7,7 @@ pub(crate) mod burst;
 pub(crate) mod changes;
 pub(crate) mod core;
 pub(crate) mod density;
+pub(crate) mod e2b;
 pub(crate) mod egress;
 pub(crate) mod gvisor;
 pub(crate) mod mcp;
@@ -30,6 +31,8 @@ pub(crate) enum Section {
     Shaping,
     Changes,
     Mcp,
+    /// E2B's Python SDK against the REST.
+    E2b,
     /// The burst lines, then the density lines.
     Burst,
     /// The burst's rate lines alone (5/s and 1/s).
@@ -51,6 +54,7 @@ impl Section {
             "shaping" => Some(Section::Shaping),
             "changes" => Some(Section::Changes),
             "mcp" => Some(Section::Mcp),
+            "e2b" => Some(Section::E2b),
             "burst" => Some(Section::Burst),
             "rate" => Some(Section::Rate),
             "sequential" => Some(Section::Sequential),
@@ -61,7 +65,7 @@ impl Section {
 }
 
 /// One run's measurements on `server`: `only` that section, or (`None`)
-/// core, then shaping, then MCP, then pool, then burst (with density).
+/// core, then shaping, then MCP, then E2B, then pool, then burst (with density).
 pub(crate) async fn measure(
     only: Option<Section>,
     server: &Server,
@@ -76,6 +80,7 @@ pub(crate) async fn measure(
             core::measure(server, floor, fig, profile, runsc).await?;
             shaping::measure(server, fig).await?;
             mcp::measure(server, fig).await?;
+            e2b::measure(server, fig).await?;
             pool::measure(server, floor, fig, idle_secs).await?;
             burst::measure(server, floor, fig).await
         }
@@ -87,6 +92,7 @@ pub(crate) async fn measure(
         Some(Section::Pty) => pty::measure(server, fig).await,
         Some(Section::Changes) => changes::measure(server, fig).await,
         Some(Section::Mcp) => mcp::measure(server, fig).await,
+        Some(Section::E2b) => e2b::measure(server, fig).await,
         Some(Section::Burst) => burst::measure(server, floor, fig).await,
         Some(Section::Rate) => burst::rates(floor, fig).await,
         Some(Section::Sequential) => burst::one_after_another(server, floor, fig).await,
