@@ -132,18 +132,27 @@ impl<'a> Reader<'a> {
         }
     }
 
+    /// What a side of `size` bytes is when it is not to be read; else
+    /// `None`, and its bytes are counted as read.
+    fn unread(&mut self, size: u64) -> Option<Side> {
+        if size > FILE_MAX_BYTES {
+            return Some(Side::TooLarge);
+        }
+        if self.read + size > READ_MAX_BYTES {
+            return Some(Side::Unread);
+        }
+        self.read += size;
+        None
+    }
+
     /// Side `e` (the after side when `after`), read when it fits.
     async fn side(&mut self, e: Option<&Entry>, after: bool) -> CheckpointResult<Side> {
         let Some(e) = e.filter(|e| e.kind == EntryKind::File) else {
             return Ok(Side::Absent);
         };
-        if e.size > FILE_MAX_BYTES {
-            return Ok(Side::TooLarge);
+        if let Some(marker) = self.unread(e.size) {
+            return Ok(marker);
         }
-        if self.read + e.size > READ_MAX_BYTES {
-            return Ok(Side::Unread);
-        }
-        self.read += e.size;
         let bytes = match self.workspace.filter(|_| after) {
             Some(agent) => agent.read_file(e).await?,
             None => {
@@ -296,6 +305,21 @@ mod tests {
             diff(&Side::Unread, &Side::Absent)
                 .starts_with("Files a/f.txt and /dev/null differ (past the ")
         );
+    }
+
+    #[test]
+    fn a_side_over_the_file_cap_or_past_the_read_budget_is_not_read() {
+        let store = Store::at(std::path::PathBuf::from("/nonexistent"));
+        let mut r = Reader::new(&store, None);
+        assert_eq!(r.unread(FILE_MAX_BYTES + 1), Some(Side::TooLarge));
+        assert_eq!(r.read, 0, "a file not read costs nothing");
+        let files = READ_MAX_BYTES / FILE_MAX_BYTES;
+        for _ in 0..files {
+            assert_eq!(r.unread(FILE_MAX_BYTES), None);
+        }
+        assert_eq!(r.read, READ_MAX_BYTES);
+        assert_eq!(r.unread(1), Some(Side::Unread));
+        assert_eq!(r.unread(0), None, "an empty file still fits");
     }
 
     #[test]
