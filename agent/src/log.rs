@@ -19,9 +19,8 @@
 use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
+use sandboxd_proto::shape::Shaper;
 use sandboxd_proto::{Ended, Record, RecordBody, ShapeInfo, ShapeSpec, Stream};
-
-use crate::shape::Shaper;
 
 /// A reader that has not asked for this long holds nothing back.
 pub(crate) const FOLLOWER_IDLE: Duration = Duration::from_secs(10);

@@ -41,7 +41,6 @@ mod pty;
 mod relay;
 mod search;
 mod serve;
-mod shape;
 mod splice;
 mod temp_name;
 mod transport;
@@ -85,17 +84,7 @@ mod layering {
         (5, &["pty", "search", "file_thread"]),
         (4, &["commands", "files", "relay", "egress", "watch"]),
         (3, &["changes", "keeper", "log"]),
-        (
-            1,
-            &[
-                "tree",
-                "shape",
-                "splice",
-                "cgroup",
-                "transport",
-                "temp_name",
-            ],
-        ),
+        (1, &["tree", "splice", "cgroup", "transport", "temp_name"]),
     ];
 
     #[test]

@@ -24,6 +24,7 @@
 //! with), and [`VERSION`] is checked at [`Op::Hello`].
 
 pub mod egress;
+pub mod shape;
 pub mod watch;
 
 use bytes::Bytes;
@@ -856,7 +857,7 @@ mod tests {
     #[test]
     fn modules_form_no_import_cycle() {
         layering::ModuleGraph::of_crate(env!("CARGO_MANIFEST_DIR"))
-            .assert_layered(&[(1, &["egress", "watch"])]);
+            .assert_layered(&[(1, &["egress", "shape", "watch"])]);
     }
 
     #[test]

@@ -13,7 +13,10 @@ use super::dto;
 use super::error::ApiError;
 use super::extract::{Json, Path, Query};
 use crate::app::App;
-use crate::checkpoints::DiffTarget;
+use crate::checkpoints::{CheckpointError, DiffTarget, TEXT_DIFF_DEFAULT_CHARS};
+use crate::command::spec::shape_spec;
+use crate::field_error::FieldError;
+use sandboxd_proto::ShapeSpec;
 
 /// A checkpoint to make.
 #[derive(Debug, Default, Deserialize, ToSchema)]
@@ -71,28 +74,56 @@ pub(super) async fn delete_checkpoint(
 }
 
 #[derive(Debug, Deserialize, IntoParams)]
-#[serde(deny_unknown_fields)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
 #[into_params(parameter_in = Query)]
 pub(super) struct DiffQuery {
     /// Another checkpointId, or `current` (the workspace now).
     to: String,
+    /// Also answer `text`: a unified diff (`diff -u`) of the text files
+    /// among the paths shown, shaped to `maxChars`. Default `false`.
+    #[serde(default)]
+    text: Option<bool>,
+    /// With `text=true`: most characters of the diff's text (256–1000000,
+    /// the omission line included); default 20000.
+    #[serde(default)]
+    max_chars: Option<i64>,
+    /// With `text=true`: characters given to the head (0 to `maxChars` −
+    /// 80); default a quarter of `maxChars`.
+    #[serde(default)]
+    head_chars: Option<i64>,
+}
+
+impl DiffQuery {
+    /// How to shape the text, when it is asked for.
+    fn text(&self) -> Result<Option<ShapeSpec>, CheckpointError> {
+        if self.text != Some(true) {
+            let given = [("maxChars", self.max_chars), ("headChars", self.head_chars)];
+            return match given.iter().find(|(_, v)| v.is_some()) {
+                Some((field, _)) => Err(FieldError::new(*field, "only with text=true").into()),
+                None => Ok(None),
+            };
+        }
+        let max = self.max_chars.unwrap_or(i64::from(TEXT_DIFF_DEFAULT_CHARS));
+        Ok(Some(shape_spec("", max, self.head_chars, true)?))
+    }
 }
 
 /// `GET /v1/sandboxes/{id}/checkpoints/{cp}/diff`
 #[utoipa::path(get, path = "/v1/sandboxes/{id}/checkpoints/{cp}/diff", tags = ["checkpoints"],
     summary = "What changed from a checkpoint to another one, or to the workspace now",
     params(("id" = String, Path, description = "The sandboxId"), ("cp" = String, Path, description = "The checkpointId"), DiffQuery),
-    responses((status = 200, description = "The paths created, modified and deleted", body = dto::CheckpointDiff)))]
+    responses((status = 200, description = "The paths created, modified and deleted, and with `text=true` their unified diff", body = dto::CheckpointDiff)))]
 pub(super) async fn diff_checkpoint(
     State(app): State<Arc<App>>,
     Path((id, cp)): Path<(String, String)>,
     Query(q): Query<DiffQuery>,
 ) -> Result<axum::Json<dto::CheckpointDiff>, ApiError> {
+    let text = q.text()?;
     let to = match q.to.as_str() {
         "current" => DiffTarget::Current,
         _ => DiffTarget::Checkpoint(q.to),
     };
-    let diff = app.checkpoints.diff(&id, &cp, to).await?;
+    let diff = app.checkpoints.diff(&id, &cp, to, text).await?;
     Ok(axum::Json(diff.into()))
 }
 

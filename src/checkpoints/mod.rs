@@ -19,6 +19,7 @@
 
 mod manifest;
 mod store;
+mod text_diff;
 mod tree;
 
 use std::collections::HashSet;
@@ -26,7 +27,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use dashmap::DashMap;
-use sandboxd_proto::FailureKind;
+use sandboxd_proto::{FailureKind, ShapeSpec};
 
 use crate::agent_client::AgentError;
 use crate::config::Config;
@@ -35,6 +36,8 @@ use crate::sandbox::{SandboxError, Sandboxes};
 pub use manifest::EntryKind;
 use manifest::{Entry, Manifest, TreeDiff, VERSION, compare};
 use store::{Store, StoreError};
+use text_diff::Reader;
+pub use text_diff::{DEFAULT_CHARS as TEXT_DIFF_DEFAULT_CHARS, DiffText};
 
 /// Most entries of each list of a diff that are shown; all are counted.
 pub const MAX_DIFF_SHOWN: usize = 1000;
@@ -145,6 +148,9 @@ pub struct Diff {
     pub created_count: u64,
     pub modified_count: u64,
     pub deleted_count: u64,
+    /// The unified diff of the text files among the paths shown, when
+    /// asked for.
+    pub text: Option<DiffText>,
 }
 
 fn file_size(e: &Entry) -> Option<u64> {
@@ -175,8 +181,43 @@ impl From<TreeDiff<'_>> for Diff {
             deleted: (d.deleted.iter().take(MAX_DIFF_SHOWN))
                 .map(|e| one(Some(e), None))
                 .collect(),
+            text: None,
         }
     }
+}
+
+/// The paths a diff shows, each with its entry before and after, sorted
+/// by path.
+fn shown<'a>(d: &TreeDiff<'a>) -> Vec<(Option<&'a Entry>, Option<&'a Entry>)> {
+    let mut all: Vec<(Option<&Entry>, Option<&Entry>)> = (d.created.iter().take(MAX_DIFF_SHOWN))
+        .map(|e| (None, Some(*e)))
+        .chain((d.modified.iter().take(MAX_DIFF_SHOWN)).map(|(o, n)| (Some(*o), Some(*n))))
+        .chain((d.deleted.iter().take(MAX_DIFF_SHOWN)).map(|e| (Some(*e), None)))
+        .collect();
+    all.sort_by(|x, y| {
+        let path = |(b, a): &(Option<&Entry>, Option<&Entry>)| a.or(*b).map(|e| e.path.clone());
+        path(x).cmp(&path(y))
+    });
+    all
+}
+
+/// What changed from `old` to `new`, with its text shaped by `text` when
+/// given, the sides read by `reader`.
+async fn described(
+    old: &[Entry],
+    new: &[Entry],
+    reader: Reader<'_>,
+    text: Option<ShapeSpec>,
+) -> CheckpointResult<Diff> {
+    let tree = compare(old, new);
+    let text = match text {
+        Some(spec) => Some(reader.text(&shown(&tree), spec).await?),
+        None => None,
+    };
+    Ok(Diff {
+        text,
+        ..Diff::from(tree)
+    })
 }
 
 /// The other side of a diff.
@@ -477,26 +518,40 @@ impl Checkpoints {
             .ok_or_else(|| CheckpointError::NotFound(checkpoint_id.to_string()))
     }
 
-    /// What changed from checkpoint `from` to `to`.
+    /// What changed from checkpoint `from` to `to`, with the unified diff
+    /// of its text files shaped by `text` when given.
     pub async fn diff(
         &self,
         sandbox_id: &str,
         from: &str,
         to: DiffTarget,
+        text: Option<ShapeSpec>,
     ) -> CheckpointResult<Diff> {
         let sandbox = self.sandboxes.lookup(sandbox_id).await?;
         let store = self.store(&sandbox.id)?;
         let old = self.manifest(&store, from).await?;
-        let new = match to {
-            DiffTarget::Checkpoint(id) => self.manifest(&store, &id).await?.entries,
+        match to {
+            DiffTarget::Checkpoint(id) => {
+                let new = self.manifest(&store, &id).await?.entries;
+                described(&old.entries, &new, Reader::new(&store, None), text).await
+            }
             DiffTarget::Current => {
                 let _busy = sandbox.open_request();
-                self.current(&sandbox, &old)
-                    .await
-                    .map_err(|e| self.sandboxes.gone_or(&sandbox, e))?
+                let made = async {
+                    let new = self.current(&sandbox, &old).await?;
+                    let conn = self.sandboxes.agent(&sandbox).await?;
+                    let agent = tree::Agent {
+                        conn: &conn,
+                        limit: self.config.agent_timeout,
+                        dirs: self.config.workspace_dirs().collect(),
+                    };
+                    let reader = Reader::new(&store, Some(&agent));
+                    described(&old.entries, &new, reader, text).await
+                }
+                .await;
+                made.map_err(|e| self.sandboxes.gone_or(&sandbox, e))
             }
-        };
-        Ok(Diff::from(compare(&old.entries, &new)))
+        }
     }
 
     /// The workspace now, hashed (files `known` saw unchanged are not

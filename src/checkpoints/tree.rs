@@ -186,6 +186,41 @@ impl Agent<'_> {
             .map_err(CheckpointError::Store)
     }
 
+    /// The content of file `e`, which the caller bounds by its size,
+    /// read only while it is the file the snapshot saw.
+    pub(super) async fn read_file(&self, e: &Entry) -> Result<Vec<u8>, CheckpointError> {
+        let (pieces, mut received) = mpsc::channel::<Vec<u8>>(PIECES_IN_FLIGHT);
+        let max = e.size;
+        let collect = async move {
+            let mut content = Vec::new();
+            while let Some(piece) = received.recv().await {
+                if (content.len() + piece.len()) as u64 > max {
+                    return None;
+                }
+                content.extend_from_slice(&piece);
+            }
+            Some(content)
+        };
+        let (content, read) = tokio::join!(
+            collect,
+            self.conn
+                .read_exact(e.path.clone(), identity(e), self.limit, pieces),
+        );
+        let Some(content) = content else {
+            return Err(CheckpointError::agent_broke(
+                "more bytes of a file than its size",
+            ));
+        };
+        read.map_err(CheckpointError::from_agent)?;
+        if content.len() as u64 != e.size {
+            return Err(CheckpointError::WorkspaceChanging(format!(
+                "{} changed while it was read",
+                e.path
+            )));
+        }
+        Ok(content)
+    }
+
     /// Fills in the hash of every file of `current`: from `known` (a
     /// checkpoint's entries) when the file is the one that checkpoint
     /// saw, else hashed by the agent.

@@ -308,29 +308,40 @@ impl CommandSpec {
     }
 }
 
-/// Checks `output`: the head defaults to a quarter of the budget.
+/// Checks `output`.
 fn shape_of(o: OutputRequest) -> Result<ShapeSpec, FieldError> {
-    let max_chars = u32::try_from(o.max_chars)
+    shape_spec("output.", o.max_chars, o.head_chars, o.raw.unwrap_or(false))
+}
+
+/// Checks a budget for shaped text given as `{at}maxChars` and
+/// `{at}headChars` (field names in refusals): the head defaults to a
+/// quarter of the budget. Also the budget of a checkpoint's text diff.
+pub fn shape_spec(
+    at: &str,
+    max_chars: i64,
+    head_chars: Option<i64>,
+    raw: bool,
+) -> Result<ShapeSpec, FieldError> {
+    let max = u32::try_from(max_chars)
         .ok()
         .filter(|n| (MIN_SHAPED_CHARS..=MAX_SHAPED_CHARS).contains(n))
         .ok_or_else(|| {
             bad(
-                "output.maxChars",
+                &format!("{at}maxChars"),
                 format!(
-                    "must be between {MIN_SHAPED_CHARS} and {MAX_SHAPED_CHARS} (got {})",
-                    o.max_chars
+                    "must be between {MIN_SHAPED_CHARS} and {MAX_SHAPED_CHARS} (got {max_chars})"
                 ),
             )
         })?;
-    let most_head = max_chars - MARKER_CHARS;
-    let head_chars = match o.head_chars {
-        None => max_chars / 4,
+    let most_head = max - MARKER_CHARS;
+    let head_chars = match head_chars {
+        None => max / 4,
         Some(h) => u32::try_from(h)
             .ok()
             .filter(|h| *h <= most_head)
             .ok_or_else(|| {
                 bad(
-                    "output.headChars",
+                    &format!("{at}headChars"),
                     format!(
                         "must be between 0 and maxChars - {MARKER_CHARS} ({most_head}) (got {h})"
                     ),
@@ -338,9 +349,9 @@ fn shape_of(o: OutputRequest) -> Result<ShapeSpec, FieldError> {
             })?,
     };
     Ok(ShapeSpec {
-        max_chars,
+        max_chars: max,
         head_chars,
-        raw: o.raw.unwrap_or(false),
+        raw,
     })
 }
 

@@ -28,7 +28,7 @@ pub(crate) async fn tree_hash(server: &TestServer, sid: &str) -> String {
     hash
 }
 
-async fn checkpoint(server: &TestServer, sid: &str, label: &str) -> Value {
+pub(crate) async fn checkpoint(server: &TestServer, sid: &str, label: &str) -> Value {
     let (status, v) = server
         .post(
             &format!("/v1/sandboxes/{sid}/checkpoints"),
@@ -87,7 +87,7 @@ async fn labels(server: &TestServer, sid: &str) -> Vec<String> {
         .collect()
 }
 
-fn id(cp: &Value) -> &str {
+pub(crate) fn id(cp: &Value) -> &str {
     cp["checkpointId"].as_str().expect("checkpointId")
 }
 
@@ -112,7 +112,7 @@ async fn diff(server: &TestServer, sid: &str, from: &str, to: &str) -> Value {
 }
 
 /// Runs `script` in the sandbox, asserting it succeeds.
-async fn sh_ok(server: &TestServer, sid: &str, script: &str) {
+pub(crate) async fn sh_ok(server: &TestServer, sid: &str, script: &str) {
     let r = server.sh(sid, script).await;
     assert_eq!(r["exitCode"], 0, "{r}");
 }

@@ -11,6 +11,7 @@ mod agent;
 mod auth;
 mod changes;
 mod checkpoints;
+mod checkpoints_diff;
 mod codes;
 mod commands;
 mod config;

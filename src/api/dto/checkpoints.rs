@@ -4,7 +4,7 @@
 use serde::Serialize;
 use utoipa::ToSchema;
 
-use crate::checkpoints::{CheckpointInfo, Diff, DiffEntry, EntryKind};
+use crate::checkpoints::{CheckpointInfo, Diff, DiffEntry, DiffText, EntryKind};
 
 /// A checkpoint of a sandbox's workspace.
 #[derive(Debug, Serialize, ToSchema)]
@@ -116,6 +116,51 @@ pub(in crate::api) struct CheckpointDiff {
     counts: DiffCounts,
     /// Some list was cut at 1000.
     truncated: bool,
+    /// With `text=true` only: the unified diff of the text files among
+    /// the paths shown.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    text: Option<TextDiff>,
+}
+
+/// The unified diff (`diff -u`, 3 lines of context) of the text files
+/// among a diff's paths, in path order, shaped to `maxChars` as a
+/// command's output is: when it does not fit, its first `headChars` and
+/// last `tailChars` characters around one line `[… L lines, C characters
+/// omitted …]`. A binary file is one line `Binary files a/P and b/P
+/// differ`, a file over 1 MiB (or past the 32 MiB a diff reads) one line
+/// `Files a/P and b/P differ (…: not compared)`.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub(in crate::api) struct TextDiff {
+    diff: String,
+    /// Characters of the whole unified diff, before it was cut.
+    total_chars: u64,
+    /// Its lines.
+    total_lines: u64,
+    /// Characters left out (0: it is whole).
+    omitted_chars: u64,
+    /// Lines left out (newlines in the part left out).
+    omitted_lines: u64,
+    /// Characters of `diff` before the omission line, and after it.
+    head_chars: u64,
+    tail_chars: u64,
+    /// Files with a section (hunks or a one-line marker).
+    files: u64,
+}
+
+impl From<DiffText> for TextDiff {
+    fn from(t: DiffText) -> Self {
+        TextDiff {
+            diff: t.diff,
+            total_chars: t.total_chars,
+            total_lines: t.total_lines,
+            omitted_chars: t.omitted_chars,
+            omitted_lines: t.omitted_lines,
+            head_chars: t.head_chars,
+            tail_chars: t.tail_chars,
+            files: t.files,
+        }
+    }
 }
 
 impl From<Diff> for CheckpointDiff {
@@ -133,6 +178,7 @@ impl From<Diff> for CheckpointDiff {
             modified: d.modified.into_iter().map(Into::into).collect(),
             deleted: d.deleted.into_iter().map(Into::into).collect(),
             truncated,
+            text: d.text.map(Into::into),
         }
     }
 }

@@ -9,17 +9,21 @@
 //! text a reader of the log gets. It keeps the head and a window of the
 //! tail (at most twice the tail's share), never the whole stream: shaping
 //! a gigabyte costs the budget's memory, not the output's.
+//!
+//! It is here, with the protocol, because both sides shape text: the
+//! agent a command's streams, sandboxd a checkpoint's text diff (fed as
+//! one record, its pointer unused), so the two follow the same rules.
 
 use std::collections::VecDeque;
 
-use sandboxd_proto::{Middle, SHAPE_MARKER_CHARS as MARKER_RESERVE, ShapeInfo, ShapeSpec};
+use crate::{Middle, SHAPE_MARKER_CHARS as MARKER_RESERVE, ShapeInfo, ShapeSpec};
 
 /// More undecodable sequences than this make a stream binary.
 const BINARY_AFTER_INVALID: u64 = 32;
 
 /// Shapes one stream; see the module docs.
 #[derive(Debug, Clone)]
-pub(crate) struct Shaper {
+pub struct Shaper {
     spec: ShapeSpec,
     /// Characters of the head when the stream is cut.
     head_cap: usize,
@@ -52,7 +56,7 @@ pub(crate) struct Shaper {
 impl Shaper {
     /// `spec` is sandboxd's, checked there; out-of-range numbers are clamped
     /// here rather than trusted.
-    pub(crate) fn new(spec: ShapeSpec) -> Shaper {
+    pub fn new(spec: ShapeSpec) -> Shaper {
         let max = spec.max_chars.max(MARKER_RESERVE * 2) as usize;
         let content = max - MARKER_RESERVE as usize;
         let head_cap = (spec.head_chars as usize).min(content);
@@ -80,12 +84,12 @@ impl Shaper {
 
     /// Bytes the stream wrote that decoded to nothing yet (a character
     /// split across reads).
-    pub(crate) fn raw_bytes(&mut self, raw: u64) {
+    pub fn raw_bytes(&mut self, raw: u64) {
         self.total_bytes += raw;
     }
 
     /// The text of record `seq`, from `raw` bytes of the stream.
-    pub(crate) fn feed(&mut self, seq: u64, text: &str, raw: u64) {
+    pub fn feed(&mut self, seq: u64, text: &str, raw: u64) {
         self.total_bytes += raw;
         if text.is_empty() {
             return;
@@ -148,11 +152,7 @@ impl Shaper {
     /// The shaped text and what it kept. `invalid`: sequences of the
     /// stream that were not UTF-8; `oldest_retained`: the first record its
     /// log still holds.
-    pub(crate) fn finish(
-        mut self,
-        invalid: u64,
-        oldest_retained: Option<u64>,
-    ) -> (String, ShapeInfo) {
+    pub fn finish(mut self, invalid: u64, oldest_retained: Option<u64>) -> (String, ShapeInfo) {
         let total_lines = self.newlines + u64::from(self.total_chars > 0 && !self.last_is_newline);
         let mut info = ShapeInfo {
             total_chars: self.total_chars,
@@ -248,7 +248,7 @@ fn byte_index(s: &str, n: usize) -> usize {
 /// Text as a terminal would leave it, roughly: escape sequences (colours,
 /// cursor moves, titles) removed, and of each line what follows its last
 /// carriage return (a progress bar's final state).
-pub(crate) fn collapse(text: &str) -> String {
+pub fn collapse(text: &str) -> String {
     let plain = strip_escapes(text);
     let mut out = String::with_capacity(plain.len());
     for line in plain.split_inclusive('\n') {
