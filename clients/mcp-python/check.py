@@ -204,6 +204,10 @@ async def checkpoints(url, mode):
         assert "created turn/b.txt (4 bytes)" in text(r) and f"from {cp} to now" in text(r), text(r)
         named = await ok_call(c, "diffCheckpoint", {"checkpointId": cp, "to": "current"})
         assert named.structured_content == d, "to: current is the files now, as in REST"
+        r = await ok_call(c, "diffCheckpoint", {"checkpointId": cp, "text": True})
+        assert "--- a/turn/a.txt\n+++ b/turn/a.txt\n@@ -1 +1 @@\n-turn one\n+turn two, longer\n" in text(r), text(r)
+        assert "created turn/b.txt (4 bytes)" in text(r), text(r)
+        assert r.structured_content["text"]["files"] >= 2, r.structured_content
         say("ok: diffCheckpoint shows the change")
 
         # A process a command left runs: refused, then ended when asked.

@@ -14,7 +14,10 @@ use serde::Deserialize;
 use super::super::dto;
 use super::tools::{answer, sandbox_of};
 use super::{SessionServer, error_result, tool_error};
-use crate::checkpoints::{CheckpointInfo, Diff, DiffEntry, DiffTarget, EntryKind};
+use crate::checkpoints::{
+    CheckpointInfo, Diff, DiffEntry, DiffTarget, EntryKind, TEXT_DIFF_DEFAULT_CHARS,
+};
+use sandboxd_proto::ShapeSpec;
 
 /// Changed paths a text lists (the rest are counted): a model reads the
 /// text, a program `structuredContent`.
@@ -37,6 +40,8 @@ pub(super) struct DiffArgs {
     checkpoint_id: String,
     /// Another checkpointId; default (or "current"): the files now.
     to: Option<String>,
+    /// Also show the text files' changes as a unified diff.
+    text: Option<bool>,
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -166,12 +171,26 @@ impl SessionServer {
             Some(cp) if cp == "current" => (DiffTarget::Current, "now".to_string()),
             Some(cp) => (DiffTarget::Checkpoint(cp.clone()), cp),
         };
-        match self.app.checkpoints.diff(&sid, &a.checkpoint_id, to).await {
+        // The REST route's default shaping: a model reads at most this.
+        let shape = (a.text == Some(true)).then(|| ShapeSpec {
+            max_chars: TEXT_DIFF_DEFAULT_CHARS,
+            head_chars: TEXT_DIFF_DEFAULT_CHARS / 4,
+            raw: true,
+        });
+        match self
+            .app
+            .checkpoints
+            .diff(&sid, &a.checkpoint_id, to, shape)
+            .await
+        {
             Err(e) => tool_error(e),
-            Ok(d) => answer(
-                changes_text(&d, &format!(" from {} to {to_name}", a.checkpoint_id)),
-                &dto::CheckpointDiff::from(d),
-            ),
+            Ok(d) => {
+                let mut text = changes_text(&d, &format!(" from {} to {to_name}", a.checkpoint_id));
+                if let Some(t) = &d.text {
+                    text = format!("{}\n{text}", t.diff);
+                }
+                answer(text, &dto::CheckpointDiff::from(d))
+            }
         }
     }
 
