@@ -172,7 +172,7 @@ impl SessionServer {
             Some(cp) => (DiffTarget::Checkpoint(cp.clone()), cp),
         };
         // The REST route's default shaping: a model reads at most this.
-        let shape = (a.text == Some(true)).then(|| ShapeSpec {
+        let shape = (a.text == Some(true)).then_some(ShapeSpec {
             max_chars: TEXT_DIFF_DEFAULT_CHARS,
             head_chars: TEXT_DIFF_DEFAULT_CHARS / 4,
             raw: true,
