@@ -1,5 +1,6 @@
 //! The E2B section (issue 41, `--only e2b`): E2B's own Python SDK,
-//! unchanged, against sandboxd's REST in the same run, both timed by the
+//! unchanged, against sandboxd's REST in the same run, on a sandboxd of
+//! its own with its defaults (a warm pool of 2), both timed by the
 //! same client process (bench/e2b_sdk.py, in the venv the tests use,
 //! target/e2b-python-venv): `Sandbox.create()` + `commands.run("true")`
 //! against `POST /v1/sandboxes` + `commands:run` of `true` (10 of each
@@ -12,8 +13,9 @@ use std::time::Duration;
 
 use serde_json::Value;
 
+use crate::floor::Floor;
 use crate::report::{Line, RunFigures, line, ratio_at_most};
-use crate::support::{Res, Server};
+use crate::support::{Instance, Res};
 
 const CREATE_RUN: &str = "E2B SDK `Sandbox.create()` + `commands.run(\"true\")`, a pool claim, p50 (ms; floor column: REST create + `commands:run`)";
 const RUN: &str = "E2B SDK `commands.run(\"true\")` p50 (ms; floor column: REST `commands:run`)";
@@ -32,7 +34,10 @@ const CREATES: usize = 10;
 const RUNS: usize = 20;
 
 /// See the module docs.
-pub(crate) async fn measure(server: &Server, fig: &mut RunFigures) -> Res<()> {
+pub(crate) async fn measure(floor: &Floor, fig: &mut RunFigures) -> Res<()> {
+    // Its file is empty: sandboxd's defaults.
+    let own = Instance::start(&floor.docker, &format!("{}-e2b", floor.instance), "", 100).await?;
+    let server = &own.server;
     let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
     let python = repo.join("target/e2b-python-venv/bin/python");
     if !python.exists() {

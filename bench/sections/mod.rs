@@ -80,7 +80,7 @@ pub(crate) async fn measure(
             core::measure(server, floor, fig, profile, runsc).await?;
             shaping::measure(server, fig).await?;
             mcp::measure(server, fig).await?;
-            e2b::measure(server, fig).await?;
+            e2b::measure(floor, fig).await?;
             pool::measure(server, floor, fig, idle_secs).await?;
             burst::measure(server, floor, fig).await
         }
@@ -92,7 +92,7 @@ pub(crate) async fn measure(
         Some(Section::Pty) => pty::measure(server, fig).await,
         Some(Section::Changes) => changes::measure(server, fig).await,
         Some(Section::Mcp) => mcp::measure(server, fig).await,
-        Some(Section::E2b) => e2b::measure(server, fig).await,
+        Some(Section::E2b) => e2b::measure(floor, fig).await,
         Some(Section::Burst) => burst::measure(server, floor, fig).await,
         Some(Section::Rate) => burst::rates(floor, fig).await,
         Some(Section::Sequential) => burst::one_after_another(server, floor, fig).await,
