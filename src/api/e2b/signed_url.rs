@@ -48,6 +48,8 @@ impl Operation {
 pub(super) enum Refused {
     #[error("signature_expiration is not a number of seconds: {0:?}")]
     BadExpiration(String),
+    #[error("{0} is given more than once")]
+    Repeated(&'static str),
     #[error("the signed URL expired")]
     Expired,
     #[error("the signature is not one of a running sandbox's for this path and operation")]
@@ -64,15 +66,31 @@ impl SignedUrl {
             expiration: None,
         };
         let mut expiration = None;
-        form_urlencoded::parse(query?.as_bytes()).for_each(|(k, v)| match k.as_ref() {
-            "path" => url.path = v.into_owned(),
-            "username" => url.user = v.into_owned(),
-            "signature" => url.signature = v.into_owned(),
-            "signature_expiration" => expiration = Some(v.into_owned()),
-            _ => {}
+        // Each signed parameter once: the file route must read the very
+        // path that was signed.
+        let mut repeated = None;
+        let mut seen = [false; 4];
+        let keys = ["path", "username", "signature", "signature_expiration"];
+        form_urlencoded::parse(query?.as_bytes()).for_each(|(k, v)| {
+            let Some(i) = keys.iter().position(|key| *key == k) else {
+                return;
+            };
+            if std::mem::replace(&mut seen[i], true) {
+                repeated = Some(keys[i]);
+            }
+            let v = v.into_owned();
+            match i {
+                0 => url.path = v,
+                1 => url.user = v,
+                2 => url.signature = v,
+                _ => expiration = Some(v),
+            }
         });
         if url.signature.is_empty() {
             return None;
+        }
+        if let Some(key) = repeated {
+            return Some(Err(Refused::Repeated(key)));
         }
         if let Some(e) = expiration {
             match e.parse::<u64>() {
