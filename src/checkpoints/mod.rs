@@ -478,17 +478,19 @@ impl Checkpoints {
         }
     }
 
-    /// The checkpoints of a sandbox, newest first.
+    /// The checkpoints of a sandbox, newest first. The store is outside
+    /// the sandbox, so a paused one is listed as it is.
     pub async fn list(&self, sandbox_id: &str) -> CheckpointResult<Vec<CheckpointInfo>> {
-        let sandbox = self.sandboxes.lookup(sandbox_id).await?;
+        let sandbox = self.sandboxes.lookup_any(sandbox_id).await?;
         let store = self.store(&sandbox.id)?;
         let all = store.blocking(Store::manifests).await.map_err(store_err)?;
         Ok(all.iter().map(CheckpointInfo::from).collect())
     }
 
-    /// Deletes a checkpoint and the content no other one holds.
+    /// Deletes a checkpoint and the content no other one holds (of a
+    /// paused sandbox too: only the store changes).
     pub async fn delete(&self, sandbox_id: &str, checkpoint_id: &str) -> CheckpointResult<()> {
-        let sandbox = self.sandboxes.lookup(sandbox_id).await?;
+        let sandbox = self.sandboxes.lookup_any(sandbox_id).await?;
         let _one = self.lock(&sandbox.id).await;
         let store = self.store(&sandbox.id)?;
         let id = checkpoint_id.to_string();
@@ -519,7 +521,9 @@ impl Checkpoints {
     }
 
     /// What changed from checkpoint `from` to `to`, with the unified diff
-    /// of its text files shaped by `text` when given.
+    /// of its text files shaped by `text` when given. Two checkpoints are
+    /// compared in the store, so a paused sandbox's are too; the workspace
+    /// now needs the sandbox running.
     pub async fn diff(
         &self,
         sandbox_id: &str,
@@ -527,7 +531,10 @@ impl Checkpoints {
         to: DiffTarget,
         text: Option<ShapeSpec>,
     ) -> CheckpointResult<Diff> {
-        let sandbox = self.sandboxes.lookup(sandbox_id).await?;
+        let sandbox = match to {
+            DiffTarget::Checkpoint(_) => self.sandboxes.lookup_any(sandbox_id).await?,
+            DiffTarget::Current => self.sandboxes.lookup(sandbox_id).await?,
+        };
         let store = self.store(&sandbox.id)?;
         let old = self.manifest(&store, from).await?;
         match to {

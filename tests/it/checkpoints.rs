@@ -59,7 +59,7 @@ async fn refused(server: &TestServer, sid: &str, body: Value, status: u16, code:
 }
 
 /// `DELETE …/checkpoints/{cp}`: its status.
-async fn delete(server: &TestServer, sid: &str, cp: &str) -> u16 {
+pub(crate) async fn delete(server: &TestServer, sid: &str, cp: &str) -> u16 {
     let url = format!("{}/v1/sandboxes/{sid}/checkpoints/{cp}", server.base);
     let resp = server.client.delete(url).send().await.expect("delete");
     resp.status().as_u16()

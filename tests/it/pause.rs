@@ -255,6 +255,101 @@ async fn a_paused_sandbox_is_forked_from_its_checkpoint_and_stays_paused() {
     );
 }
 
+/// A paused sandbox's checkpoints are in the store, outside it: they are
+/// listed, compared with each other (as text too) and deleted without a
+/// resume. What needs the sandbox's files (a new checkpoint, a diff with
+/// the workspace now, a restore) is refused as paused, and changes
+/// nothing.
+#[tokio::test]
+async fn a_paused_sandboxs_checkpoints_are_listed_compared_and_deleted_and_the_rest_is_refused() {
+    let server = TestServer::start().await;
+    let sid = server.offline_sandbox().await;
+    assert_eq!(server.sh(&sid, "echo one > a").await["exitCode"], 0);
+    let first = crate::checkpoints::checkpoint(&server, &sid, "turn-1").await;
+    assert_eq!(
+        server.sh(&sid, "echo two > a && echo new > b").await["exitCode"],
+        0
+    );
+    let second = crate::checkpoints::checkpoint(&server, &sid, "turn-2").await;
+    let (one, two) = (
+        first["checkpointId"].as_str().expect("id"),
+        second["checkpointId"].as_str().expect("id"),
+    );
+    let base = format!("/v1/sandboxes/{sid}/checkpoints");
+    let (status, running_list) = server.get(&base).await;
+    assert_eq!(status, 200, "{running_list}");
+    let (status, running_diff) = server
+        .get(&format!("{base}/{one}/diff?to={two}&text=true"))
+        .await;
+    assert_eq!(status, 200, "{running_diff}");
+    assert_eq!(running_diff["text"]["files"], 2, "{running_diff}");
+
+    assert_eq!(act(&server, &sid, "pause").await.0, 200);
+    let (status, v) = server.read_file(&sid, "a").await;
+    assert_eq!(
+        (status, v["code"].clone()),
+        (409, json!("sandbox_paused")),
+        "the pause holds"
+    );
+
+    let (status, list) = server.get(&base).await;
+    assert_eq!(
+        (status, &list),
+        (200, &running_list),
+        "listed as when running"
+    );
+    let (status, diff) = server
+        .get(&format!("{base}/{one}/diff?to={two}&text=true"))
+        .await;
+    assert_eq!(
+        (status, &diff),
+        (200, &running_diff),
+        "compared as when running"
+    );
+
+    for (what, (status, v)) in [
+        (
+            "a new checkpoint",
+            server.post(&base, json!({"label": "turn-3"})).await,
+        ),
+        (
+            "a diff with the workspace now",
+            server.get(&format!("{base}/{one}/diff?to=current")).await,
+        ),
+        (
+            "a restore",
+            server
+                .post(&format!("{base}/{one}:restore"), json!({}))
+                .await,
+        ),
+    ] {
+        assert_eq!(
+            (status, v["code"].clone()),
+            (409, json!("sandbox_paused")),
+            "{what}: {v}"
+        );
+    }
+
+    assert_eq!(crate::checkpoints::delete(&server, &sid, one).await, 200);
+    let (status, list) = server.get(&base).await;
+    assert_eq!(status, 200, "{list}");
+    let labels: Vec<&Value> = list["checkpoints"]
+        .as_array()
+        .expect("checkpoints")
+        .iter()
+        .map(|c| &c["label"])
+        .collect();
+    assert_eq!(labels, [&json!("turn-2")], "only the deleted one went");
+
+    assert_eq!(state(&server, &sid).await, "paused", "still paused");
+    assert_eq!(act(&server, &sid, "resume").await.0, 200);
+    let r = server.sh(&sid, "cat a b").await;
+    assert_eq!(
+        r["stdout"], "two\nnew\n",
+        "the workspace was not restored: {r}"
+    );
+}
+
 /// Under gVisor the engine's pause is runsc's (it stops gVisor's sandbox,
 /// its kernel included), and the counting goes on after the resume as
 /// under the default runtime.
