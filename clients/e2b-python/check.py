@@ -520,6 +520,30 @@ def signed_urls():
     a.kill()
 
 
+def sandbox_envs():
+    # Variables given at create reach every command and terminal, under a
+    # command's own; another sandbox has none of them (the control).
+    sbx = Sandbox.create(envs={"GREETING": "hello", "SHARED": "sandbox"})
+    r = sbx.commands.run('echo "$GREETING-$SHARED"')
+    assert r.stdout == "hello-sandbox\n", repr(r.stdout)
+    r = sbx.commands.run('echo "$GREETING-$SHARED"', envs={"SHARED": "command"})
+    assert r.stdout == "hello-command\n", repr(r.stdout)
+    h = sbx.pty.create(PtySize(rows=24, cols=80))
+    sbx.pty.send_stdin(h.pid, b'echo "$GREETING-$SHARED" > pty-env.txt\n')
+    path = f"{HOME}/pty-env.txt"
+    until(
+        "the terminal's file",
+        lambda: sbx.files.exists(path) and sbx.files.read(path) == "hello-sandbox\n",
+    )
+    assert sbx.pty.kill(h.pid) is True
+    plain = Sandbox.create()
+    r = plain.commands.run('echo "[$GREETING]"')
+    assert r.stdout == "[]\n", repr(r.stdout)
+    ok("sandbox_envs", sandbox=sbx.sandbox_id)
+    plain.kill()
+    sbx.kill()
+
+
 SCENARIOS = {
     "smoke": smoke,
     "commands": commands,
@@ -534,6 +558,7 @@ SCENARIOS = {
     "lifetimes": lifetimes,
     "port_hosts": port_hosts,
     "signed_urls": signed_urls,
+    "sandbox_envs": sandbox_envs,
 }
 
 if __name__ == "__main__":

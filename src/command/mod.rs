@@ -35,7 +35,7 @@ use crate::clock::now_ms;
 use crate::config::Config;
 use crate::field_error::FieldError;
 use crate::sandbox::registry::{RunningCommand, Stops};
-use crate::sandbox::{Sandbox, SandboxError, Sandboxes};
+use crate::sandbox::{Sandbox, SandboxError, Sandboxes, environment};
 use changes::Changes;
 use log::{ExitInfo, Shape, Shaped, Shapes, Usage, exit_of};
 use spec::{CommandRequest, CommandSpec};
@@ -451,7 +451,7 @@ impl Commands {
         let spawn = Spawn {
             command: id.clone(),
             argv: spec.argv,
-            env: spec.env,
+            env: environment::under(&sandbox.env, spec.env),
             cwd: spec.cwd,
             stdin: spec.stdin,
             stdin_open: spec.stdin_open,

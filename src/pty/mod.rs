@@ -37,7 +37,7 @@ use crate::clock::now_ms;
 use crate::config::Config;
 use crate::field_error::FieldError;
 use crate::process_fields::{self, SUMMARY_CHARS, no_nul, summarise};
-use crate::sandbox::{Sandbox, SandboxError, Sandboxes};
+use crate::sandbox::{Sandbox, SandboxError, Sandboxes, environment};
 
 /// Sessions that may run in one sandbox at once.
 pub const MAX_RUNNING: u32 = 8;
@@ -307,7 +307,7 @@ impl Ptys {
             pty: crate::id::random_hex(12).map_err(SandboxError::from)?,
             program,
             argv,
-            env,
+            env: environment::under(&sandbox.env, env),
             cwd,
             cols,
             rows,

@@ -14,6 +14,7 @@
 
 use std::collections::{BTreeSet, HashMap};
 
+use super::environment::{self, Environment};
 use super::metadata::{self, Metadata};
 use super::spec::{NetworkMode, Resources};
 
@@ -35,6 +36,8 @@ const PORTS: &str = "sandboxd.ports";
 const ALLOW: &str = "sandboxd.egress.allow";
 /// Each metadata pair is a label: this prefix and its key.
 const METADATA_PREFIX: &str = "sandboxd.metadata.";
+/// Each variable of its environment is a label: this prefix and its name.
+const ENV_PREFIX: &str = "sandboxd.env.";
 
 /// On a warm pool member's container and volume: its record names no
 /// session; a claim volume says whose it is.
@@ -83,6 +86,8 @@ pub struct SandboxRecord {
     pub ports: BTreeSet<u16>,
     /// What its creator gave it (see `metadata`).
     pub metadata: Metadata,
+    /// Its processes' variables (see `environment`).
+    pub env: Environment,
 }
 
 /// Labels for a sandbox's container and volume.
@@ -107,6 +112,11 @@ pub fn encode(instance: &str, r: &SandboxRecord) -> HashMap<String, String> {
             .iter()
             .map(|(k, v)| (format!("{METADATA_PREFIX}{k}"), v.clone())),
     );
+    labels.extend(
+        r.env
+            .iter()
+            .map(|(k, v)| (format!("{ENV_PREFIX}{k}"), v.clone())),
+    );
     labels
 }
 
@@ -117,6 +127,15 @@ fn decode_metadata(labels: &HashMap<String, String>) -> Result<Metadata, String>
         .filter_map(|(k, v)| Some((k.strip_prefix(METADATA_PREFIX)?.to_string(), v.clone())))
         .collect();
     metadata::parse(Some(found)).map_err(|e| format!("label {METADATA_PREFIX}…: {}", e.message))
+}
+
+/// The environment labels read back, checked as a request's are.
+fn decode_env(labels: &HashMap<String, String>) -> Result<Environment, String> {
+    let found: Environment = labels
+        .iter()
+        .filter_map(|(k, v)| Some((k.strip_prefix(ENV_PREFIX)?.to_string(), v.clone())))
+        .collect();
+    environment::parse(Some(found)).map_err(|e| format!("label {ENV_PREFIX}…: {}", e.message))
 }
 
 /// Labels of a warm pool member's container and volume: `r` with an empty
@@ -222,6 +241,8 @@ pub fn decode(labels: &HashMap<String, String>) -> Result<SandboxRecord, String>
         ports,
         // Absent on sandboxes made before metadata: none.
         metadata: decode_metadata(labels)?,
+        // Absent on sandboxes made before environments: none.
+        env: decode_env(labels)?,
     })
 }
 
@@ -254,6 +275,10 @@ mod tests {
                     "a value, with commas = and ünïcode".into(),
                 ),
             ]),
+            env: Environment::from([
+                ("API_KEY".into(), "k=v, with ünïcode".into()),
+                ("EMPTY".into(), String::new()),
+            ]),
         }
     }
 
@@ -268,6 +293,7 @@ mod tests {
             network: NetworkMode::None,
             allow: Vec::new(),
             metadata: Metadata::new(),
+            env: Environment::new(),
             ..record()
         };
         assert_eq!(decode(&encode("inst", &no_ports)), Ok(no_ports.clone()));
@@ -321,15 +347,19 @@ mod tests {
         let mut labels = encode("inst", &record());
         labels.insert(format!("{METADATA_PREFIX}bad key"), "v".into());
         assert!(decode(&labels).unwrap_err().contains(METADATA_PREFIX));
+        let mut labels = encode("inst", &record());
+        labels.insert(format!("{ENV_PREFIX}1BAD"), "v".into());
+        assert!(decode(&labels).unwrap_err().contains(ENV_PREFIX));
     }
 
-    /// A claim carries its session's metadata; a member has none of its
-    /// own.
+    /// A claim carries its session's metadata and environment; a member
+    /// has none of its own.
     #[test]
     fn metadata_travels_with_the_claim() {
         let member = SandboxRecord {
             session_key: String::new(),
             metadata: Metadata::new(),
+            env: Environment::new(),
             ..record()
         };
         let claimed = decode_member(
@@ -338,5 +368,6 @@ mod tests {
         )
         .expect("claimed");
         assert_eq!(claimed.metadata, record().metadata);
+        assert_eq!(claimed.env, record().env);
     }
 }

@@ -5,6 +5,7 @@
 
 pub mod agent_delivery;
 mod agent_link;
+pub mod environment;
 mod foreground;
 mod image;
 pub mod labels;
@@ -441,6 +442,7 @@ impl Sandboxes {
             allow: spec.allow.clone(),
             ports: spec.ports.clone(),
             metadata: spec.metadata.clone(),
+            env: spec.env.clone(),
         };
         let sandbox = Arc::new(Sandbox::from_record(
             &self.config.instance,

@@ -47,6 +47,8 @@ pub struct Sandbox {
     pub allow: Vec<String>,
     /// What its creator gave it; fixed at create (it is in the labels).
     pub metadata: Metadata,
+    /// Its processes' variables; fixed at create (it is in the labels).
+    pub env: super::environment::Environment,
     /// Engine name of the container.
     pub container: String,
     /// Engine name of the workspace volume.
@@ -115,6 +117,7 @@ impl Sandbox {
             network: r.network,
             allow: r.allow.clone(),
             metadata: r.metadata.clone(),
+            env: r.env.clone(),
             container: container_name(instance, &r.id),
             volume: volume_name(instance, &r.id),
             idle_ttl_ms: AtomicU64::new(r.idle_ttl_ms),
@@ -301,6 +304,7 @@ impl Sandbox {
             allow: self.allow.clone(),
             ports: self.ports().allowed,
             metadata: self.metadata.clone(),
+            env: self.env.clone(),
         }
     }
 }
@@ -596,6 +600,7 @@ mod tests {
                 allow: Vec::new(),
                 ports: BTreeSet::new(),
                 metadata: Default::default(),
+                env: Default::default(),
             },
             now_ms(),
         ))

@@ -42,6 +42,13 @@ pub struct CreateSandboxRequest {
     /// Ignored when the session already has its sandbox.
     #[serde(default)]
     pub metadata: Option<std::collections::BTreeMap<String, String>>,
+    /// Variables every process started in the sandbox gets, under its own
+    /// `env` (which wins for a name both give): at most 64, names of
+    /// `A–Z a–z 0–9 _` not starting with a digit, 32 KiB of names and
+    /// values in all. Kept with the sandbox, never shown. Ignored when the
+    /// session already has its sandbox.
+    #[serde(default)]
+    pub env: Option<std::collections::BTreeMap<String, String>>,
     /// Start the workspace as a checkpoint of another sandbox (a fork),
     /// for a session that has no sandbox yet.
     // Taken out by `App` before the sandbox layer parses the request.
@@ -169,6 +176,7 @@ pub struct SandboxSpec {
     pub allow: Vec<String>,
     pub ports: BTreeSet<u16>,
     pub metadata: super::metadata::Metadata,
+    pub env: super::environment::Environment,
 }
 
 fn bad(field: &str, message: impl Into<String>) -> FieldError {
@@ -231,6 +239,7 @@ impl SandboxSpec {
         let (network, allow) = parse_network(req.network, config)?;
         let ports = parse_ports(req.ports.unwrap_or_default(), config.max_ports)?;
         let metadata = super::metadata::parse(req.metadata)?;
+        let env = super::environment::parse(req.env)?;
         Ok(SandboxSpec {
             session_key: req.session_key,
             runtime,
@@ -242,6 +251,7 @@ impl SandboxSpec {
             allow,
             ports,
             metadata,
+            env,
         })
     }
 }

@@ -218,6 +218,16 @@ async fn commands_stream_take_cwd_and_env_fail_with_their_code_and_run_in_the_ba
     assert_eq!(sleeper["killed"], true, "{sleeper}");
 }
 
+/// `Sandbox.create(envs=…)` (the create's `envVars`) reaches every
+/// command and terminal of the sandbox, under a command's own `envs`;
+/// another sandbox made without it has none (the script's control).
+#[tokio::test]
+async fn envs_given_at_create_reach_every_command_and_terminal_under_their_own() {
+    let server = server().await;
+    let lines = check(&server, &["sandbox_envs"]).await;
+    line(&lines, "sandbox_envs");
+}
+
 #[tokio::test]
 async fn files_land_in_the_workspace_and_a_missing_one_is_not_found() {
     let server = server().await;

@@ -21,6 +21,7 @@ mod e2b_js;
 mod egress;
 mod engine;
 mod engine_restart;
+mod environment;
 mod errors;
 mod faults;
 mod files;

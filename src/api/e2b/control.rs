@@ -142,9 +142,7 @@ impl NewSandbox {
     /// What the request asks that the domain cannot do yet, if anything.
     fn unsupported(&self) -> Option<&'static str> {
         let set = |v: &Option<serde_json::Value>| v.as_ref().is_some_and(|v| !v.is_null());
-        if self.env_vars.as_ref().is_some_and(|m| !m.is_empty()) {
-            Some("sandbox-wide environment variables (envVars); pass envs to each command")
-        } else if self
+        if self
             .auto_resume
             .as_ref()
             .is_some_and(|v| v["enabled"] == serde_json::Value::Bool(true))
@@ -355,6 +353,7 @@ pub(super) async fn create(
         network,
         ports: None,
         metadata: req.metadata,
+        env: req.env_vars,
         from: None,
     };
     let created = e2b
@@ -607,7 +606,7 @@ mod tests {
         let parse =
             |v: serde_json::Value| -> NewSandbox { serde_json::from_value(v).expect("body") };
         assert!(
-            parse(serde_json::json!({"templateID": "base", "metadata": {"a": "b"}, "envVars": {}}))
+            parse(serde_json::json!({"templateID": "base", "metadata": {"a": "b"}, "envVars": {"A": "1"}}))
                 .unsupported()
                 .is_none()
         );
@@ -617,7 +616,6 @@ mod tests {
                 .is_none()
         );
         [
-            (serde_json::json!({"envVars": {"A": "1"}}), "envVars"),
             (
                 serde_json::json!({"autoPause": true, "autoResume": {"enabled": true}}),
                 "autoResume",

@@ -172,6 +172,7 @@ fn create_request(
         }),
         ports,
         metadata: None,
+        env: None,
         from: None,
     })
 }

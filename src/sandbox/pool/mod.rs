@@ -479,6 +479,7 @@ impl Sandboxes {
             allow: m.allow.clone(),
             ports: spec.ports.clone(),
             metadata: spec.metadata.clone(),
+            env: spec.env.clone(),
         };
         let instance = &self.config.instance;
         self.engine
@@ -520,6 +521,7 @@ mod tests {
             allow: Vec::new(),
             ports: Default::default(),
             metadata: Default::default(),
+            env: Default::default(),
         };
         Member {
             sandbox: Arc::new(Sandbox::from_record("t", &record, 1)),

@@ -244,6 +244,7 @@ impl Sandboxes {
             allow: Vec::new(),
             ports: Default::default(),
             metadata: Default::default(),
+            env: Default::default(),
         };
         let record = SandboxRecord {
             id: registry::new_sandbox_id()?,
@@ -257,6 +258,7 @@ impl Sandboxes {
             allow: Vec::new(),
             ports: Default::default(),
             metadata: Default::default(),
+            env: Default::default(),
         };
         let sandbox = Arc::new(Sandbox::from_record(
             &self.config.instance,
