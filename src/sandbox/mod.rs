@@ -223,11 +223,14 @@ fn record_created(sandbox_id: &str, session_key: &str, from_pool: bool) {
 /// burst of creates is not told its peers' sandboxes run commands.
 fn at_capacity_message(max: usize, creating: usize) -> String {
     if creating == 0 {
-        format!("all {max} sandboxes are busy running commands; try again when one finishes")
+        format!(
+            "all {max} sandboxes are busy (running commands, or paused) or kept until their \
+             end time; try again when one finishes"
+        )
     } else {
         format!(
-            "all {max} sandbox slots are taken: {} by sandboxes running commands and {creating} \
-             by creates still under way; try again in a moment",
+            "all {max} sandbox slots are taken: {} by sandboxes that are busy or kept until \
+             their end time and {creating} by creates still under way; try again in a moment",
             max.saturating_sub(creating)
         )
     }
@@ -1003,10 +1006,11 @@ mod tests {
     fn a_429_names_creates_under_way_when_they_hold_slots() {
         assert_eq!(
             at_capacity_message(4, 0),
-            "all 4 sandboxes are busy running commands; try again when one finishes"
+            "all 4 sandboxes are busy (running commands, or paused) or kept until their end \
+             time; try again when one finishes"
         );
         let m = at_capacity_message(4, 3);
-        assert!(m.contains("1 by sandboxes running commands"), "{m}");
+        assert!(m.contains("1 by sandboxes that are busy or kept"), "{m}");
         assert!(m.contains("3 by creates still under way"), "{m}");
     }
 }

@@ -264,6 +264,13 @@ impl Sandbox {
             || self.is_paused()
     }
 
+    /// Whether a create at capacity may remove it: not while busy, and
+    /// not before an end time it was given (E2B's `timeout`): its owner
+    /// was told it lives until then.
+    pub fn is_evictable(&self) -> bool {
+        !self.is_busy() && self.lifetime().is_none()
+    }
+
     /// Whether its processes are frozen (see `pause`).
     pub fn is_paused(&self) -> bool {
         self.paused.load(Ordering::Acquire)
@@ -503,7 +510,7 @@ impl SandboxRegistry {
                 .recency
                 .iter()
                 .rev()
-                .find(|(_, s)| !s.is_busy())
+                .find(|(_, s)| s.is_evictable())
                 .map(|(id, _)| id.clone());
             let Some(victim) = victim else {
                 return Err(AtCapacity {

@@ -228,6 +228,59 @@ async fn envs_given_at_create_reach_every_command_and_terminal_under_their_own()
     line(&lines, "sandbox_envs");
 }
 
+/// The ids `/v1/sandboxes` lists (a list is no use of them).
+async fn listed_ids(server: &TestServer) -> Vec<String> {
+    let (status, v) = server.get("/v1/sandboxes").await;
+    assert_eq!(status, 200, "{v}");
+    v["sandboxes"]
+        .as_array()
+        .expect("sandboxes")
+        .iter()
+        .filter_map(|s| s["sandboxId"].as_str().map(String::from))
+        .collect()
+}
+
+/// An E2B sandbox lives until its end time: at `max_concurrent` a create
+/// evicts an idle sandbox without one (the control: eviction happens),
+/// not the E2B one, though it is the least recently used; with only
+/// such sandboxes left, a create is 429.
+#[tokio::test]
+async fn a_sandbox_with_an_end_time_is_not_evicted_before_it() {
+    let server = TestServer::start_with(
+        ServerOptions::default()
+            .token(KEY)
+            .env("SANDBOXD_MAX_CONCURRENT", "2"),
+    )
+    .await;
+    let (first, _) = create(&server, &[]).await;
+    let idle = server.offline_sandbox().await;
+    let third = server.offline_sandbox().await;
+    let now = listed_ids(&server).await;
+    assert!(!now.contains(&idle), "the idle one was evicted: {now:?}");
+    assert!(now.contains(&first), "the E2B one was kept: {now:?}");
+    let (second, _) = create(&server, &[]).await;
+    let now = listed_ids(&server).await;
+    assert!(
+        now.contains(&first) && now.contains(&second) && !now.contains(&third),
+        "{now:?}"
+    );
+    let (status, v) = server
+        .post(
+            "/v1/sandboxes",
+            json!({"sessionKey": "one-more", "network": {"mode": "none"}}),
+        )
+        .await;
+    assert_eq!(
+        (status, v["code"].clone()),
+        (429, json!("at_capacity")),
+        "{v}"
+    );
+    assert!(
+        v["error"].as_str().unwrap_or("").contains("end time"),
+        "{v}"
+    );
+}
+
 #[tokio::test]
 async fn files_land_in_the_workspace_and_a_missing_one_is_not_found() {
     let server = server().await;
