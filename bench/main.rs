@@ -18,19 +18,22 @@
 //! lines measure; ratio = sandboxd / floor column): `core` (round trips,
 //! log stream, background server, files, kill, create/reconnect/stop, port
 //! publish, the agent, sandboxd's memory; then in the same sandboxd
-//! `gvisor`, `egress`, `pty` and `changes`), `shaping`, `mcp`, `e2b`, `pool` and `burst`
-//! (new sessions one after another, at a rate and all at once, each on
-//! sandboxds of its own; then `density`, 100 idle sandboxes). The
-//! engine floor is bench/floor.rs, the requests every section makes
-//! bench/requests.rs, the table and the JSON bench/report.rs.
+//! `gvisor`, `egress`, `pty` and `changes`), `shaping`, `mcp`, `e2b`,
+//! `checkpoints` (a 500 MB workspace's checkpoints, restores, diffs and
+//! forks, on a sandboxd of its own), `pool` and `burst` (new sessions one
+//! after another, at a rate and all at once, each on sandboxds of their
+//! own; then `density`, 100 idle sandboxes). The engine floor is
+//! bench/floor.rs, the requests every section makes bench/requests.rs, the
+//! table and the JSON bench/report.rs.
 //!
 //! `--profile` also prints where the time of an exec round trip goes.
 //! `--only core` (every line but the shaping, MCP, pool, burst and density
-//! sections), `egress`, `gvisor`, `pty`, `pool`, `shaping`, `changes`, `mcp`, `e2b`,
-//! `burst` (with density), `rate` (the burst's rate lines), `sequential` (its
-//! sessions one after another) or `density` measures that alone (for looking
-//! into one figure; the other lines say "not measured", and the JSON
-//! file's name carries the section).
+//! sections), `egress`, `gvisor`, `pty`, `pool`, `shaping`, `changes`,
+//! `checkpoints`, `mcp`, `e2b`, `burst` (with density), `rate` (the
+//! burst's rate lines), `sequential` (its sessions one after another) or
+//! `density` measures that alone (for looking into one figure; the other
+//! lines say "not measured", and the JSON file's name carries the
+//! section).
 //! Not part of `cargo test`.
 
 use std::path::PathBuf;
@@ -67,7 +70,7 @@ fn main() -> std::process::ExitCode {
             Some(section) => Some(section),
             None => {
                 eprintln!(
-                    "bench: --only takes core, egress, gvisor, pty, pool, shaping, changes, mcp, e2b, burst, rate, sequential or density, not {name:?}"
+                    "bench: --only takes core, egress, gvisor, pty, pool, shaping, changes, checkpoints, mcp, e2b, burst, rate, sequential or density, not {name:?}"
                 );
                 return std::process::ExitCode::FAILURE;
             }

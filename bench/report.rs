@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use serde_json::{Value, json};
 
 use crate::sections::{
-    burst, changes, core, density, e2b, egress, gvisor, mcp, pool, pty, shaping,
+    burst, changes, checkpoints, core, density, e2b, egress, gvisor, mcp, pool, pty, shaping,
 };
 use crate::support::{self, Res, median, pct};
 
@@ -20,7 +20,7 @@ pub(crate) const MIB: f64 = 1024.0 * 1024.0;
 
 /// The table, section by section in the order it prints them; the gVisor
 /// lines stand next to the runc lines they compare with.
-const TABLE: [&[Line]; 14] = [
+const TABLE: [&[Line]; 15] = [
     core::EXEC_LINES,
     gvisor::EXEC_LINES,
     core::LOG_LINES,
@@ -29,6 +29,7 @@ const TABLE: [&[Line]; 14] = [
     egress::LINES,
     pty::LINES,
     changes::LINES,
+    checkpoints::LINES,
     mcp::LINES,
     e2b::LINES,
     pool::LINES,

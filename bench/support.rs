@@ -148,16 +148,21 @@ impl Server {
     }
 
     pub fn rss_kb(&self) -> u64 {
-        std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
-            .ok()
-            .and_then(|s| {
-                s.lines()
-                    .find(|l| l.starts_with("VmRSS:"))
-                    .and_then(|l| l.split_whitespace().nth(1))
-                    .and_then(|n| n.parse().ok())
-            })
-            .unwrap_or(0)
+        rss_kb_of(self.child.id())
     }
+}
+
+/// VmRSS of process `pid` in kB (0 when it cannot be read).
+pub fn rss_kb_of(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|n| n.parse().ok())
+        })
+        .unwrap_or(0)
 }
 
 impl Drop for Server {

@@ -5,6 +5,7 @@
 
 pub(crate) mod burst;
 pub(crate) mod changes;
+pub(crate) mod checkpoints;
 pub(crate) mod core;
 pub(crate) mod density;
 pub(crate) mod e2b;
@@ -30,6 +31,8 @@ pub(crate) enum Section {
     Pool,
     Shaping,
     Changes,
+    /// Workspace checkpoints of a 500 MB tree, on a sandboxd of its own.
+    Checkpoints,
     Mcp,
     /// E2B's Python SDK against the REST.
     E2b,
@@ -53,6 +56,7 @@ impl Section {
             "pool" => Some(Section::Pool),
             "shaping" => Some(Section::Shaping),
             "changes" => Some(Section::Changes),
+            "checkpoints" => Some(Section::Checkpoints),
             "mcp" => Some(Section::Mcp),
             "e2b" => Some(Section::E2b),
             "burst" => Some(Section::Burst),
@@ -65,7 +69,8 @@ impl Section {
 }
 
 /// One run's measurements on `server`: `only` that section, or (`None`)
-/// core, then shaping, then MCP, then E2B, then pool, then burst (with density).
+/// core, then shaping, then MCP, then E2B, then checkpoints, then pool,
+/// then burst (with density).
 pub(crate) async fn measure(
     only: Option<Section>,
     server: &Server,
@@ -81,6 +86,7 @@ pub(crate) async fn measure(
             shaping::measure(server, fig).await?;
             mcp::measure(server, fig).await?;
             e2b::measure(floor, fig).await?;
+            checkpoints::measure(floor, fig).await?;
             pool::measure(server, floor, fig, idle_secs).await?;
             burst::measure(server, floor, fig).await
         }
@@ -91,6 +97,7 @@ pub(crate) async fn measure(
         Some(Section::Gvisor) => gvisor::measure(server, floor, fig).await,
         Some(Section::Pty) => pty::measure(server, fig).await,
         Some(Section::Changes) => changes::measure(server, fig).await,
+        Some(Section::Checkpoints) => checkpoints::measure(floor, fig).await,
         Some(Section::Mcp) => mcp::measure(server, fig).await,
         Some(Section::E2b) => e2b::measure(floor, fig).await,
         Some(Section::Burst) => burst::measure(server, floor, fig).await,
