@@ -1,7 +1,8 @@
 //! The fields every request to start a process shares (a command, a
 //! terminal session): strings that become argv or environment (no NUL
 //! bytes), environment variable names, the working directory (in the
-//! workspace), and the one-line summary shown for it. Each refusal names
+//! workspace), the tag a client addresses it by, and the one-line summary
+//! shown for it. Each refusal names
 //! the field, so the 400s of both read the same way.
 
 use std::collections::BTreeMap;
@@ -12,6 +13,8 @@ use crate::workspace_path::WorkspacePath;
 
 /// Longest summary shown, in characters.
 pub const SUMMARY_CHARS: usize = 120;
+/// Longest tag, in bytes.
+pub const MAX_TAG_BYTES: usize = 256;
 
 /// Refuses `s` (the value of `field`) if it holds a NUL byte, which no
 /// argv or environment string can carry.
@@ -58,6 +61,29 @@ pub fn cwd(cwd: Option<String>, config: &Config) -> Result<Option<String>, Field
     Ok(Some(p.absolute(&config.workspace_dir)))
 }
 
+/// The `tag` field: a label the process is found by besides its pid
+/// (E2B's process tag), 1 to [`MAX_TAG_BYTES`] bytes without control
+/// characters, kept as given. Also what a tag read back from an agent must
+/// be.
+pub fn tag(tag: Option<String>) -> Result<Option<String>, FieldError> {
+    let Some(t) = tag else {
+        return Ok(None);
+    };
+    if t.is_empty() || t.len() > MAX_TAG_BYTES {
+        return Err(FieldError::new(
+            "tag",
+            format!("must be 1 to {MAX_TAG_BYTES} bytes (it is {})", t.len()),
+        ));
+    }
+    if t.chars().any(char::is_control) {
+        return Err(FieldError::new(
+            "tag",
+            "must not contain control characters",
+        ));
+    }
+    Ok(Some(t))
+}
+
 /// `argv` run through `shell` as a login shell, so the PATH the profiles
 /// set applies, without re-parsing: the shell gets the argv as `"$@"` and
 /// execs it, so the program is the process (its exit code its own).
@@ -88,6 +114,29 @@ pub fn summarise(text: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tags_are_bounded_printable_and_kept_as_given() {
+        let longest = "é".repeat(MAX_TAG_BYTES / 2);
+        assert_eq!(tag(None), Ok(None));
+        assert_eq!(
+            tag(Some(" web server ".into())),
+            Ok(Some(" web server ".into()))
+        );
+        assert_eq!(tag(Some(longest.clone())), Ok(Some(longest.clone())));
+        for bad in [
+            String::new(),
+            format!("{longest}x"),
+            "a\nb".into(),
+            "a\0b".into(),
+        ] {
+            assert_eq!(
+                tag(Some(bad.clone())).map_err(|e| e.field),
+                Err("tag".into()),
+                "{bad:?}"
+            );
+        }
+    }
 
     #[test]
     fn env_names_and_values_are_checked_and_named() {

@@ -91,6 +91,7 @@ pub(crate) struct Pty {
     id: String,
     summary: String,
     created_at_ms: u64,
+    tag: Option<String>,
     screen: RefCell<Screen>,
     /// Bumped on every change (output, the end).
     changed: watch::Sender<u64>,
@@ -112,6 +113,7 @@ impl Pty {
             summary: self.summary.clone(),
             created_at_ms: self.created_at_ms,
             ended: self.ended.get(),
+            tag: self.tag.clone(),
         }
     }
 
@@ -311,6 +313,7 @@ impl Ptys {
             id: open.pty.clone(),
             summary: open.summary.clone(),
             created_at_ms: open.created_at_ms,
+            tag: open.tag.clone(),
             screen: RefCell::new(Screen::new(SCROLLBACK)),
             changed: watch::channel(0).0,
             ended: Cell::new(None),

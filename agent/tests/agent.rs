@@ -190,6 +190,7 @@ fn bash(id: &str, script: &str, timeout_ms: u64) -> Spawn {
             timeout_ms,
             shape: None,
             changes: false,
+            tag: None,
         },
     }
 }
@@ -482,6 +483,7 @@ impl Client {
                 summary: argv.join(" "),
                 created_at_ms: 0,
                 max_running: 2,
+                tag: Some(format!("tag of {id}")),
             }))
             .await;
         assert!(matches!(reply, Reply::Spawned { .. }), "{reply:?}");
@@ -577,6 +579,8 @@ async fn a_terminal_session_is_a_terminal_and_ends_with_its_program() {
         Reply::Ptys(list) => {
             assert_eq!(list.len(), 1);
             assert_eq!(list[0].ended, Some(ended));
+            let tag = format!("tag of {}", list[0].pty);
+            assert_eq!(list[0].tag.as_deref(), Some(tag.as_str()), "kept as opened");
         }
         other => panic!("list: {other:?}"),
     }
@@ -642,6 +646,7 @@ async fn a_bare_session_is_a_login_shell_and_ctrl_c_reaches_its_program() {
             summary: String::new(),
             created_at_ms: 0,
             max_running: 2,
+            tag: None,
         }))
         .await;
     assert!(

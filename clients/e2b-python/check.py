@@ -6,6 +6,7 @@ gave; the Rust side checks the same sandbox through sandboxd's own API.
 Any failed assertion or exception ends the run with a traceback."""
 
 import asyncio
+import base64
 import http.client
 import json
 import os
@@ -250,6 +251,171 @@ def stdin_pids_connect():
     assert isinstance(e, CommandExitException), classes(e)
     assert e.exit_code == 4 and "late" in e.stdout, (e.exit_code, e.stdout)
     ok("connect", exit_code=e.exit_code)
+
+
+def envd(sbx, method, msg):
+    """A unary envd call as the SDKs make it (Connect's JSON): the HTTP
+    status and the answer. For what neither SDK sends (a process's tag)."""
+    addr, port, _ = sandboxd()
+    conn = http.client.HTTPConnection(addr, port, timeout=30)
+    try:
+        conn.request("POST", f"/{method}", body=json.dumps(msg).encode(), headers={
+            "Content-Type": "application/json",
+            "Connect-Protocol-Version": "1",
+            "E2b-Sandbox-Id": sbx.sandbox_id,
+            "X-Access-Token": sbx._envd_access_token,
+        })
+        r = conn.getresponse()
+        return r.status, json.loads(r.read() or b"null")
+    finally:
+        conn.close()
+
+
+class EnvdStream:
+    """A streaming envd call (`Start`, `Connect`; `StreamInput` with a list
+    of messages) in Connect's envelopes, read one message at a time."""
+
+    def __init__(self, sbx, method, msg):
+        addr, port, _ = sandboxd()
+        self.conn = http.client.HTTPConnection(addr, port, timeout=30)
+        msgs = [json.dumps(m).encode() for m in (msg if isinstance(msg, list) else [msg])]
+        body = b"".join(b"\0" + len(m).to_bytes(4, "big") + m for m in msgs)
+        self.conn.request("POST", f"/{method}", body=body,
+                          headers={
+                              "Content-Type": "application/connect+json",
+                              "E2b-Sandbox-Id": sbx.sandbox_id,
+                              "X-Access-Token": sbx._envd_access_token,
+                          })
+        self.resp = self.conn.getresponse()
+        assert self.resp.status == 200, self.resp.status
+        self.end = None
+
+    def event(self):
+        """The next event (or message) but keepalives; None once the
+        stream ended (its end message is then in `end`)."""
+        while self.end is None:
+            head = self.resp.read(5)
+            assert len(head) == 5, head
+            data = json.loads(self.resp.read(int.from_bytes(head[1:], "big")))
+            if head[0] & 2:
+                self.end = data
+            elif "keepalive" not in data.get("event", {}):
+                return data.get("event", data)
+        return None
+
+    def close(self):
+        self.conn.close()
+
+
+def start_tagged(sbx, tag, script=None, **more):
+    """`Process/Start` with `tag` (bash -l -c SCRIPT, or a terminal): the
+    pid, or the error that ended the stream."""
+    process = {"cmd": "/bin/bash", "args": ["-l", "-c", script] if script else ["-l"], "envs": {}}
+    s = EnvdStream(sbx, "process.Process/Start", {"process": process, "tag": tag, **more})
+    try:
+        first = s.event()
+        return first["start"]["pid"] if first else s.end["error"]
+    finally:
+        s.close()
+
+
+def tags():
+    sbx = Sandbox.create()
+    ok("created", sandbox=sbx.sandbox_id)
+    by_tag = lambda t: {"tag": t}  # noqa: E731
+    server = start_tagged(sbx, "web server", "sleep 300")
+    reader = start_tagged(sbx, "reader", "cat", stdin=True)
+    plain = sbx.commands.run("sleep 301", background=True)
+    term = start_tagged(sbx, "term", pty={"size": {"rows": 24, "cols": 80}})
+    # The SDK's list shows each process's tag; one started without has none.
+    listed = {p.pid: p.tag for p in sbx.commands.list()}
+    want = {server: "web server", reader: "reader", plain.pid: None, term: "term"}
+    assert all(listed.get(pid, "missing") == t for pid, t in want.items()), (want, listed)
+    ok("listed", tags={str(k): v for k, v in listed.items()})
+
+    # Connect, SendInput and CloseStdin by tag reach the tagged command.
+    follow = EnvdStream(sbx, "process.Process/Connect", {"process": by_tag("reader")})
+    assert follow.event() == {"start": {"pid": reader}}, "connect by tag follows its command"
+    data = base64.b64encode(b"hello by tag\n").decode()
+    st, body = envd(sbx, "process.Process/SendInput",
+                    {"process": by_tag("reader"), "input": {"stdin": data}})
+    assert st == 200, (st, body)
+    st, body = envd(sbx, "process.Process/CloseStdin", {"process": by_tag("reader")})
+    assert st == 200, (st, body)
+    out = b""
+    while (e := follow.event()) and "end" not in e:
+        out += base64.b64decode(e["data"]["stdout"])
+    follow.close()
+    assert out == b"hello by tag\n" and e["end"]["exitCode"] == 0, (out, e, follow.end)
+    ok("connect_input_close", stdout=out.decode(), exit_code=e["end"]["exitCode"])
+    # StreamInput by tag: its input in order.
+    streamed = start_tagged(sbx, "streamed", "cat", stdin=True)
+    pieces = [{"data": {"input": {"stdin": base64.b64encode(p).decode()}}} for p in [b"one\n", b"two\n"]]
+    s = EnvdStream(sbx, "process.Process/StreamInput", [{"start": {"process": by_tag("streamed")}}] + pieces)
+    answer, after = s.event(), s.event()
+    s.close()
+    assert answer == {} and after is None and "error" not in s.end, (answer, s.end)
+    st, body = envd(sbx, "process.Process/CloseStdin", {"process": by_tag("streamed")})
+    assert st == 200, (st, body)
+    r = sbx.commands.connect(streamed).wait()
+    assert r.stdout == "one\ntwo\n", repr(r.stdout)
+    ok("stream_input", stdout=r.stdout)
+
+    # A session by tag: a new size (Update), then keys (SendInput).
+    st, body = envd(sbx, "process.Process/Update",
+                    {"process": by_tag("term"), "pty": {"size": {"rows": 30, "cols": 100}}})
+    assert st == 200, (st, body)
+    keys = base64.b64encode(f"stty size > {HOME}/size.txt\n".encode()).decode()
+    st, body = envd(sbx, "process.Process/SendInput",
+                    {"process": by_tag("term"), "input": {"pty": keys}})
+    assert st == 200, (st, body)
+    until("the session's size", lambda: sbx.files.exists(f"{HOME}/size.txt")
+          and sbx.files.read(f"{HOME}/size.txt") == "30 100\n")
+    ok("session_by_tag", size="30 100")
+
+    # SendSignal by tag ends the tagged command, and only it; once it has
+    # ended its tag answers not_found (as in envd), shaped like an unknown
+    # pid's. The same call by pid is the positive control.
+    st, body = envd(sbx, "process.Process/SendSignal",
+                    {"process": by_tag("web server"), "signal": "SIGNAL_SIGKILL"})
+    assert st == 200, (st, body)
+    until("the tagged sleep to end", lambda: server not in [p.pid for p in sbx.commands.list()])
+    assert plain.pid in [p.pid for p in sbx.commands.list()], "the untagged one runs on"
+    gone_tag = envd(sbx, "process.Process/SendSignal",
+                    {"process": by_tag("web server"), "signal": "SIGNAL_SIGKILL"})
+    unknown = EnvdStream(sbx, "process.Process/Connect", {"process": by_tag("no such tag")})
+    assert unknown.event() is None, "no process to follow"
+    unknown.close()
+    unknown_tag = unknown.end["error"]
+    unknown_pid = envd(sbx, "process.Process/SendSignal",
+                       {"process": {"pid": 999999}, "signal": "SIGNAL_SIGKILL"})
+    by_pid = envd(sbx, "process.Process/SendSignal",
+                  {"process": {"pid": plain.pid}, "signal": "SIGNAL_SIGKILL"})
+    assert by_pid[0] == 200, by_pid
+    until("the sleep killed by pid to end", lambda: plain.pid not in [p.pid for p in sbx.commands.list()])
+    ok("not_found", gone_tag=gone_tag, unknown_tag=unknown_tag, unknown_pid=unknown_pid,
+       by_pid=by_pid[0])
+
+    # Two running processes with one tag: the one started last is meant.
+    first = start_tagged(sbx, "twin", "sleep 302")
+    second = start_tagged(sbx, "twin", "sleep 303")
+    st, body = envd(sbx, "process.Process/SendSignal",
+                    {"process": by_tag("twin"), "signal": "SIGNAL_SIGTERM"})
+    assert st == 200, (st, body)
+    until("the later twin to end", lambda: second not in [p.pid for p in sbx.commands.list()])
+    left = {p.pid: p.tag for p in sbx.commands.list()}
+    assert left.get(first) == "twin", (first, left)
+    ok("duplicates", first=first, second=second)
+
+    # Refused: an empty or over-long tag, a selector with both.
+    bad = [start_tagged(sbx, "", "echo refused-tag"), start_tagged(sbx, "x" * 257, "echo refused-tag"),
+           start_tagged(sbx, "a\nb", "true", pty={"size": {"rows": 24, "cols": 80}}),
+           envd(sbx, "process.Process/SendSignal",
+                {"process": {"pid": first, "tag": "twin"}, "signal": "SIGNAL_SIGKILL"})[1]]
+    ok("invalid", errors=bad)
+    # Left running for the restart the Rust side makes.
+    keeper = start_tagged(sbx, "keeper", "sleep 304")
+    ok("left", keeper=keeper, term=term, token=sbx._envd_access_token)
 
 
 def files_more():
@@ -552,6 +718,7 @@ SCENARIOS = {
     "lifecycle": lifecycle,
     "errors": errors,
     "stdin_pids_connect": stdin_pids_connect,
+    "tags": tags,
     "files_more": files_more,
     "watch_async": lambda: asyncio.run(watch_async()),
     "pause_metadata": pause_metadata,

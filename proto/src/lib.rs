@@ -37,7 +37,7 @@ pub use watch::{
 };
 
 /// Bumped on any change to the types below.
-pub const VERSION: u32 = 9;
+pub const VERSION: u32 = 10;
 
 /// Largest piece of bulk data (file content, a tail) in one response.
 pub const CHUNK: usize = 1024 * 1024;
@@ -274,6 +274,9 @@ pub struct PtyOpen {
     pub created_at_ms: u64,
     /// Refused with [`FailureKind::TooMany`] when this many run already.
     pub max_running: u32,
+    /// The label a client addresses it by (E2B's process tag), kept with
+    /// it and listed in [`PtyState`].
+    pub tag: Option<String>,
 }
 
 /// Settings of this sandboxd, sent on every connection.
@@ -309,6 +312,9 @@ pub struct CommandMeta {
     pub shape: Option<ShapeSpec>,
     /// It was started with [`Spawn::changes`].
     pub changes: bool,
+    /// The label a client addresses it by besides its pid (E2B's process
+    /// tag).
+    pub tag: Option<String>,
 }
 
 /// Characters of a shaped stream kept for the line that says what was
@@ -673,6 +679,8 @@ pub struct PtyState {
     pub summary: String,
     pub created_at_ms: u64,
     pub ended: Option<PtyEnded>,
+    /// [`PtyOpen::tag`].
+    pub tag: Option<String>,
 }
 
 /// How a session's process ended: its exit code, or the signal that ended
@@ -887,6 +895,7 @@ mod tests {
                         raw: false,
                     }),
                     changes: true,
+                    tag: Some("server".into()),
                 },
             }),
         };

@@ -124,6 +124,9 @@ pub struct Command {
     /// The pid of its own process in the sandbox, as its agent said
     /// (`None`: it could not start, or its agent did not say).
     pub pid: Option<u32>,
+    /// The label a client finds it by besides its pid (E2B's process
+    /// tag); its agent keeps it, so it survives a restart of sandboxd.
+    pub tag: Option<String>,
     finished: watch::Sender<Option<Finished>>,
     /// Why sandboxd ended it (the sandbox stopped or died under it): the
     /// `error` record readers get after whatever the agent still gave.
@@ -365,7 +368,19 @@ impl Commands {
         sandbox_id: &str,
         req: CommandRequest,
     ) -> CommandResult<Arc<Command>> {
-        self.start_with_tails(sandbox_id, req, false).await
+        self.start_with_tails(sandbox_id, req, false, None).await
+    }
+
+    /// Starts a command carrying `tag` (see [`Command::tag`] and
+    /// [`Self::tagged`]); returns once the process runs.
+    pub async fn start_tagged(
+        &self,
+        sandbox_id: &str,
+        req: CommandRequest,
+        tag: Option<String>,
+    ) -> CommandResult<Arc<Command>> {
+        let tag = crate::process_fields::tag(tag)?;
+        self.start_with_tails(sandbox_id, req, false, tag).await
     }
 
     /// Runs a command to its end and returns each stream's tail.
@@ -387,7 +402,7 @@ impl Commands {
         sandbox_id: &str,
         req: CommandRequest,
     ) -> CommandResult<Arc<Command>> {
-        self.start_with_tails(sandbox_id, req, true).await
+        self.start_with_tails(sandbox_id, req, true, None).await
     }
 
     /// Waits for the end of a command [`Self::start_run`] started and
@@ -429,6 +444,7 @@ impl Commands {
         sandbox_id: &str,
         req: CommandRequest,
         keep_tails: bool,
+        tag: Option<String>,
     ) -> CommandResult<Arc<Command>> {
         let spec = CommandSpec::parse(req, &self.config)?;
         let sandbox = self.sandboxes.lookup(sandbox_id).await?;
@@ -468,6 +484,7 @@ impl Commands {
                 timeout_ms,
                 shape: spec.shape,
                 changes: spec.changes.is_some(),
+                tag: tag.clone(),
             },
         };
         let limit = self.config.agent_timeout;
@@ -504,6 +521,7 @@ impl Commands {
             started_at,
             timeout_ms,
             pid,
+            tag,
             finished: watch::channel(None).0,
             ended_by_sandboxd: Mutex::new(None),
             boot,
@@ -635,6 +653,23 @@ impl Commands {
             .collect())
     }
 
+    /// The running command of `sandbox_id` tagged `tag`: the one started
+    /// last when several are (tags need not be unique, as in envd). A
+    /// command that has ended no longer answers to its tag.
+    pub async fn tagged(&self, sandbox_id: &str, tag: &str) -> CommandResult<Option<Arc<Command>>> {
+        let sandbox = self.sandboxes.lookup(sandbox_id).await?;
+        Ok(self
+            .all
+            .iter()
+            .filter(|c| {
+                c.sandbox_id == sandbox.id
+                    && c.tag.as_deref() == Some(tag)
+                    && c.finished().is_none()
+            })
+            .map(|c| Arc::clone(&c))
+            .max_by(|a, b| (a.started_at, &a.id).cmp(&(b.started_at, &b.id))))
+    }
+
     /// What the sandbox's agent lists, if it answers (and which agent).
     async fn agent_states(&self, sandbox: &Arc<Sandbox>) -> Option<(u64, Vec<CommandState>)> {
         let conn = sandbox.live_agent()?;
@@ -700,6 +735,8 @@ impl Commands {
                     .timeout_ms
                     .min(u64::try_from(self.config.max_timeout.as_millis()).unwrap_or(u64::MAX)),
                 pid: (state.pid != 0).then_some(state.pid),
+                // Checked like a request's; one that is not is dropped.
+                tag: crate::process_fields::tag(state.meta.tag).ok().flatten(),
                 finished: watch::channel(state.ended.as_ref().map(Finished::from_agent)).0,
                 ended_by_sandboxd: Mutex::new(None),
                 boot: conn.boot(),

@@ -122,6 +122,9 @@ pub struct PtyInfo {
     /// Viewers attached now.
     pub viewers: usize,
     pub ended: Option<PtyEnded>,
+    /// The label a client finds it by (E2B's process tag), kept by its
+    /// agent.
+    pub tag: Option<String>,
 }
 
 /// An attach ticket.
@@ -293,6 +296,18 @@ impl Ptys {
 
     /// Starts a session; answers its id.
     pub async fn open(&self, sandbox_id: &str, req: PtyRequest) -> PtyResult<String> {
+        self.open_tagged(sandbox_id, req, None).await
+    }
+
+    /// Starts a session carrying `tag` (see [`PtyInfo::tag`] and
+    /// [`Self::tagged`]); answers its id.
+    pub async fn open_tagged(
+        &self,
+        sandbox_id: &str,
+        req: PtyRequest,
+        tag: Option<String>,
+    ) -> PtyResult<String> {
+        let tag = process_fields::tag(tag)?;
         let cols = window("cols", req.cols, 80)?;
         let rows = window("rows", req.rows, 24)?;
         let (program, argv, summary) = program_of(req.command)?;
@@ -314,6 +329,7 @@ impl Ptys {
             summary,
             created_at_ms: now_ms(),
             max_running: MAX_RUNNING,
+            tag,
         };
         let limit = self.config.agent_timeout;
         let opened = self
@@ -433,10 +449,23 @@ impl Ptys {
                 created_at: s.created_at_ms.min(now),
                 pty_id: s.pty,
                 ended: s.ended,
+                // Checked like a request's; one that is not is dropped.
+                tag: process_fields::tag(s.tag).ok().flatten(),
             })
             .collect();
         list.sort_by(|a, b| (a.created_at, &a.pty_id).cmp(&(b.created_at, &b.pty_id)));
         Ok(list)
+    }
+
+    /// The running session of `sandbox_id` tagged `tag`: the one opened
+    /// last when several are (tags need not be unique, as in envd). A
+    /// session that has ended no longer answers to its tag.
+    pub async fn tagged(&self, sandbox_id: &str, tag: &str) -> PtyResult<Option<PtyInfo>> {
+        Ok(self
+            .list(sandbox_id)
+            .await?
+            .into_iter()
+            .rfind(|p| p.ended.is_none() && p.tag.as_deref() == Some(tag)))
     }
 
     /// The agent's list, checked: ids of our form, bounded.

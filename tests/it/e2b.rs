@@ -524,6 +524,133 @@ async fn stdin_reaches_a_command_pids_are_the_sandboxs_and_connect_follows_a_run
     assert_eq!(sleeper["pid"].as_u64(), Some(pid), "{sleeper}");
 }
 
+/// The tagged processes in the answer of envd's `List`, by pid.
+async fn listed_tags(server: &TestServer, sid: &str, token: &str) -> Vec<(u64, Value)> {
+    let (status, listed) = envd(server, sid, token, "process.Process/List", json!({})).await;
+    assert_eq!(status, 200, "{listed}");
+    listed["processes"]
+        .as_array()
+        .map(|ps| {
+            ps.iter()
+                .map(|p| (p["pid"].as_u64().unwrap_or(0), p["tag"].clone()))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Process tags, which neither SDK sets: check.py starts tagged commands
+/// and a tagged session with raw `Start` calls, reads the tags back
+/// through the SDK's `list()` and addresses the processes by tag with
+/// raw calls; here its answers are checked, and the tags of what it left
+/// running are checked again after a restart of sandboxd.
+#[tokio::test]
+async fn a_tag_names_a_process_for_every_call_and_survives_a_restart() {
+    let mut server = server().await;
+    let lines = check(&server, &["tags"]).await;
+    let sid = sandbox_of(&lines);
+    assert_eq!(
+        line(&lines, "connect_input_close")["stdout"],
+        "hello by tag\n"
+    );
+    assert_eq!(line(&lines, "session_by_tag")["size"], "30 100");
+    line(&lines, "duplicates");
+    let not_found = line(&lines, "not_found");
+    let error = |v: &Value| (v["code"].clone(), v["message"].clone());
+    assert_eq!(not_found["gone_tag"][0], 404, "{not_found}");
+    assert_eq!(
+        error(&not_found["gone_tag"][1]),
+        (
+            json!("not_found"),
+            json!("process with tag web server not found")
+        )
+    );
+    assert_eq!(
+        error(&not_found["unknown_tag"]),
+        (
+            json!("not_found"),
+            json!("process with tag no such tag not found")
+        )
+    );
+    assert_eq!(not_found["unknown_pid"][0], 404, "{not_found}");
+    assert_eq!(
+        error(&not_found["unknown_pid"][1]),
+        (
+            json!("not_found"),
+            json!("process with pid 999999 not found")
+        )
+    );
+    assert_eq!(not_found["by_pid"], 200, "the positive control");
+    let invalid = line(&lines, "invalid")["errors"].clone();
+    let invalid = invalid.as_array().expect("errors");
+    assert_eq!(invalid.len(), 4, "{invalid:?}");
+    for (e, names) in invalid
+        .iter()
+        .zip(["tag: ", "tag: ", "tag: ", "a pid or a tag, not both"])
+    {
+        assert_eq!(e["code"], "invalid_argument", "{e}");
+        assert!(
+            e["message"].as_str().is_some_and(|m| m.contains(names)),
+            "{e}"
+        );
+    }
+
+    // What was refused did not start; the summaries match as they read
+    // (the keeper's is the positive control).
+    let (status, listed) = server.get(&format!("/v1/sandboxes/{sid}/commands")).await;
+    assert_eq!(status, 200, "{listed}");
+    let summaries: Vec<&str> = listed["commands"]
+        .as_array()
+        .map(|c| c.iter().filter_map(|c| c["summary"].as_str()).collect())
+        .unwrap_or_default();
+    assert!(
+        summaries.contains(&"sleep 304") && !summaries.contains(&"echo refused-tag"),
+        "{summaries:?}"
+    );
+    let (status, ptys) = server.get(&format!("/v1/sandboxes/{sid}/ptys")).await;
+    assert_eq!(status, 200, "{ptys}");
+    assert_eq!(
+        ptys["ptys"].as_array().map(Vec::len),
+        Some(1),
+        "only the session with a valid tag opened: {ptys}"
+    );
+
+    let left = line(&lines, "left");
+    let (keeper, term) = (left["keeper"].as_u64(), left["term"].as_u64());
+    let token = left["token"]
+        .as_str()
+        .expect("the access token")
+        .to_string();
+    server.restart().await;
+    let tags = listed_tags(&server, &sid, &token).await;
+    assert!(
+        tags.contains(&(keeper.unwrap_or(0), json!("keeper")))
+            && tags.contains(&(term.unwrap_or(0), json!("term"))),
+        "both keep their tags across the restart: {tags:?}"
+    );
+    let (status, body) = envd(
+        &server,
+        &sid,
+        &token,
+        "process.Process/SendSignal",
+        json!({"process": {"tag": "keeper"}, "signal": "SIGNAL_SIGKILL"}),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    harness::eventually(
+        Duration::from_secs(30),
+        "the keeper ended by its tag",
+        || {
+            let (server, sid, token) = (&server, &sid, &token);
+            async move {
+                let tags = listed_tags(server, sid, token).await;
+                !tags.iter().any(|(pid, _)| Some(*pid) == keeper)
+                    && tags.contains(&(term.unwrap_or(0), json!("term")))
+            }
+        },
+    )
+    .await;
+}
+
 #[tokio::test]
 async fn files_move_make_directories_and_are_watched_by_polling_and_by_stream() {
     let server = server().await;

@@ -9,12 +9,17 @@
 //! running command (from its first output) or session again; `List`,
 //! `SendSignal`, `SendInput` (a command's stdin or a session's keys),
 //! `StreamInput` (the same input as one client stream, in order),
-//! `CloseStdin` and `Update` (a session's size) address them by pid.
+//! `CloseStdin` and `Update` (a session's size) address them by pid or by
+//! tag.
 //!
 //! A command's pid is its process's pid in the sandbox, as the agent
 //! reported it. A terminal session's is 31 bits of SHA-256 of its id (the
 //! domain keeps no pid for it): the same after a sandboxd restart, with no
-//! map kept. Tags answer `unimplemented`.
+//! map kept. A tag given at `Start` is kept by the domain with the command
+//! or session (`Commands::start_tagged`, `Ptys::open_tagged`), so it lasts
+//! as long as they do. As in envd, tags need not be unique and only a
+//! running process answers to its tag; of several, the one started last
+//! is meant.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -72,14 +77,56 @@ impl Process {
 impl E2b {
     /// The command or session a selector names.
     async fn find(&self, sandbox_id: &str, sel: &ProcessSelector) -> Result<Process, ConnectError> {
-        if sel.tag.is_some() {
-            return Err(ConnectError::unimplemented(
-                "selecting a process by tag (tags need a place in the domain)",
-            ));
+        match (sel.pid, &sel.tag) {
+            (Some(pid), None) => self.find_pid(sandbox_id, pid).await,
+            (None, Some(tag)) => self.find_tagged(sandbox_id, tag).await,
+            (Some(_), Some(_)) => Err(ConnectError::new(
+                Code::InvalidArgument,
+                "process: a pid or a tag, not both",
+            )),
+            (None, None) => Err(ConnectError::new(
+                Code::InvalidArgument,
+                "process: a pid or a tag is required",
+            )),
         }
-        let pid = sel.pid.ok_or_else(|| {
-            ConnectError::new(Code::InvalidArgument, "process: a pid is required")
-        })?;
+    }
+
+    /// The running command or session tagged `tag`: of a command and a
+    /// session that both are, the one started last.
+    async fn find_tagged(&self, sandbox_id: &str, tag: &str) -> Result<Process, ConnectError> {
+        let command = self
+            .app
+            .commands
+            .tagged(sandbox_id, tag)
+            .await
+            .map_err(failed(sandbox_id))?
+            .map(|c| {
+                let pid = c.pid.unwrap_or_else(|| session_pid(&c.id));
+                let id = c.id.clone();
+                (c.started_at, Process::Command { id, pid })
+            });
+        let session = self
+            .app
+            .ptys
+            .tagged(sandbox_id, tag)
+            .await
+            .map_err(failed(sandbox_id))?
+            .map(|p| {
+                let pid = session_pid(&p.pty_id);
+                (p.created_at, Process::Session { id: p.pty_id, pid })
+            });
+        command
+            .into_iter()
+            .chain(session)
+            .max_by_key(|(started, _)| *started)
+            .map(|(_, process)| process)
+            .ok_or_else(|| {
+                ConnectError::new(Code::NotFound, format!("process with tag {tag} not found"))
+            })
+    }
+
+    /// The command or session with E2B pid `pid`.
+    async fn find_pid(&self, sandbox_id: &str, pid: u32) -> Result<Process, ConnectError> {
         let commands = self
             .app
             .commands
@@ -187,14 +234,12 @@ pub(super) async fn start(
     call: Streaming<StartRequest>,
 ) -> Response {
     let (req, timing) = (call.message, call.timing);
-    if req.tag.is_some() {
-        return stream_error(&ConnectError::unimplemented(
-            "process tags (they need a place in the domain)",
-        ));
-    }
     let started = match req.pty {
-        Some(pty) => start_session(&e2b, &sid, req.process, pty).await,
-        None => start_command(&e2b, &sid, req.process, req.stdin.unwrap_or(false)).await,
+        Some(pty) => start_session(&e2b, &sid, req.process, pty, req.tag).await,
+        None => {
+            let stdin = req.stdin.unwrap_or(false);
+            start_command(&e2b, &sid, req.process, stdin, req.tag).await
+        }
     };
     match started {
         Ok(process) => follow(e2b, sid, process, timing),
@@ -207,6 +252,7 @@ async fn start_command(
     sid: &str,
     p: ProcessConfig,
     stdin: bool,
+    tag: Option<String>,
 ) -> Result<Process, ConnectError> {
     let config = &e2b.app.config;
     let req = CommandRequest {
@@ -232,7 +278,7 @@ async fn start_command(
     let cmd = e2b
         .app
         .commands
-        .start(sid, req)
+        .start_tagged(sid, req, tag)
         .await
         .map_err(failed(sid))?;
     // A command that could not start has no pid; it ends at once (126 or
@@ -249,6 +295,7 @@ async fn start_session(
     sid: &str,
     p: ProcessConfig,
     pty: super::wire::Pty,
+    tag: Option<String>,
 ) -> Result<Process, ConnectError> {
     let size = pty.size.unwrap_or_default();
     let dim = |v: u32| (v != 0).then_some(i64::from(v));
@@ -261,7 +308,12 @@ async fn start_session(
         cols: dim(size.cols),
         rows: dim(size.rows),
     };
-    let id = e2b.app.ptys.open(sid, req).await.map_err(failed(sid))?;
+    let id = e2b
+        .app
+        .ptys
+        .open_tagged(sid, req, tag)
+        .await
+        .map_err(failed(sid))?;
     let pid = session_pid(&id);
     Ok(Process::Session { id, pid })
 }
@@ -456,9 +508,9 @@ pub(super) async fn list(
     call: Unary<serde_json::Value>,
 ) -> Response {
     connect::unary(call.deadline, async move {
-        let info = |pid: u32, summary: String| ProcessInfo {
+        let info = |pid: u32, tag: Option<String>, summary: String| ProcessInfo {
             pid,
-            tag: None,
+            tag,
             // What sandboxd keeps of a process is its summary line.
             config: ProcessConfig {
                 cmd: summary,
@@ -473,14 +525,17 @@ pub(super) async fn list(
             .map_err(failed(&sid))?
             .into_iter()
             .filter(|c| c.command.finished().is_none())
-            .filter_map(|c| Some(info(c.command.pid?, c.command.summary.clone())))
+            .filter_map(|c| {
+                let (tag, summary) = (c.command.tag.clone(), c.command.summary.clone());
+                Some(info(c.command.pid?, tag, summary))
+            })
             .collect();
         let sessions = e2b.app.ptys.list(&sid).await.map_err(failed(&sid))?;
         processes.extend(
             sessions
                 .into_iter()
                 .filter(|p| p.ended.is_none())
-                .map(|p| info(session_pid(&p.pty_id), p.command)),
+                .map(|p| info(session_pid(&p.pty_id), p.tag, p.command)),
         );
         Ok(ListResponse { processes })
     })
