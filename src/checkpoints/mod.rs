@@ -27,6 +27,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use dashmap::DashMap;
+use futures_util::StreamExt;
+use futures_util::stream::FuturesUnordered;
 use sandboxd_proto::{FailureKind, ShapeSpec};
 
 use crate::agent_client::AgentError;
@@ -38,6 +40,11 @@ use manifest::{Entry, Manifest, TreeDiff, VERSION, compare};
 use store::{Store, StoreError};
 use text_diff::Reader;
 pub use text_diff::{DEFAULT_CHARS as TEXT_DIFF_DEFAULT_CHARS, DiffText};
+
+/// Files a checkpoint reads into the store at once. Each holds at most
+/// a few of the agent's pieces in memory (see `tree`), so a checkpoint
+/// of large files holds about this many MiB times four.
+const FILES_IN_FLIGHT: usize = 8;
 
 /// Most entries of each list of a diff that are shown; all are counted.
 pub const MAX_DIFF_SHOWN: usize = 1000;
@@ -444,28 +451,63 @@ impl Checkpoints {
                 let known = previous.map(|m| m.entries.as_slice()).unwrap_or_default();
                 let known: std::collections::HashMap<&str, &Entry> =
                     known.iter().map(|e| (e.path.as_str(), e)).collect();
-                for e in entries.iter_mut().filter(|e| e.kind == EntryKind::File) {
+                let mut to_read = Vec::new();
+                for (i, e) in entries.iter_mut().enumerate() {
+                    if e.kind != EntryKind::File {
+                        continue;
+                    }
                     let same = known.get(e.path.as_str()).filter(|k| {
                         k.kind == EntryKind::File
                             && (k.size, k.mtime_ns, k.ctime_ns, k.ino)
                                 == (e.size, e.mtime_ns, e.ctime_ns, e.ino)
                             && k.sha256.as_ref().is_some_and(|h| present.contains(h))
                     });
-                    if let Some(k) = same {
-                        e.sha256.clone_from(&k.sha256);
-                        continue;
+                    match same {
+                        Some(k) => e.sha256.clone_from(&k.sha256),
+                        None => to_read.push(i),
                     }
-                    let stored = agent.store_file(store, e).await?;
-                    if stored.new {
-                        added.push(stored.sha256.clone());
-                        new_bytes += stored.size;
-                        if stored_before + new_bytes > max_bytes {
-                            return Err(CheckpointError::StoreFull(format!(
-                                "the checkpoint store would pass checkpoint_max_store_bytes ({max_bytes} bytes); delete checkpoints first"
-                            )));
+                }
+                // Several files in flight: one at a time, each waited for
+                // the agent's round trip and the store's syncs in turn.
+                let mut pending = to_read.into_iter();
+                let mut in_flight = FuturesUnordered::new();
+                let mut hashes = Vec::new();
+                let mut failure = None;
+                loop {
+                    while failure.is_none() && in_flight.len() < FILES_IN_FLIGHT {
+                        let Some(i) = pending.next() else { break };
+                        let e = &entries[i];
+                        in_flight.push(async move { (i, agent.store_file(store, e).await) });
+                    }
+                    // Every file started is waited for, after a failure
+                    // too, so what each stored is known and removed.
+                    let Some((i, stored)) = in_flight.next().await else {
+                        break;
+                    };
+                    match stored {
+                        Ok(stored) => {
+                            if stored.new {
+                                added.push(stored.sha256.clone());
+                                new_bytes += stored.size;
+                                if stored_before + new_bytes > max_bytes {
+                                    failure.get_or_insert(CheckpointError::StoreFull(format!(
+                                        "the checkpoint store would pass checkpoint_max_store_bytes ({max_bytes} bytes); delete checkpoints first"
+                                    )));
+                                }
+                            }
+                            hashes.push((i, stored.sha256));
+                        }
+                        Err(e) => {
+                            failure.get_or_insert(e);
                         }
                     }
-                    e.sha256 = Some(stored.sha256);
+                }
+                drop(in_flight);
+                if let Some(e) = failure {
+                    return Err(e);
+                }
+                for (i, sha256) in hashes {
+                    entries[i].sha256 = Some(sha256);
                 }
                 Ok(entries)
             }
