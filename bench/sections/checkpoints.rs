@@ -404,6 +404,11 @@ async fn forks(
 async fn restore(server: &Server, sid: &str, cp: &str, pid: u32) -> Res<(f64, f64, Value)> {
     let route = format!("{}/{cp}:restore", checkpoints_of(sid));
     let before = rss_kb_of(pid);
+    // A reading of 0 is /proc failing, not a small sandboxd: a rise
+    // from it would be no measurement at all.
+    if before == 0 {
+        return Err(format!("checkpoints: cannot read the RSS of sandboxd (pid {pid})").into());
+    }
     let watch = RssPeak::watch(pid);
     let (took, v) = timed(server.post(&route, json!({}))).await?;
     let peak = watch.peak_kb()?;
