@@ -37,7 +37,9 @@ async fn start_counting(server: &TestServer, sid: &str) -> String {
     let cid = server
         .start_command(
             sid,
-            json!({"command": "i=0; while true; do i=$((i+1)); echo $i > counter; sleep 0.1; done", "timeoutMs": 600000}),
+            // Replaced whole (a rename), never truncated then written: a
+            // reader between the two read an empty file.
+            json!({"command": "i=0; while true; do i=$((i+1)); echo $i > counter.new && mv counter.new counter; sleep 0.1; done", "timeoutMs": 600000}),
         )
         .await;
     eventually(Duration::from_secs(10), "the first count", || async {
