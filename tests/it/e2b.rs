@@ -228,18 +228,6 @@ async fn envs_given_at_create_reach_every_command_and_terminal_under_their_own()
     line(&lines, "sandbox_envs");
 }
 
-/// The ids `/v1/sandboxes` lists (a list is no use of them).
-async fn listed_ids(server: &TestServer) -> Vec<String> {
-    let (status, v) = server.get("/v1/sandboxes").await;
-    assert_eq!(status, 200, "{v}");
-    v["sandboxes"]
-        .as_array()
-        .expect("sandboxes")
-        .iter()
-        .filter_map(|s| s["sandboxId"].as_str().map(String::from))
-        .collect()
-}
-
 /// An E2B sandbox lives until its end time: at `max_concurrent` a create
 /// evicts an idle sandbox without one (the control: eviction happens),
 /// not the E2B one, though it is the least recently used; with only
@@ -255,11 +243,11 @@ async fn a_sandbox_with_an_end_time_is_not_evicted_before_it() {
     let (first, _) = create(&server, &[]).await;
     let idle = server.offline_sandbox().await;
     let third = server.offline_sandbox().await;
-    let now = listed_ids(&server).await;
+    let now = crate::metadata::listed(&server, "").await;
     assert!(!now.contains(&idle), "the idle one was evicted: {now:?}");
     assert!(now.contains(&first), "the E2B one was kept: {now:?}");
     let (second, _) = create(&server, &[]).await;
-    let now = listed_ids(&server).await;
+    let now = crate::metadata::listed(&server, "").await;
     assert!(
         now.contains(&first) && now.contains(&second) && !now.contains(&third),
         "{now:?}"

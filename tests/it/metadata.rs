@@ -7,8 +7,8 @@ use serde_json::{Value, json};
 
 use crate::harness::TestServer;
 
-/// The ids the list answers for `query`.
-async fn listed(server: &TestServer, query: &str) -> Vec<String> {
+/// The ids the list answers for `query` (a list is no use of them).
+pub(crate) async fn listed(server: &TestServer, query: &str) -> Vec<String> {
     let (status, v) = server.get(&format!("/v1/sandboxes{query}")).await;
     assert_eq!(status, 200, "{v}");
     v["sandboxes"]
