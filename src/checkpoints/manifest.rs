@@ -7,8 +7,11 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-/// The manifest format's version; another one is refused, not guessed at.
-pub(super) const VERSION: u32 = 1;
+/// The manifest format's version: entries in trees (see [`split`]).
+pub(super) const VERSION: u32 = 2;
+/// The first format, every entry inline, still read: checkpoints made
+/// before trees are kept across an upgrade.
+pub(super) const INLINE_VERSION: u32 = 1;
 
 /// What an entry is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -58,7 +61,8 @@ impl Entry {
     }
 }
 
-/// A checkpoint as stored.
+/// A checkpoint as stored: what the API shows of it, and the trees that
+/// hold its entries (a few kilobytes, however large the workspace).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub(super) struct Manifest {
@@ -71,17 +75,46 @@ pub(super) struct Manifest {
     pub(super) bytes: u64,
     pub(super) new_bytes: u64,
     pub(super) duration_ms: u64,
-    /// Sorted by path.
-    pub(super) entries: Vec<Entry>,
+    /// Regular files in it.
+    #[serde(default)]
+    pub(super) files: u64,
+    /// The trees its entries are in, in path order, by SHA-256.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub(super) trees: Vec<String>,
+    /// [`INLINE_VERSION`]'s entries, sorted by path.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(super) entries: Option<Vec<Entry>>,
 }
 
-impl Manifest {
-    pub(super) fn files(&self) -> u64 {
-        self.entries
-            .iter()
-            .filter(|e| e.kind == EntryKind::File)
-            .count() as u64
+/// Entries of a tree on average (a path ends one when its hash modulo
+/// this is the highest value), and at most.
+const TREE_SPLIT: u64 = 64;
+const TREE_MAX: usize = 512;
+
+/// FNV-1a: a fixed, fast hash, so a path's boundary never moves.
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+/// `entries` (sorted by path) cut into trees. Where a tree ends depends on
+/// the path that ends it alone (and on [`TREE_MAX`] in a run of paths
+/// none of which ends one), so a change rewrites the trees that hold it
+/// and the next checkpoint shares every other tree of the one before.
+pub(super) fn split(entries: &[Entry]) -> Vec<&[Entry]> {
+    let mut trees = Vec::new();
+    let mut start = 0;
+    for (i, e) in entries.iter().enumerate() {
+        if fnv1a(e.path.as_bytes()) % TREE_SPLIT == TREE_SPLIT - 1 || i + 1 - start == TREE_MAX {
+            trees.push(&entries[start..=i]);
+            start = i + 1;
+        }
     }
+    if start < entries.len() {
+        trees.push(&entries[start..]);
+    }
+    trees
 }
 
 /// How two trees differ: entries only in the new one, in both but not
@@ -148,6 +181,38 @@ pub(super) mod tests {
             sha256: None,
             ..file(path, "", 0o777)
         }
+    }
+
+    #[test]
+    fn trees_end_where_their_paths_say_so_an_insertion_changes_one_tree() {
+        let entries: Vec<Entry> = (0..5000)
+            .map(|i| file(&format!("n/{i:05}"), "x", 0o644))
+            .collect();
+        let trees = split(&entries);
+        assert_eq!(
+            trees.concat(),
+            entries,
+            "the trees hold every entry, in order"
+        );
+        assert!(
+            (40..160).contains(&trees.len()),
+            "about 64 a tree: {}",
+            trees.len()
+        );
+        assert!(trees.iter().all(|t| t.len() <= TREE_MAX));
+        let mut inserted = entries.clone();
+        inserted.insert(2500, file("n/02499a", "y", 0o644));
+        let after = split(&inserted);
+        let differ = after.iter().filter(|t| !trees.contains(t)).count();
+        assert_eq!(differ, 1, "only the tree the new entry joined is new");
+        // Paths none of which ends a tree still give bounded trees.
+        let none_end: Vec<Entry> = (0..100_000)
+            .map(|i| file(&format!("p{i}"), "", 0o644))
+            .filter(|e| fnv1a(e.path.as_bytes()) % TREE_SPLIT != TREE_SPLIT - 1)
+            .take(1200)
+            .collect();
+        let lens: Vec<usize> = split(&none_end).iter().map(|t| t.len()).collect();
+        assert_eq!(lens, [TREE_MAX, TREE_MAX, 1200 - 2 * TREE_MAX]);
     }
 
     #[test]

@@ -5,10 +5,13 @@
 //!
 //! The content lives on the host in the sandbox's [`store`], each content
 //! once however many checkpoints hold it; a checkpoint's [`manifest`]
-//! names it by hash. A checkpoint reads only files whose identity (inode,
+//! names it by hash, in trees that the next checkpoint shares where
+//! nothing changed. A checkpoint reads only files whose identity (inode,
 //! size, modification and change times) differs from the newest
-//! checkpoint's (or every file, with `verify`), through the agent
-//! ([`tree`]), so its cost grows with what changed. A file that changes
+//! checkpoint's (or every file, with `verify`, which also stores again
+//! content the store lost), through the agent ([`tree`]), and reads no
+//! other checkpoint, so its cost grows with what changed and with the
+//! workspace's entries, not with the checkpoints kept. A file that changes
 //! while it is read makes the checkpoint start over once, then fail with
 //! [`CheckpointError::WorkspaceChanging`]; a refused checkpoint (a limit,
 //! a failure) leaves no manifest and removes the content it stored.
@@ -22,7 +25,6 @@ mod store;
 mod text_diff;
 mod tree;
 
-use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -126,7 +128,7 @@ impl From<&Manifest> for CheckpointInfo {
             checkpoint_id: m.id.clone(),
             label: m.label.clone(),
             created_at: m.created_at,
-            files: m.files(),
+            files: m.files,
             bytes: m.bytes,
             new_bytes: m.new_bytes,
             duration_ms: m.duration_ms,
@@ -301,13 +303,6 @@ async fn hold<'a>(locks: &'a Locks, sandbox_id: &str) -> Held<'a> {
     }
 }
 
-/// Every object the checkpoints `all` name.
-fn referenced(all: &[Manifest]) -> HashSet<String> {
-    all.iter()
-        .flat_map(|m| m.entries.iter().filter_map(|e| e.sha256.clone()))
-        .collect()
-}
-
 impl Checkpoints {
     pub fn new(config: Arc<Config>, sandboxes: Arc<Sandboxes>) -> Self {
         Checkpoints {
@@ -355,25 +350,25 @@ impl Checkpoints {
                 max: self.config.checkpoint_max_count,
             });
         }
-        let keep = referenced(&existing);
-        let present = store
+        let newest = existing.first().filter(|_| !verify).cloned();
+        let (stored_before, previous) = store
             .blocking(move |s| {
-                // What a checkpoint cut short left: temporaries and
-                // objects no manifest names.
-                s.clear_temporaries()?;
-                s.sweep(&keep.iter().map(String::as_str).collect())?;
-                s.objects()
+                let usage = s.begin()?;
+                let previous = newest.map(|m| s.entries(&m)).transpose()?;
+                Ok((usage, previous.unwrap_or_default()))
             })
             .await
             .map_err(store_err)?;
-        let stored_before = present.iter().map(|(_, size)| size).sum();
-        let present: HashSet<String> = present.into_iter().map(|(name, _)| name).collect();
-        let previous = existing.first().filter(|_| !verify);
-        let conn = self
-            .sandboxes
-            .agent(&sandbox)
-            .await
-            .map_err(|e| self.sandboxes.gone_or(&sandbox, CheckpointError::from(e)))?;
+        let conn = match self.sandboxes.agent(&sandbox).await {
+            Ok(conn) => conn,
+            Err(e) => {
+                store
+                    .blocking(move |s| s.end(stored_before))
+                    .await
+                    .map_err(store_err)?;
+                return Err(self.sandboxes.gone_or(&sandbox, e.into()));
+            }
+        };
         let agent = tree::Agent {
             conn: &conn,
             limit: self.config.agent_timeout,
@@ -381,19 +376,16 @@ impl Checkpoints {
         };
         let mut added = Vec::new();
         let taken = self
-            .take(
-                &agent,
-                &store,
-                (previous, &present),
-                stored_before,
-                &mut added,
-            )
+            .take(&agent, &store, &previous, stored_before, &mut added)
             .await;
         let (entries, new_bytes) = match taken {
             Ok(taken) => taken,
             Err(e) => {
                 store
-                    .blocking(move |s| s.remove_objects(&added))
+                    .blocking(move |s| {
+                        s.remove_objects(&added)?;
+                        s.end(stored_before)
+                    })
                     .await
                     .map_err(store_err)?;
                 return Err(self.sandboxes.gone_or(&sandbox, e));
@@ -414,30 +406,36 @@ impl Checkpoints {
             bytes,
             new_bytes,
             duration_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
-            entries,
+            files: entries.iter().filter(|e| e.kind == EntryKind::File).count() as u64,
+            trees: Vec::new(),
+            entries: None,
         };
         let info = CheckpointInfo::from(&manifest);
-        if let Err(e) = store.blocking(move |s| s.save_manifest(&manifest)).await {
-            store
-                .blocking(move |s| s.remove_objects(&added))
-                .await
-                .map_err(store_err)?;
-            return Err(store_err(e));
-        }
+        let saved = store
+            .blocking(move |s| {
+                if let Err(e) = s.save_manifest(manifest, &entries) {
+                    s.remove_objects(&added)?;
+                    s.end(stored_before)?;
+                    return Err(e);
+                }
+                s.end(stored_before + new_bytes)
+            })
+            .await;
+        saved.map_err(store_err)?;
         crate::telemetry::checkpoint_made(started, new_bytes, bytes.saturating_sub(new_bytes));
         Ok(info)
     }
 
     /// The workspace's entries with their content in the store: a second
-    /// try when a file changed under the first. A file the newest
-    /// checkpoint saw unchanged is taken from it when its object is
-    /// `present`. `added` collects the objects stored anew (removed by
-    /// the caller on failure).
+    /// try when a file changed under the first. A file `previous` (the
+    /// newest checkpoint's entries) saw unchanged is taken from it: a
+    /// checkpoint's objects stay while it does. `added` collects the
+    /// objects stored anew (removed by the caller on failure).
     async fn take(
         &self,
         agent: &tree::Agent<'_>,
         store: &Store,
-        (previous, present): (Option<&Manifest>, &HashSet<String>),
+        previous: &[Entry],
         stored_before: u64,
         added: &mut Vec<String>,
     ) -> CheckpointResult<(Vec<Entry>, u64)> {
@@ -448,9 +446,8 @@ impl Checkpoints {
             let mut new_bytes = 0u64;
             let result = async {
                 let mut entries = agent.snapshot(self.config.checkpoint_max_entries).await?;
-                let known = previous.map(|m| m.entries.as_slice()).unwrap_or_default();
                 let known: std::collections::HashMap<&str, &Entry> =
-                    known.iter().map(|e| (e.path.as_str(), e)).collect();
+                    previous.iter().map(|e| (e.path.as_str(), e)).collect();
                 let mut to_read = Vec::new();
                 for (i, e) in entries.iter_mut().enumerate() {
                     if e.kind != EntryKind::File {
@@ -460,7 +457,7 @@ impl Checkpoints {
                         k.kind == EntryKind::File
                             && (k.size, k.mtime_ns, k.ctime_ns, k.ino)
                                 == (e.size, e.mtime_ns, e.ctime_ns, e.ino)
-                            && k.sha256.as_ref().is_some_and(|h| present.contains(h))
+                            && k.sha256.is_some()
                     });
                     match same {
                         Some(k) => e.sha256.clone_from(&k.sha256),
@@ -538,11 +535,13 @@ impl Checkpoints {
         let id = checkpoint_id.to_string();
         let removed = store
             .blocking(move |s| {
+                let usage = s.begin()?;
                 if !s.remove_manifest(&id)? {
+                    s.end(usage)?;
                     return Ok(false);
                 }
-                let keep = referenced(&s.manifests()?);
-                s.sweep(&keep.iter().map(String::as_str).collect())?;
+                let usage = s.collect_garbage()?;
+                s.end(usage)?;
                 Ok(true)
             })
             .await
@@ -562,6 +561,15 @@ impl Checkpoints {
             .ok_or_else(|| CheckpointError::NotFound(checkpoint_id.to_string()))
     }
 
+    /// Checkpoint `checkpoint_id`'s entries.
+    async fn entries(&self, store: &Store, checkpoint_id: &str) -> CheckpointResult<Vec<Entry>> {
+        let m = self.manifest(store, checkpoint_id).await?;
+        store
+            .blocking(move |s| s.entries(&m))
+            .await
+            .map_err(store_err)
+    }
+
     /// What changed from checkpoint `from` to `to`, with the unified diff
     /// of its text files shaped by `text` when given. Two checkpoints are
     /// compared in the store, so a paused sandbox's are too; the workspace
@@ -578,11 +586,11 @@ impl Checkpoints {
             DiffTarget::Current => self.sandboxes.lookup(sandbox_id).await?,
         };
         let store = self.store(&sandbox.id)?;
-        let old = self.manifest(&store, from).await?;
+        let old = self.entries(&store, from).await?;
         match to {
             DiffTarget::Checkpoint(id) => {
-                let new = self.manifest(&store, &id).await?.entries;
-                described(&old.entries, &new, Reader::new(&store, None), text).await
+                let new = self.entries(&store, &id).await?;
+                described(&old, &new, Reader::new(&store, None), text).await
             }
             DiffTarget::Current => {
                 let _busy = sandbox.open_request();
@@ -595,7 +603,7 @@ impl Checkpoints {
                         dirs: self.config.workspace_dirs().collect(),
                     };
                     let reader = Reader::new(&store, Some(&agent));
-                    described(&old.entries, &new, reader, text).await
+                    described(&old, &new, reader, text).await
                 }
                 .await;
                 made.map_err(|e| self.sandboxes.gone_or(&sandbox, e))
@@ -608,7 +616,7 @@ impl Checkpoints {
     async fn current(
         &self,
         sandbox: &Arc<crate::sandbox::Sandbox>,
-        known: &Manifest,
+        known: &[Entry],
     ) -> CheckpointResult<Vec<Entry>> {
         let conn = self.sandboxes.agent(sandbox).await?;
         let agent = tree::Agent {
@@ -617,7 +625,7 @@ impl Checkpoints {
             dirs: self.config.workspace_dirs().collect(),
         };
         let mut entries = agent.snapshot(self.config.checkpoint_max_entries).await?;
-        agent.hash_current(&mut entries, &known.entries).await?;
+        agent.hash_current(&mut entries, known).await?;
         Ok(entries)
     }
 
@@ -628,7 +636,7 @@ impl Checkpoints {
         let _busy = sandbox.open_request();
         let _one = self.lock(&sandbox.id).await;
         let store = self.store(&sandbox.id)?;
-        let target = self.manifest(&store, checkpoint_id).await?;
+        let target = self.entries(&store, checkpoint_id).await?;
         self.make(&sandbox, &store, &target).await
     }
 
@@ -652,8 +660,8 @@ impl Checkpoints {
         let _source_turn = self.lock(from).await;
         let _target_turn = self.lock(&target.id).await;
         let store = self.store(from)?;
-        let manifest = self.manifest(&store, checkpoint_id).await?;
-        self.make(&target, &store, &manifest).await.map(drop)
+        let entries = self.entries(&store, checkpoint_id).await?;
+        self.make(&target, &store, &entries).await.map(drop)
     }
 
     /// Makes the workspace of `sandbox` exactly `target`, with the content
@@ -662,11 +670,11 @@ impl Checkpoints {
         &self,
         sandbox: &Arc<crate::sandbox::Sandbox>,
         store: &Store,
-        target: &Manifest,
+        target: &[Entry],
     ) -> CheckpointResult<Diff> {
         let made = async {
             let current = self.current(sandbox, target).await?;
-            let plan = tree::plan(&current, &target.entries);
+            let plan = tree::plan(&current, target);
             let conn = self.sandboxes.agent(sandbox).await?;
             let agent = tree::Agent {
                 conn: &conn,
@@ -674,7 +682,7 @@ impl Checkpoints {
                 dirs: self.config.workspace_dirs().collect(),
             };
             agent.apply(&plan, store).await?;
-            Ok(Diff::from(compare(&current, &target.entries)))
+            Ok(Diff::from(compare(&current, target)))
         }
         .await;
         made.map_err(|e| self.sandboxes.gone_or(sandbox, e))

@@ -2,18 +2,26 @@
 //! directory (see `Config::checkpoint_dir`), never in the workspace volume
 //! and never mounted into a container: `objects/` holds each content once,
 //! named by its SHA-256 (so every checkpoint of the sandbox shares it);
-//! `manifests/` one JSON manifest per checkpoint; `tmp/` what is being
-//! written. Directories are 0700 and files 0600.
+//! `trees/` the checkpoints' entries in pieces (see `manifest::split`),
+//! each piece once by its SHA-256 too; `manifests/` one small JSON
+//! manifest per checkpoint naming its trees; `usage` the objects' bytes;
+//! `tmp/` what is being written. Directories are 0700 and files 0600.
 //!
 //! Its file I/O blocks, so the async side runs it through
 //! [`Store::blocking`], on tokio's blocking threads, never on a worker of
 //! the runtime.
 //!
-//! Everything is written to `tmp/`, synced, then renamed into place (and
-//! the directory synced), and a manifest only after every object it names:
-//! a crash (a SIGKILL mid-checkpoint) leaves at most unreferenced objects
-//! and temporary files, which the next checkpoint of the sandbox sweeps,
-//! never a manifest that names a missing object or half a file.
+//! A change (a checkpoint, a delete) runs between [`Store::begin`] and
+//! [`Store::end`], which mark the store `changing` (durably). Objects and
+//! trees are written to `tmp/` and renamed into place unsynced, then one
+//! `syncfs` makes them all durable before the manifest that names them is
+//! written, synced and renamed into place: a crash (a SIGKILL or a power
+//! cut mid-checkpoint) leaves at most unreferenced or half-written objects
+//! and trees, and the marker, which makes the next change sweep every
+//! object and tree no manifest names first, never a manifest that names a
+//! missing object or half a file. Without the marker, nothing is swept
+//! and `usage` is believed: a checkpoint's cost does not grow with the
+//! store.
 
 use std::collections::HashSet;
 use std::fs::{DirBuilder, File, OpenOptions};
@@ -24,7 +32,12 @@ use std::path::{Path, PathBuf};
 use sha2::{Digest, Sha256};
 use tokio::sync::mpsc;
 
-use super::manifest::{Manifest, VERSION};
+use super::manifest::{Entry, EntryKind, INLINE_VERSION, Manifest, VERSION, split};
+
+/// Present while a change of the store is under way, or was cut short.
+const CHANGING: &str = "changing";
+/// The objects' bytes, in decimal, when no change is under way.
+const USAGE: &str = "usage";
 
 /// Why the store failed: one line, naming the path.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -87,7 +100,7 @@ impl Store {
 
     /// Makes the directories (0700) if missing.
     fn make_dirs(&self) -> StoreResult<()> {
-        for d in ["objects", "manifests", "tmp"] {
+        for d in ["objects", "trees", "manifests", "tmp"] {
             let path = self.sub(d);
             DirBuilder::new()
                 .recursive(true)
@@ -137,9 +150,17 @@ impl Store {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
             Err(e) => return Err(failed("read", &path, e)),
         };
-        let m: Manifest = serde_json::from_slice(&bytes)
+        let mut m: Manifest = serde_json::from_slice(&bytes)
             .map_err(|e| StoreError(format!("{} is not a manifest: {e}", path.display())))?;
-        if m.version != VERSION || m.id != id {
+        let fits = match (m.version, &m.entries) {
+            (VERSION, None) => true,
+            (INLINE_VERSION, Some(entries)) => {
+                m.files = entries.iter().filter(|e| e.kind == EntryKind::File).count() as u64;
+                m.trees.is_empty()
+            }
+            _ => false,
+        };
+        if !fits || m.id != id {
             return Err(StoreError(format!(
                 "{} is a manifest of another version or id",
                 path.display()
@@ -148,11 +169,64 @@ impl Store {
         Ok(Some(m))
     }
 
-    /// Writes `m` durably, after every object it names.
-    pub(super) fn save_manifest(&self, m: &Manifest) -> StoreResult<()> {
+    /// The entries of checkpoint `m`, sorted by path.
+    pub(super) fn entries(&self, m: &Manifest) -> StoreResult<Vec<Entry>> {
+        if let Some(inline) = &m.entries {
+            return Ok(inline.clone());
+        }
+        let mut all: Vec<Entry> = Vec::new();
+        for tree in &m.trees {
+            let part = self.tree(tree)?;
+            let first = part.first().map(|e| e.path.as_str());
+            let sorted = part.windows(2).all(|w| w[0].path < w[1].path);
+            let after = match (all.last(), first) {
+                (Some(last), Some(first)) => last.path.as_str() < first,
+                (_, first) => first.is_some(),
+            };
+            if !sorted || !after {
+                return Err(StoreError(format!(
+                    "tree {tree} of checkpoint {} is out of order",
+                    m.id
+                )));
+            }
+            all.extend(part);
+        }
+        Ok(all)
+    }
+
+    fn tree(&self, sha256: &str) -> StoreResult<Vec<Entry>> {
+        let path = self.named("trees", sha256)?;
+        let bytes = std::fs::read(&path).map_err(|e| failed("read", &path, e))?;
+        serde_json::from_slice(&bytes)
+            .map_err(|e| StoreError(format!("{} is not a tree: {e}", path.display())))
+    }
+
+    /// Writes checkpoint `m` with `entries` (sorted by path) durably: its
+    /// trees not yet stored, every object and tree made durable, then
+    /// its manifest.
+    pub(super) fn save_manifest(&self, mut m: Manifest, entries: &[Entry]) -> StoreResult<()> {
         self.make_dirs()?;
-        // Serialising strings and numbers cannot fail.
-        let bytes = serde_json::to_vec(m).unwrap_or_default();
+        m.trees.clear();
+        for part in split(entries) {
+            // Serialising strings and numbers cannot fail.
+            let bytes = serde_json::to_vec(part).unwrap_or_default();
+            let sha256 = hex(&Sha256::digest(&bytes));
+            let to = self.named("trees", &sha256)?;
+            if !to.is_file() {
+                let mut tmp = self.temp_file()?;
+                tmp.file
+                    .write_all(&bytes)
+                    .map_err(|e| failed("write", &tmp.path, e))?;
+                std::fs::rename(&tmp.path, &to).map_err(|e| failed("rename into", &to, e))?;
+            }
+            m.trees.push(sha256);
+        }
+        // One flush of the file system for every object and tree this
+        // checkpoint wrote, instead of one sync of each.
+        File::open(&self.dir)
+            .and_then(|d| rustix::fs::syncfs(&d).map_err(std::io::Error::from))
+            .map_err(|e| failed("sync the file system of", &self.dir, e))?;
+        let bytes = serde_json::to_vec(&m).unwrap_or_default();
         let mut tmp = self.temp_file()?;
         tmp.file
             .write_all(&bytes)
@@ -177,10 +251,76 @@ impl Store {
     }
 
     fn object_path(&self, sha256: &str) -> StoreResult<PathBuf> {
+        self.named("objects", sha256)
+    }
+
+    /// Object or tree `sha256` of directory `dir`.
+    fn named(&self, dir: &str, sha256: &str) -> StoreResult<PathBuf> {
         if !plain(sha256) {
             return Err(StoreError(format!("{sha256:?} is not an object name")));
         }
-        Ok(self.sub("objects").join(sha256))
+        Ok(self.sub(dir).join(sha256))
+    }
+
+    /// Starts a change: clears `tmp/`, sweeps what a change cut short
+    /// left (when the store is marked changing, or its usage is unknown),
+    /// and marks the store changing. The objects' bytes.
+    pub(super) fn begin(&self) -> StoreResult<u64> {
+        self.clear_temporaries()?;
+        let marker = self.sub(CHANGING);
+        let usage = match std::fs::read_to_string(self.sub(USAGE)) {
+            Ok(text) if !marker.exists() => text.trim().parse().ok(),
+            _ => None,
+        };
+        let usage = match usage {
+            Some(u) => u,
+            None => self.collect_garbage()?,
+        };
+        if !marker.exists() {
+            File::create(&marker).map_err(|e| failed("create", &marker, e))?;
+            sync_dir(&self.dir)?;
+        }
+        Ok(usage)
+    }
+
+    /// Ends a change that left the objects `usage` bytes: records it, then
+    /// lifts the mark (a mark that a crash keeps costs one sweep).
+    pub(super) fn end(&self, usage: u64) -> StoreResult<()> {
+        let mut tmp = self.temp_file()?;
+        tmp.file
+            .write_all(usage.to_string().as_bytes())
+            .and_then(|()| tmp.file.sync_all())
+            .map_err(|e| failed("write", &tmp.path, e))?;
+        let to = self.sub(USAGE);
+        std::fs::rename(&tmp.path, &to).map_err(|e| failed("rename into", &to, e))?;
+        sync_dir(&self.dir)?;
+        let marker = self.sub(CHANGING);
+        std::fs::remove_file(&marker).map_err(|e| failed("remove", &marker, e))
+    }
+
+    /// Removes every object and tree no checkpoint names: the bytes of
+    /// the objects left.
+    pub(super) fn collect_garbage(&self) -> StoreResult<u64> {
+        let all = self.manifests()?;
+        let trees: HashSet<&str> = all
+            .iter()
+            .flat_map(|m| m.trees.iter().map(String::as_str))
+            .collect();
+        let mut objects = HashSet::new();
+        let mut named = |entries: &[Entry]| {
+            objects.extend(entries.iter().filter_map(|e| e.sha256.clone()));
+        };
+        for tree in &trees {
+            named(&self.tree(tree)?);
+        }
+        for m in &all {
+            if let Some(inline) = &m.entries {
+                named(inline);
+            }
+        }
+        self.sweep("trees", &trees)?;
+        let objects: HashSet<&str> = objects.iter().map(String::as_str).collect();
+        self.sweep("objects", &objects)
     }
 
     /// Object `sha256` to read, checked to hold `size` bytes.
@@ -261,17 +401,18 @@ impl Store {
         self.make_dirs()
     }
 
-    /// Removes every object not in `keep`: the bytes freed.
-    pub(super) fn sweep(&self, keep: &HashSet<&str>) -> StoreResult<u64> {
-        let mut freed = 0;
-        for (name, size) in self.objects()? {
-            if !keep.contains(name.as_str()) {
-                let path = self.object_path(&name)?;
+    /// Removes every file of `dir` not in `keep`: the bytes kept.
+    fn sweep(&self, dir: &str, keep: &HashSet<&str>) -> StoreResult<u64> {
+        let mut kept = 0;
+        for (name, size) in self.sizes(dir)? {
+            if keep.contains(name.as_str()) {
+                kept += size;
+            } else {
+                let path = self.sub(dir).join(&name);
                 std::fs::remove_file(&path).map_err(|e| failed("remove", &path, e))?;
-                freed += size;
             }
         }
-        Ok(freed)
+        Ok(kept)
     }
 
     /// Removes objects `names` (ones a refused checkpoint stored).
@@ -287,10 +428,10 @@ impl Store {
         Ok(())
     }
 
-    /// Every object's name and size.
-    pub(super) fn objects(&self) -> StoreResult<Vec<(String, u64)>> {
+    /// Every file of `dir`: its name and size.
+    fn sizes(&self, dir: &str) -> StoreResult<Vec<(String, u64)>> {
         let mut out = Vec::new();
-        for item in self.listing("objects")? {
+        for item in self.listing(dir)? {
             let size = item
                 .metadata()
                 .map_err(|e| failed("stat", &item.path(), e))?
@@ -344,7 +485,8 @@ impl ObjectWriter {
     }
 
     /// Stores the content under its hash (once: an object already there
-    /// is kept and this copy dropped).
+    /// is kept and this copy dropped), unsynced: [`Store::save_manifest`]
+    /// makes it durable.
     pub(super) fn finish(self, store: &Store) -> StoreResult<Stored> {
         let sha256 = hex(&self.hash.finalize());
         let to = store.object_path(&sha256)?;
@@ -357,12 +499,7 @@ impl ObjectWriter {
                 new: false,
             });
         }
-        self.tmp
-            .file
-            .sync_all()
-            .map_err(|e| failed("sync", &self.tmp.path, e))?;
         std::fs::rename(&self.tmp.path, &to).map_err(|e| failed("rename into", &to, e))?;
-        sync_dir(&store.sub("objects"))?;
         Ok(Stored {
             sha256,
             size: self.size,
@@ -386,6 +523,7 @@ fn sync_dir(dir: &Path) -> StoreResult<()> {
 mod tests {
     use std::os::unix::fs::PermissionsExt;
 
+    use super::super::manifest::tests::file;
     use super::*;
 
     /// A store in a directory of its own, removed when dropped.
@@ -428,14 +566,20 @@ mod tests {
         assert!(!put(&s, b"hello").new, "the same content is stored once");
         assert_eq!(s.read_object(&a.sha256, 5).expect("read"), b"hello");
         assert!(s.read_object(&a.sha256, 4).is_err(), "a size that differs");
-        assert_eq!(s.objects().expect("objects"), [(a.sha256.clone(), 5)]);
+        assert_eq!(
+            s.sizes("objects").expect("objects"),
+            [(a.sha256.clone(), 5)]
+        );
         let mode = |p: &Path| std::fs::metadata(p).expect("meta").permissions().mode() & 0o777;
         assert_eq!(mode(&s.object_path(&a.sha256).expect("path")), 0o600);
         assert_eq!(mode(&s.sub("objects")), 0o700);
         let other = put(&s, b"other");
         let keep: HashSet<&str> = [a.sha256.as_str()].into();
-        assert_eq!(s.sweep(&keep).expect("sweep"), 5);
-        assert_eq!(s.objects().expect("objects"), [(a.sha256.clone(), 5)]);
+        assert_eq!(s.sweep("objects", &keep).expect("sweep"), 5, "bytes kept");
+        assert_eq!(
+            s.sizes("objects").expect("objects"),
+            [(a.sha256.clone(), 5)]
+        );
         assert!(other.new);
         assert!(s.read_object("../x", 5).is_err(), "names are plain");
         let (tx, rx) = mpsc::channel(4);
@@ -445,10 +589,8 @@ mod tests {
         assert_eq!(std::fs::read_dir(s.sub("tmp")).expect("tmp").count(), 0);
     }
 
-    #[test]
-    fn manifests_round_trip_newest_first_and_temporaries_are_cleared() {
-        let (_tmp, s) = store();
-        let m = |id: &str, seq| Manifest {
+    fn manifest(id: &str, seq: u64) -> Manifest {
+        Manifest {
             version: VERSION,
             id: id.into(),
             label: None,
@@ -457,23 +599,119 @@ mod tests {
             bytes: 0,
             new_bytes: 0,
             duration_ms: 0,
-            entries: Vec::new(),
-        };
-        s.save_manifest(&m("a1", 1)).expect("save");
-        s.save_manifest(&m("b2", 2)).expect("save");
-        let ids: Vec<String> = s
-            .manifests()
-            .expect("list")
-            .into_iter()
-            .map(|m| m.id)
-            .collect();
-        assert_eq!(ids, ["b2", "a1"]);
+            files: 0,
+            trees: Vec::new(),
+            entries: None,
+        }
+    }
+
+    /// `n` files `f00000`… whose content hashes are `hash(i)`.
+    fn files(n: usize, hash: impl Fn(usize) -> String) -> Vec<Entry> {
+        (0..n)
+            .map(|i| Entry {
+                sha256: Some(hash(i)),
+                ..file(&format!("f{i:05}"), "", 0o644)
+            })
+            .collect()
+    }
+
+    fn ids(s: &Store) -> Vec<String> {
+        let all = s.manifests().expect("list");
+        all.into_iter().map(|m| m.id).collect()
+    }
+
+    #[test]
+    fn manifests_round_trip_newest_first_sharing_their_unchanged_trees() {
+        let (_tmp, s) = store();
+        let first = files(2000, |i| format!("{i:064x}"));
+        let mut second = first.clone();
+        second[1000].sha256 = Some(format!("{:064x}", 99_999));
+        s.save_manifest(manifest("a1", 1), &first).expect("save");
+        let trees_of_one = s.sizes("trees").expect("trees").len();
+        assert!(trees_of_one > 10, "{trees_of_one} trees for 2000 entries");
+        s.save_manifest(manifest("b2", 2), &second).expect("save");
+        assert_eq!(
+            s.sizes("trees").expect("trees").len(),
+            trees_of_one + 1,
+            "one changed entry: one more tree, every other shared"
+        );
+        assert_eq!(ids(&s), ["b2", "a1"]);
+        let b2 = s.manifest("b2").expect("read").expect("there");
+        assert_eq!(s.entries(&b2).expect("entries"), second);
+        let a1 = s.manifest("a1").expect("read").expect("there");
+        assert_eq!(s.entries(&a1).expect("entries"), first);
+        assert!(
+            s.manifest("../a1").expect("read").is_none(),
+            "ids are plain"
+        );
+
+        assert!(s.remove_manifest("b2").expect("remove"));
+        assert!(!s.remove_manifest("b2").expect("again"));
+        s.collect_garbage().expect("collect");
+        assert_eq!(s.sizes("trees").expect("trees").len(), trees_of_one);
+        assert_eq!(s.entries(&a1).expect("entries"), first, "a1's trees stay");
         assert!(s.remove_manifest("a1").expect("remove"));
-        assert!(!s.remove_manifest("a1").expect("again"));
+        s.collect_garbage().expect("collect");
+        assert!(s.sizes("trees").expect("trees").is_empty());
+    }
+
+    #[test]
+    fn a_change_cut_short_is_swept_by_the_next_and_only_then() {
+        let (_tmp, s) = store();
+        assert_eq!(s.begin().expect("begin"), 0, "an empty store");
+        let kept = put(&s, b"kept!");
+        let mut m = manifest("a1", 1);
+        m.files = 1;
+        let entries = vec![Entry {
+            sha256: Some(kept.sha256.clone()),
+            ..file("k", "kept!", 0o644)
+        }];
+        s.save_manifest(m, &entries).expect("save");
+        s.end(5).expect("end");
+        assert!(!s.sub(CHANGING).exists());
+
+        // A change that ends cleanly is believed: nothing is swept.
+        let stray = put(&s, b"stray");
+        assert_eq!(s.begin().expect("begin"), 5, "the usage recorded");
+        assert!(s.object_path(&stray.sha256).expect("path").exists());
+        // One cut short (no end): the next sweeps what no manifest names.
         let w = s.new_object().expect("object");
         drop(w);
-        assert_eq!(std::fs::read_dir(s.sub("tmp")).expect("tmp").count(), 1);
-        s.clear_temporaries().expect("clear");
+        assert_eq!(s.begin().expect("begin"), 5, "counted again");
+        assert!(!s.object_path(&stray.sha256).expect("path").exists());
+        assert!(s.object_path(&kept.sha256).expect("path").exists());
         assert_eq!(std::fs::read_dir(s.sub("tmp")).expect("tmp").count(), 0);
+        s.end(5).expect("end");
+        std::fs::remove_file(s.sub(USAGE)).expect("remove usage");
+        assert_eq!(s.begin().expect("begin"), 5, "an unknown usage is counted");
+    }
+
+    #[test]
+    fn a_manifest_of_the_first_format_is_read_with_its_entries_inline() {
+        let (_tmp, s) = store();
+        let inline = r#"{"version":1,"id":"old1","label":"turn","createdAt":7,"seq":1,
+            "bytes":3,"newBytes":3,"durationMs":1,"entries":[
+            {"path":"d","kind":"dir","mode":493,"size":0,"sha256":null,"target":null,"mtimeNs":1,"ctimeNs":1,"ino":1},
+            {"path":"d/a","kind":"file","mode":420,"size":3,"sha256":"aa","target":null,"mtimeNs":1,"ctimeNs":1,"ino":2}]}"#;
+        std::fs::create_dir_all(s.sub("manifests")).expect("dir");
+        std::fs::write(s.sub("manifests").join("old1.json"), inline).expect("write");
+        let m = s.manifest("old1").expect("read").expect("there");
+        assert_eq!((m.files, m.label.as_deref()), (1, Some("turn")));
+        let paths: Vec<String> = s
+            .entries(&m)
+            .expect("entries")
+            .into_iter()
+            .map(|e| e.path)
+            .collect();
+        assert_eq!(paths, ["d", "d/a"]);
+        std::fs::write(
+            s.sub("manifests").join("bad1.json"),
+            inline.replace(
+                "\"version\":1,\"id\":\"old1\"",
+                "\"version\":2,\"id\":\"bad1\"",
+            ),
+        )
+        .expect("write");
+        assert!(s.manifest("bad1").is_err(), "version 2 with inline entries");
     }
 }

@@ -127,7 +127,12 @@ fn store_dir(server: &TestServer, sid: &str) -> PathBuf {
 }
 
 fn object_bytes(server: &TestServer, sid: &str) -> u64 {
-    std::fs::read_dir(store_dir(server, sid).join("objects"))
+    dir_bytes(server, sid, "objects")
+}
+
+/// The bytes of the files in directory `dir` of the sandbox's store.
+fn dir_bytes(server: &TestServer, sid: &str, dir: &str) -> u64 {
+    std::fs::read_dir(store_dir(server, sid).join(dir))
         .map(|d| {
             d.filter_map(Result::ok)
                 .filter_map(|e| e.metadata().ok())
@@ -401,13 +406,27 @@ async fn a_checkpoint_after_a_small_change_stores_only_that_change() {
     let server = TestServer::start().await;
     let sid = server.offline_sandbox().await;
     random_files(&server, &sid, 300, 10_000).await;
+    let listing = |server: &TestServer| {
+        let (trees, manifests) = (
+            dir_bytes(server, &sid, "trees"),
+            dir_bytes(server, &sid, "manifests"),
+        );
+        (trees, trees + manifests)
+    };
     let first = checkpoint(&server, &sid, "first").await;
     assert_eq!(first["files"], 300, "{first}");
     assert_eq!(first["newBytes"], 3_000_000, "{first}");
+    let (first_trees, first_listing) = listing(&server);
+    assert!(first_trees > 0, "the entries are in trees");
     sh_ok(&server, &sid, "head -c 12345 /dev/urandom > many/f7").await;
     let second = checkpoint(&server, &sid, "second").await;
     assert_eq!(second["newBytes"], 12345, "only the changed file: {second}");
     assert_eq!(second["bytes"], 3_002_345, "{second}");
+    let (second_trees, second_listing) = listing(&server);
+    assert!(
+        second_listing - first_listing < first_listing / 2,
+        "the second checkpoint's listing shares the unchanged trees: {first_listing} then {second_listing} bytes"
+    );
     let (status, verified) = server
         .post(
             &format!("/v1/sandboxes/{sid}/checkpoints"),
@@ -418,6 +437,11 @@ async fn a_checkpoint_after_a_small_change_stores_only_that_change() {
     assert_eq!(
         verified["newBytes"], 0,
         "everything read again, all of it stored before"
+    );
+    assert_eq!(
+        listing(&server).0,
+        second_trees,
+        "nothing changed: the verified checkpoint's trees are the second's"
     );
     let d = diff(&server, &sid, id(&first), id(&second)).await;
     assert_eq!(
@@ -851,6 +875,19 @@ async fn a_fork_that_cannot_be_made_leaves_nothing_behind() {
         || async { engine_objects(&server).await == before },
     )
     .await;
+    // A checkpoint with `verify` reads every file again and stores the
+    // lost content anew.
+    let (status, repaired) = server
+        .post(
+            &format!("/v1/sandboxes/{sid}/checkpoints"),
+            json!({"label": "repaired", "verify": true}),
+        )
+        .await;
+    assert_eq!(status, 201, "{repaired}");
+    assert_eq!(repaired["newBytes"], 300_000, "{repaired}");
+    assert!(object.is_file(), "the lost object is back");
+    let (got, v) = fork(&server, &key, &sid, id(&repaired), offline).await;
+    assert_eq!((got, &v["created"]), (200, &json!(true)), "{v}");
 }
 
 /// A client that goes away while its fork copies (the request dropped):
