@@ -343,12 +343,14 @@ fn store_size(state: &Path, instance: &str, sid: &str, fig: &mut RunFigures) -> 
     };
     let apparent = du(&["-sb"], &dir)?;
     let manifests = du(&["-sb"], &dir.join("manifests"))?;
+    let trees = du(&["-sb"], &dir.join("trees"))?;
     let allocated = du(&["-sk"], &dir)? * 1024.0;
     let written = WORKSPACE_BYTES + (ROUNDS * CHANGED_FILES) as u64 * CHANGED_BYTES;
     fig.value(STORE, apparent / MB, Some(written as f64 / MB));
     fig.note(format!(
-        "checkpoints: the store's manifests {:.1} MB of it; on disk (du -sk) {:.1} MB",
+        "checkpoints: the store's manifests {:.1} MB and trees of entries {:.1} MB of it; on disk (du -sk) {:.1} MB",
         manifests / MB,
+        trees / MB,
         allocated / MB
     ));
     Ok(())

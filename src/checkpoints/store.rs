@@ -368,6 +368,36 @@ impl Store {
         Ok(Some(writer))
     }
 
+    /// Stores each of `contents` as [`ObjectWriter::finish`] does: what
+    /// each became, in order. On a failure, the ones this call stored
+    /// anew are removed first.
+    pub(super) fn put_all(&self, contents: Vec<Vec<u8>>) -> StoreResult<Vec<Stored>> {
+        let mut done: Vec<Stored> = Vec::with_capacity(contents.len());
+        for content in contents {
+            let put = self.new_object().and_then(|mut w| match w.write(&content) {
+                Ok(()) => w.finish(self),
+                Err(e) => {
+                    w.discard();
+                    Err(e)
+                }
+            });
+            match put {
+                Ok(stored) => done.push(stored),
+                Err(e) => {
+                    let new: Vec<String> = (done.into_iter())
+                        .filter(|s| s.new)
+                        .map(|s| s.sha256)
+                        .collect();
+                    // What cannot be removed now the next change's sweep
+                    // removes: the store stays marked changing.
+                    let _ = self.remove_objects(&new);
+                    return Err(e);
+                }
+            }
+        }
+        Ok(done)
+    }
+
     /// A new object, written piece by piece.
     fn new_object(&self) -> StoreResult<ObjectWriter> {
         self.make_dirs()?;

@@ -399,6 +399,25 @@ async fn limits_refuse_with_nothing_half_made() {
     )
     .await;
     assert_eq!(object_bytes(&server, &sid), before, "no content kept");
+    // The same with small files, which are stored in batches.
+    sh_ok(
+        &server,
+        &sid,
+        "rm big1 big2 && for i in 1 2 3 4 5 6 7 8; do head -c 200000 /dev/urandom > s$i; done",
+    )
+    .await;
+    refused(
+        &server,
+        &sid,
+        json!({"label": "small"}),
+        507,
+        "checkpoint_store_full",
+    )
+    .await;
+    assert_eq!(object_bytes(&server, &sid), before, "no small file kept");
+    sh_ok(&server, &sid, "rm s5 s6 s7 s8").await;
+    let fits = checkpoint(&server, &sid, "fits").await;
+    assert_eq!(fits["newBytes"], 800_000, "{fits}");
 }
 
 #[tokio::test]
