@@ -269,12 +269,12 @@ pub enum DiffTarget {
 type Locks = DashMap<String, Arc<tokio::sync::Mutex<()>>>;
 
 /// See the module docs.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct Checkpoints {
     config: Arc<Config>,
     sandboxes: Arc<Sandboxes>,
     /// A sandbox's operations run one at a time.
-    locks: Locks,
+    locks: Arc<Locks>,
 }
 
 /// A sandbox's lock, held; its entry leaves the map when no one else
@@ -336,7 +336,7 @@ impl Checkpoints {
         Checkpoints {
             config,
             sandboxes,
-            locks: DashMap::new(),
+            locks: Arc::default(),
         }
     }
 
@@ -352,8 +352,23 @@ impl Checkpoints {
         hold(&self.locks, sandbox_id).await
     }
 
-    /// Records the workspace of `sandbox_id` now.
+    /// Records the workspace of `sandbox_id` now. It runs to its end
+    /// when the caller goes away: the store's work runs on blocking
+    /// threads, which a dropped request would not stop, and must end
+    /// under the sandbox's lock, before the next operation sweeps.
     pub async fn create(
+        &self,
+        sandbox_id: &str,
+        label: Option<String>,
+        verify: bool,
+    ) -> CheckpointResult<CheckpointInfo> {
+        let (this, id) = (self.clone(), sandbox_id.to_string());
+        tokio::spawn(async move { this.make_checkpoint(&id, label, verify).await })
+            .await
+            .map_err(|e| CheckpointError::Store(StoreError::ended_early(e)))?
+    }
+
+    async fn make_checkpoint(
         &self,
         sandbox_id: &str,
         label: Option<String>,
@@ -600,8 +615,20 @@ impl Checkpoints {
     }
 
     /// Deletes a checkpoint and the content no other one holds (of a
-    /// paused sandbox too: only the store changes).
+    /// paused sandbox too: only the store changes). Like
+    /// [`Checkpoints::create`], it runs to its end.
     pub async fn delete(&self, sandbox_id: &str, checkpoint_id: &str) -> CheckpointResult<()> {
+        let (this, id, cp) = (
+            self.clone(),
+            sandbox_id.to_string(),
+            checkpoint_id.to_string(),
+        );
+        tokio::spawn(async move { this.remove(&id, &cp).await })
+            .await
+            .map_err(|e| CheckpointError::Store(StoreError::ended_early(e)))?
+    }
+
+    async fn remove(&self, sandbox_id: &str, checkpoint_id: &str) -> CheckpointResult<()> {
         let sandbox = self.sandboxes.lookup_any(sandbox_id).await?;
         let _one = self.lock(&sandbox.id).await;
         let store = self.store(&sandbox.id)?;

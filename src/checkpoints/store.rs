@@ -45,6 +45,11 @@ const USAGE: &str = "usage";
 pub struct StoreError(String);
 
 impl StoreError {
+    /// A task of the store that panicked or was cancelled.
+    pub(super) fn ended_early(e: impl std::fmt::Display) -> StoreError {
+        StoreError(format!("a task of the store ended early: {e}"))
+    }
+
     /// There is no state directory to keep checkpoints in.
     pub(super) fn none_configured() -> StoreError {
         StoreError("no state_dir is set (SANDBOXD_STATE_DIR) to keep checkpoints in".into())
@@ -91,7 +96,7 @@ impl Store {
         let store = self.clone();
         tokio::task::spawn_blocking(move || work(&store))
             .await
-            .map_err(|e| StoreError(format!("a task of the store ended early: {e}")))?
+            .map_err(StoreError::ended_early)?
     }
 
     fn sub(&self, name: &str) -> PathBuf {

@@ -513,6 +513,46 @@ async fn a_sigkill_mid_checkpoint_leaves_no_checkpoint_and_no_content_behind() {
     assert_eq!(tmp.count(), 0, "no temporary file is left");
 }
 
+/// A client that gives up on a checkpoint: the checkpoint still ends,
+/// whole (listed and restorable), and the next one waits for it.
+#[tokio::test]
+async fn a_checkpoint_whose_client_goes_away_still_ends_whole() {
+    let server = TestServer::start().await;
+    let sid = server.offline_sandbox().await;
+    random_files(&server, &sid, 200, 1_000_000).await;
+    let want = tree_hash(&server, &sid).await;
+    let cut = server
+        .client
+        .post(format!("{}/v1/sandboxes/{sid}/checkpoints", server.base))
+        .json(&json!({"label": "cut"}))
+        .timeout(Duration::from_millis(300))
+        .send()
+        .await;
+    assert!(
+        cut.as_ref().is_err_and(reqwest::Error::is_timeout),
+        "the client gave up before the answer: {cut:?}"
+    );
+    checkpoint(&server, &sid, "next").await;
+    assert_eq!(labels(&server, &sid).await, ["next", "cut"]);
+    let (status, all) = server
+        .get(&format!("/v1/sandboxes/{sid}/checkpoints"))
+        .await;
+    assert_eq!(status, 200, "{all}");
+    let cut = all["checkpoints"][1].clone();
+    assert_eq!(
+        (cut["files"].clone(), cut["newBytes"].clone()),
+        (json!(200), json!(200_000_000))
+    );
+    sh_ok(&server, &sid, "rm -rf many").await;
+    let (status, v) = restore(&server, &sid, id(&cut), json!({})).await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(
+        tree_hash(&server, &sid).await,
+        want,
+        "the cut-off checkpoint's tree"
+    );
+}
+
 #[tokio::test]
 async fn a_chat_rewinds_under_gvisor_too() {
     let config = std::env::temp_dir().join(format!(
