@@ -158,6 +158,13 @@ pub(crate) fn run(ahead: bool) -> ExitCode {
 }
 
 fn keep(mut control: UnixStream, ahead: bool) -> std::io::Result<()> {
+    // The keeper holds no directory of the workspace. It moves itself
+    // rather than being started in "/": a static binary's std spawns with
+    // a fork instead of a vfork when asked for a working directory (its
+    // glibc's chdir file action is looked up dynamically, and found only
+    // in a dynamic binary), and the agent's fork copies its page tables
+    // on every spare made. The stub it starts inherits "/".
+    std::env::set_current_dir("/")?;
     // Processes of the sandbox user may not read or trace the keeper (its
     // control socket is the agent's); a command it starts is dumpable again.
     let _ = rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable);
@@ -274,7 +281,6 @@ impl Stub {
         let (ours, theirs) = UnixStream::pair().ok()?;
         let child = Command::new(std::env::current_exe().ok()?)
             .arg("stub")
-            .current_dir("/")
             .stdin(Stdio::from(OwnedFd::from(theirs)))
             .spawn()
             .ok()?;
@@ -358,11 +364,21 @@ pub(crate) fn run_stub() -> ExitCode {
         }
     };
     let (code, message) = match command(&start, Stdio::null()) {
-        Ok(mut cmd) => spawn_error(&start, &cmd.exec()),
+        Ok(mut cmd) => match std::env::set_current_dir(&start.cwd) {
+            Ok(()) => spawn_error(&start, &cmd.exec()),
+            Err(e) => enter_error(&start.cwd, &e),
+        },
         Err(failed) => failed,
     };
     let _ = std::io::stderr().write_all(message.as_bytes());
     ExitCode::from(u8::try_from(code).unwrap_or(126))
+}
+
+fn enter_error(cwd: &str, e: &std::io::Error) -> (i32, String) {
+    (
+        126,
+        format!("sandboxd: cannot enter the working directory {cwd}: {e}\n"),
+    )
 }
 
 fn cwd_error(cwd: &str, e: &std::io::Error) -> (i32, String) {
@@ -385,7 +401,13 @@ fn spawn(start: &Start, stdin_pipe: Option<OwnedFd>) -> Result<i32, StartError> 
         _ => Stdio::piped(),
     };
     let mut cmd = command(start, stdin).map_err(Some)?;
-    match cmd.spawn() {
+    // The command starts in `start.cwd`; the keeper goes back to "/".
+    if let Err(e) = std::env::set_current_dir(&start.cwd) {
+        return Err(Some(enter_error(&start.cwd, &e)));
+    }
+    let spawned = cmd.spawn();
+    let _ = std::env::set_current_dir("/");
+    match spawned {
         Ok(mut child) => {
             if let Some(stdin) = child.stdin.take() {
                 feed_stdin(stdin, start.stdin.clone());
@@ -438,9 +460,10 @@ fn command(start: &Start, stdin: Stdio) -> Result<Command, (i32, String)> {
         cmd.arg0(arg0).stdin(stdin).process_group(0);
         cmd
     };
+    // No `current_dir`: the stub and `spawn` enter `start.cwd` themselves,
+    // so that a spawn is a vfork, not a fork (see `keep`).
     cmd.args(&start.argv[1..])
         .envs(start.env.iter().map(|(k, v)| (k, v)))
-        .current_dir(&start.cwd)
         .stdout(Stdio::from(stdout))
         .stderr(Stdio::from(stderr));
     Ok(cmd)

@@ -817,8 +817,9 @@ async fn a_command_whose_leftovers_run_outlives_its_retention_and_stays_killable
     .await;
 }
 
-/// A `cwd` that cannot be created ends the command at once with 126 and
-/// sandboxd's message; a program that cannot be found ends it with 127, the
+/// A `cwd` that cannot be created or entered ends the command at once with
+/// 126 and sandboxd's message (a command with stdin is started by another
+/// path than one without: both are tried); a program that cannot be found ends it with 127, the
 /// shell saying so, or with `login: false` the agent.
 #[tokio::test]
 async fn an_uncreatable_cwd_is_126_and_a_missing_program_127() {
@@ -847,6 +848,35 @@ async fn an_uncreatable_cwd_is_126_and_a_missing_program_127() {
             .starts_with("sandboxd: cannot create the working directory /workspace/plain/sub: "),
         "{r}"
     );
+    // A directory the sandbox user may not enter.
+    assert_eq!(
+        server.sh(&sid, "mkdir -p locked && chmod 000 locked").await["exitCode"],
+        0
+    );
+    for stdin in [None, Some("x")] {
+        // Control: the same path of start runs in a directory it may enter.
+        let mut ok = json!({"cmd": "pwd", "login": false, "cwd": "made/here"});
+        let mut locked = json!({"cmd": "pwd", "login": false, "cwd": "locked"});
+        if let Some(input) = stdin {
+            ok["stdin"] = json!(input);
+            locked["stdin"] = json!(input);
+        }
+        let r = server.run(&sid, ok).await;
+        assert_eq!(
+            r["stdout"], "/workspace/made/here\n",
+            "stdin {stdin:?}: {r}"
+        );
+        let r = server.run(&sid, locked).await;
+        assert_eq!(r["exitCode"], 126, "stdin {stdin:?}: {r}");
+        assert_eq!(r["stdout"], "", "the command never ran: {r}");
+        assert!(
+            r["stderr"]
+                .as_str()
+                .unwrap_or("")
+                .starts_with("sandboxd: cannot enter the working directory /workspace/locked: "),
+            "stdin {stdin:?}: {r}"
+        );
+    }
 
     let r = server
         .run(&sid, json!({"cmd": "no-such-program", "login": false}))

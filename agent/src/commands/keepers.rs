@@ -335,7 +335,6 @@ fn spawn_keeper_on(
     let child = std::process::Command::new(exe)
         .arg("keep")
         .args(ahead.then_some("--ahead"))
-        .current_dir("/")
         .stdin(Stdio::from(OwnedFd::from(theirs)))
         .stdout(Stdio::from(out))
         .stderr(Stdio::from(err))
