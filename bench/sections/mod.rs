@@ -42,6 +42,8 @@ pub(crate) enum Section {
     Rate,
     /// The burst's new sessions one after another alone.
     Sequential,
+    /// The burst's 50 new sessions at once alone.
+    Fifty,
     Density,
 }
 
@@ -62,6 +64,7 @@ impl Section {
             "burst" => Some(Section::Burst),
             "rate" => Some(Section::Rate),
             "sequential" => Some(Section::Sequential),
+            "fifty" => Some(Section::Fifty),
             "density" => Some(Section::Density),
             _ => None,
         }
@@ -103,6 +106,7 @@ pub(crate) async fn measure(
         Some(Section::Burst) => burst::measure(server, floor, fig).await,
         Some(Section::Rate) => burst::rates(floor, fig).await,
         Some(Section::Sequential) => burst::one_after_another(server, floor, fig).await,
+        Some(Section::Fifty) => burst::all_at_once(floor, fig).await,
         Some(Section::Density) => density::measure(floor, fig).await,
     }
 }
