@@ -4,7 +4,8 @@
 //! URL (host port -> proxy -> relay in the sandbox -> the server), so it
 //! has the same hardening and isolation. The request and the answer pass
 //! through as they are, bodies streamed; an upgrade (a WebSocket) becomes
-//! a byte pipe between the two connections.
+//! a byte pipe between the two connections. The sandbox counts as in use
+//! until the answer's body ends or the pipe closes.
 //!
 //! Whether a port not yet allowlisted opens on first use is the caller's
 //! rule, decided by the sandbox's session key: E2B's sandboxes have every
@@ -16,6 +17,7 @@ use std::time::Duration;
 
 use axum::body::Body;
 use axum::http::{HeaderMap, HeaderName, Request, Response, StatusCode, header};
+use http_body_util::BodyExt;
 use hyper::client::conn::http1;
 use hyper_util::rt::TokioIo;
 
@@ -82,6 +84,10 @@ impl Ports {
                 .allow_ports(&BTreeSet::from([port]), max)
                 .map_err(|count| ForwardError::TooManyPorts { port, count, max })?;
         }
+        // Open while the answer streams (or the upgraded connection
+        // lasts), as a log stream is: the sandbox is in use, so it does
+        // not idle out under the request, and its idle time starts after.
+        let busy = sandbox.open_request();
         let published = self
             .publish(sandbox_id, port, None, None)
             .await?
@@ -111,6 +117,7 @@ impl Ports {
         {
             let server_side = hyper::upgrade::on(&mut answer);
             tokio::spawn(async move {
+                let _busy = busy;
                 if let (Ok(client), Ok(server)) = tokio::join!(client_side, server_side) {
                     let _ = tokio::io::copy_bidirectional(
                         &mut TokioIo::new(client),
@@ -119,10 +126,15 @@ impl Ports {
                     .await;
                 }
             });
-        } else {
-            strip_hop_by_hop(answer.headers_mut(), false);
+            return Ok(answer.map(Body::new));
         }
-        Ok(answer.map(Body::new))
+        strip_hop_by_hop(answer.headers_mut(), false);
+        Ok(answer.map(|body| {
+            Body::new(body.map_frame(move |frame| {
+                let _ = &busy;
+                frame
+            }))
+        }))
     }
 
     /// Where a proxy's host port is reached from sandboxd: the publish

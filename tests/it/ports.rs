@@ -5,7 +5,8 @@
 //! concurrent lookups, `waitMs`, restarts of sandboxd and of the sandbox, a
 //! stopped proxy, a taken relay port, cleanup (stop, idle expiry), proxy
 //! hardening, and isolation between sandboxes; and a port reached by name
-//! (`PORT-ID.HOST` in `Host`), allowlisted ports only.
+//! (`PORT-ID.HOST` in `Host`), allowlisted ports only, which keeps its
+//! sandbox in use while its answer streams (a port's own URL does not).
 
 use std::time::Duration;
 
@@ -939,5 +940,123 @@ async fn a_port_host_reaches_an_allowlisted_port_without_the_token_and_no_other(
     assert_eq!(
         status, 404,
         "the API's path under a port's name is the port's"
+    );
+}
+
+/// A python server on 127.0.0.1:PORT whose every answer is a line a second
+/// for SECS seconds, started in the background: the command ends at once
+/// and the server stays, a leftover, which keeps nothing busy.
+fn slow_server_script(port: u16, secs: u32) -> String {
+    format!(
+        r#"cat > /tmp/slow{port}.py <<'PY'
+import http.server, time
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200)
+        self.end_headers()
+        for _ in range({secs}):
+            self.wfile.write(b"tick\n")
+            self.wfile.flush()
+            time.sleep(1)
+http.server.ThreadingHTTPServer(("127.0.0.1", {port}), H).serve_forever()
+PY
+nohup python3 /tmp/slow{port}.py >/dev/null 2>&1 &"#
+    )
+}
+
+/// Sends GET `url` (with `host` as `Host` if given) until it answers 200,
+/// for at most 30 s: the server may still be starting.
+async fn slow_answer(url: &str, host: Option<&str>) -> reqwest::Response {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let mut req = reqwest::Client::new().get(url);
+        if let Some(host) = host {
+            req = req.header("host", host);
+        }
+        if let Ok(resp) = req.send().await
+            && resp.status() == 200
+        {
+            return resp;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{url} never answered 200"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// A request by name is a use of its sandbox while its answer streams:
+/// a sandbox with a 10 s idle TTL outlives it, then idles out as usual.
+#[tokio::test]
+async fn a_request_by_name_keeps_its_sandbox_from_idling_out_until_its_answer_ends() {
+    let server = TestServer::start().await;
+    let sid = server
+        .create(json!({"sessionKey": "by-name-idle", "ports": [3000], "idleTtlMs": 10000}))
+        .await;
+    let started = server.sh(&sid, &slow_server_script(3000, 16)).await;
+    assert_eq!(started["exitCode"], 0, "{started}");
+    let authority = server.base.trim_start_matches("http://");
+    let host = format!("3000-{sid}.{authority}");
+    let mut answer = slow_answer(&format!("{}/", server.base), Some(&host)).await;
+    let reading = tokio::spawn(async move {
+        let mut got = 0;
+        while let Ok(Some(chunk)) = answer.chunk().await {
+            got += chunk.len();
+        }
+        got
+    });
+    // Past its 10 s TTL with the answer still streaming: a time, not a
+    // condition.
+    tokio::time::sleep(Duration::from_secs(13)).await;
+    assert!(
+        server.listed_sandboxes().await.contains(&sid),
+        "a request by name still streaming keeps its sandbox"
+    );
+    let got = reading.await.expect("the reader");
+    assert_eq!(got, 16 * "tick\n".len(), "the whole answer arrived");
+    // The answer has ended: the sandbox idles out like any other.
+    eventually(
+        Duration::from_secs(40),
+        "the idle sandbox to be stopped",
+        || async { !server.listed_sandboxes().await.contains(&sid) },
+    )
+    .await;
+}
+
+/// A request to the port's own URL does not pass through sandboxd: while
+/// one streams, the sandbox still idles out (and the answer is cut short).
+#[tokio::test]
+async fn a_request_to_a_ports_own_url_does_not_keep_its_sandbox() {
+    let server = TestServer::start().await;
+    let sid = server
+        .create(json!({"sessionKey": "url-idle", "ports": [3000], "idleTtlMs": 10000}))
+        .await;
+    let started = server.sh(&sid, &slow_server_script(3000, 60)).await;
+    assert_eq!(started["exitCode"], 0, "{started}");
+    let (status, v) = port(&server, &sid, 3000, "").await;
+    assert_eq!(status, 200, "{v}");
+    let url = v["url"].as_str().expect("a url").to_string();
+    let mut answer = slow_answer(&format!("{url}/"), None).await;
+    // Positive control: the answer does stream through the URL.
+    let first = answer.chunk().await.expect("a chunk");
+    assert_eq!(first.as_deref(), Some(&b"tick\n"[..]));
+    let reading = tokio::spawn(async move {
+        let mut got = first.map_or(0, |c| c.len());
+        while let Ok(Some(chunk)) = answer.chunk().await {
+            got += chunk.len();
+        }
+        got
+    });
+    eventually(
+        Duration::from_secs(40),
+        "the sandbox to idle out while its port's URL streams",
+        || async { !server.listed_sandboxes().await.contains(&sid) },
+    )
+    .await;
+    let got = reading.await.expect("the reader");
+    assert!(
+        got < 60 * "tick\n".len(),
+        "the answer was cut short by the stop ({got} bytes)"
     );
 }

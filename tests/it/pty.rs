@@ -510,19 +510,6 @@ async fn a_viewer_that_stops_reading_stalls_nothing() {
     );
 }
 
-/// Sandboxes in the list (which, unlike a lookup, is no use of them).
-async fn listed_sandboxes(server: &TestServer) -> Vec<String> {
-    let (_, v) = server.get("/v1/sandboxes").await;
-    v["sandboxes"]
-        .as_array()
-        .map(|a| {
-            a.iter()
-                .filter_map(|s| s["sandboxId"].as_str().map(str::to_string))
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
 #[tokio::test]
 async fn an_attached_viewer_keeps_its_sandbox_from_idling_out_and_a_detached_session_does_not() {
     let server = server().await;
@@ -535,7 +522,7 @@ async fn an_attached_viewer_keeps_its_sandbox_from_idling_out_and_a_detached_ses
     // Past its 10 s TTL with nobody typing: a time, not a condition.
     tokio::time::sleep(Duration::from_secs(13)).await;
     assert!(
-        listed_sandboxes(&server).await.contains(&sid),
+        server.listed_sandboxes().await.contains(&sid),
         "an attached session keeps the sandbox"
     );
     drop(v);
@@ -545,7 +532,7 @@ async fn an_attached_viewer_keeps_its_sandbox_from_idling_out_and_a_detached_ses
         "the idle sandbox to be stopped",
         || {
             let (server, sid) = (&server, sid.clone());
-            async move { !listed_sandboxes(server).await.contains(&sid) }
+            async move { !server.listed_sandboxes().await.contains(&sid) }
         },
     )
     .await;

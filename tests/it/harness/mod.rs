@@ -405,6 +405,20 @@ impl TestServer {
         self.wait_ready().await;
     }
 
+    /// Ids of the sandboxes in the list (which, unlike a lookup, is no use
+    /// of them: it does not restart their idle clock).
+    pub(crate) async fn listed_sandboxes(&self) -> Vec<String> {
+        let (_, v) = self.get("/v1/sandboxes").await;
+        v["sandboxes"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|s| s["sandboxId"].as_str().map(str::to_string))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
     /// Waits until the engine is connected and the registry rebuilt.
     pub(crate) async fn wait_ready(&self) {
         let deadline = Instant::now() + Duration::from_secs(20);
