@@ -347,6 +347,8 @@ def checkpoint_steps(c, sid):
     twice (the second to end the running command)."""
     c.click(f'tr[data-sandbox="{sid}"] a')
     c.click("#to-checkpoints")
+    # The view renders after the click: its form is there once shown.
+    c.wait("the checkpoint form", lambda: c.find("#checkpoint-label").is_displayed())
     kept = take_checkpoint(c, "before-edit")
     # Refused (the label is taken): the API's own sentence is shown.
     c.find("#checkpoint-label").send_keys("before-edit")
