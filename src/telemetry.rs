@@ -80,6 +80,15 @@ pub fn checkpoint_made(started: Instant, new_bytes: u64, deduplicated_bytes: u64
     histogram!("sandboxd_checkpoint_duration_seconds").record(started.elapsed().as_secs_f64());
 }
 
+/// A checkpoint read `n` files `via` the host (the workspace's directory
+/// there) or the agent.
+pub fn checkpoint_files_read(via: &'static str, n: u64) {
+    if n == 0 {
+        return;
+    }
+    counter!("sandboxd_checkpoint_files_read_total", "via" => via).increment(n);
+}
+
 /// A terminal session opened.
 pub fn pty_opened() {
     counter!("sandboxd_ptys_opened_total").increment(1);

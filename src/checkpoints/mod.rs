@@ -20,6 +20,7 @@
 //! kept only while some operation holds or waits for it. The store's file
 //! I/O runs on blocking threads, never on a worker of the async runtime.
 
+mod host;
 mod manifest;
 mod store;
 mod text_diff;
@@ -31,6 +32,7 @@ use std::time::Instant;
 use dashmap::DashMap;
 use futures_util::StreamExt;
 use futures_util::stream::FuturesUnordered;
+use host::HostTree;
 use sandboxd_proto::{FailureKind, ShapeSpec};
 
 use crate::agent_client::AgentError;
@@ -300,6 +302,92 @@ impl Drop for Prune<'_> {
     }
 }
 
+/// The workspace's directory on the host, open, or `None` (logged) when
+/// sandboxd may not open it: the agent reads every file then.
+async fn open_host_tree(store: &Store, dir: std::path::PathBuf) -> Option<Arc<HostTree>> {
+    let opened = store
+        .blocking(move |_| Ok(HostTree::open(&dir).map_err(|e| (dir, e))))
+        .await;
+    match opened {
+        Ok(Ok(tree)) => Some(Arc::new(tree)),
+        Ok(Err((dir, e))) => {
+            tracing::debug!(dir = %dir.display(), error = %e, "the workspace is read through the agent");
+            None
+        }
+        Err(_) => None,
+    }
+}
+
+/// Where a checkpoint reads the workspace's files: on the host where it
+/// may ([`host`]), through the agent for every other file and every miss.
+struct FileSource<'a> {
+    agent: &'a tree::Agent<'a>,
+    host: Option<&'a Arc<HostTree>>,
+    store: &'a Store,
+}
+
+impl FileSource<'_> {
+    /// Large file `e` streamed into the store.
+    async fn store_file(&self, e: &Entry) -> Result<store::Stored, CheckpointError> {
+        if let Some(host) = self.host {
+            let (host, entry) = (Arc::clone(host), e.clone());
+            let stored = self.store.blocking(move |s| host.store(s, &entry)).await;
+            if let Some(stored) = stored.map_err(CheckpointError::Store)? {
+                crate::telemetry::checkpoint_files_read("host", 1);
+                return Ok(stored);
+            }
+        }
+        crate::telemetry::checkpoint_files_read("agent", 1);
+        self.agent.store_file(self.store, e).await
+    }
+
+    /// The contents of small files `batch` (indices into `entries`): read
+    /// on the host on one blocking thread, the misses through the agent.
+    async fn read_files(
+        &self,
+        entries: &[Entry],
+        batch: Vec<usize>,
+    ) -> Vec<(usize, Result<Vec<u8>, CheckpointError>)> {
+        let mut got = Vec::with_capacity(batch.len());
+        let mut missed = batch;
+        if let (Some(host), false) = (self.host, missed.is_empty()) {
+            let wanted: Vec<(usize, Entry)> =
+                missed.iter().map(|&i| (i, entries[i].clone())).collect();
+            let host = Arc::clone(host);
+            let read = self
+                .store
+                .blocking(move |_| {
+                    Ok(wanted
+                        .into_iter()
+                        .map(|(i, e)| (i, host.read(&e)))
+                        .collect::<Vec<_>>())
+                })
+                .await;
+            // A blocking task that did not finish leaves every file to
+            // the agent.
+            if let Ok(read) = read {
+                missed.clear();
+                for (i, content) in read {
+                    match content {
+                        Some(content) => got.push((i, Ok(content))),
+                        None => missed.push(i),
+                    }
+                }
+                crate::telemetry::checkpoint_files_read("host", got.len() as u64);
+            }
+        }
+        crate::telemetry::checkpoint_files_read("agent", missed.len() as u64);
+        let agent = self.agent;
+        let through_agent = futures_util::stream::iter(missed)
+            .map(|i| async move { (i, agent.read_file(&entries[i]).await) })
+            .buffer_unordered(FILES_IN_FLIGHT)
+            .collect::<Vec<_>>()
+            .await;
+        got.extend(through_agent);
+        got
+    }
+}
+
 fn store_err(e: StoreError) -> CheckpointError {
     CheckpointError::Store(e)
 }
@@ -417,9 +505,18 @@ impl Checkpoints {
             limit: self.config.agent_timeout,
             dirs: self.config.workspace_dirs().collect(),
         };
+        let host = match self.sandboxes.workspace_host_dir(&sandbox).await {
+            Some(dir) => open_host_tree(&store, dir).await,
+            None => None,
+        };
+        let source = FileSource {
+            agent: &agent,
+            host: host.as_ref(),
+            store: &store,
+        };
         let mut added = Vec::new();
         let taken = self
-            .take(&agent, &store, &previous, stored_before, &mut added)
+            .take(&source, &previous, stored_before, &mut added)
             .await;
         let (entries, new_bytes) = match taken {
             Ok(taken) => taken,
@@ -476,8 +573,7 @@ impl Checkpoints {
     /// objects stored anew (removed by the caller on failure).
     async fn take(
         &self,
-        agent: &tree::Agent<'_>,
-        store: &Store,
+        source: &FileSource<'_>,
         previous: &[Entry],
         stored_before: u64,
         added: &mut Vec<String>,
@@ -488,7 +584,9 @@ impl Checkpoints {
             attempt += 1;
             let mut new_bytes = 0u64;
             let result = async {
-                let mut entries = agent.snapshot(self.config.checkpoint_max_entries).await?;
+                let mut entries = (source.agent)
+                    .snapshot(self.config.checkpoint_max_entries)
+                    .await?;
                 let known: std::collections::HashMap<&str, &Entry> =
                     previous.iter().map(|e| (e.path.as_str(), e)).collect();
                 let mut to_read = Vec::new();
@@ -540,7 +638,7 @@ impl Checkpoints {
                     while going && in_flight.len() < FILES_IN_FLIGHT {
                         let Some(i) = pending.next() else { break };
                         let e = &entries[i];
-                        in_flight.push(async move { (i, agent.store_file(store, e).await) });
+                        in_flight.push(async move { (i, source.store_file(e).await) });
                     }
                     // Every file started is waited for, after a failure
                     // too, so what each stored is known and removed.
@@ -560,16 +658,12 @@ impl Checkpoints {
                     }
                     let (indices, contents): (Vec<usize>, Vec<Vec<u8>>) =
                         std::mem::take(&mut read).into_iter().unzip();
-                    let listed = &entries;
-                    let reading = futures_util::stream::iter(next)
-                        .map(|i| async move { (i, agent.read_file(&listed[i]).await) })
-                        .buffer_unordered(FILES_IN_FLIGHT)
-                        .collect::<Vec<_>>();
+                    let reading = source.read_files(&entries, next);
                     let storing = async {
                         if contents.is_empty() {
                             return Ok(Vec::new());
                         }
-                        store.blocking(move |s| s.put_all(contents)).await
+                        source.store.blocking(move |s| s.put_all(contents)).await
                     };
                     let (got, stored) = tokio::join!(reading, storing);
                     match stored {

@@ -56,7 +56,7 @@ impl StoreError {
     }
 }
 
-type StoreResult<T> = Result<T, StoreError>;
+pub(super) type StoreResult<T> = Result<T, StoreError>;
 
 fn failed(what: &str, path: &Path, e: std::io::Error) -> StoreError {
     StoreError(format!("cannot {what} {}: {e}", path.display()))
@@ -404,7 +404,7 @@ impl Store {
     }
 
     /// A new object, written piece by piece.
-    fn new_object(&self) -> StoreResult<ObjectWriter> {
+    pub(super) fn new_object(&self) -> StoreResult<ObjectWriter> {
         self.make_dirs()?;
         Ok(ObjectWriter {
             tmp: self.temp_file()?,
@@ -505,7 +505,7 @@ pub(super) struct Stored {
 }
 
 impl ObjectWriter {
-    fn write(&mut self, piece: &[u8]) -> StoreResult<()> {
+    pub(super) fn write(&mut self, piece: &[u8]) -> StoreResult<()> {
         self.hash.update(piece);
         self.size += piece.len() as u64;
         self.tmp

@@ -61,6 +61,9 @@ struct Inner {
     /// OCI runtime name -> whether it is gVisor's runsc, as the engine
     /// registered it (asked once per name).
     gvisor_runtimes: RwLock<HashMap<String, bool>>,
+    /// The OCI runtime a container gets when it names none, once the
+    /// engine said.
+    default_runtime: RwLock<Option<String>>,
     connected: watch::Sender<bool>,
     /// Engine calls that make something, run to their end (see
     /// [`Engine::making`]).
@@ -81,6 +84,7 @@ impl Engine {
                 docker: RwLock::new(None),
                 last_error: RwLock::new("not connected yet".into()),
                 gvisor_runtimes: RwLock::new(HashMap::new()),
+                default_runtime: RwLock::new(None),
                 connected: watch::channel(false).0,
                 making: TaskTracker::new(),
             }),

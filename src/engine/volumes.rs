@@ -128,6 +128,47 @@ impl Engine {
         }
     }
 
+    /// The host directory holding volume `name`'s files, when a process
+    /// on this host may read them there as a container run by
+    /// `oci_runtime` (or the engine's default) writes them: the volume is
+    /// the `local` driver's and the runtime is `runc`, which shares the
+    /// host's kernel and page cache. Under another runtime (gVisor keeps
+    /// its own view of a file) the answer is `None`.
+    pub async fn volume_host_dir(
+        &self,
+        name: &str,
+        oci_runtime: Option<&str>,
+    ) -> EngineResult<Option<String>> {
+        let docker = self.docker()?;
+        let runtime = match oci_runtime {
+            Some(r) => r.to_string(),
+            None => {
+                let known = self
+                    .inner
+                    .default_runtime
+                    .read()
+                    .ok()
+                    .and_then(|d| d.clone());
+                match known {
+                    Some(d) => d,
+                    None => {
+                        let d = docker.info().await?.default_runtime.unwrap_or_default();
+                        if let Ok(mut known) = self.inner.default_runtime.write() {
+                            *known = Some(d.clone());
+                        }
+                        d
+                    }
+                }
+            }
+        };
+        if runtime != "runc" {
+            return Ok(None);
+        }
+        let volume = docker.inspect_volume(name).await?;
+        let dir = volume.mountpoint;
+        Ok((volume.driver == "local" && dir.starts_with('/')).then_some(dir))
+    }
+
     /// Every volume carrying all of `labels`.
     pub async fn list_volumes(&self, labels: &[(&str, &str)]) -> EngineResult<Vec<VolumeRecord>> {
         let docker = self.docker()?;

@@ -872,6 +872,23 @@ impl Sandboxes {
         self.engine.is_gvisor(oci_runtime.as_deref()).await
     }
 
+    /// Where the host holds `s`'s workspace, when sandboxd may read its
+    /// files there (see [`crate::engine::Engine::volume_host_dir`]); a
+    /// failure to ask is `None`: the agent reads them instead.
+    pub async fn workspace_host_dir(&self, s: &Sandbox) -> Option<std::path::PathBuf> {
+        let oci_runtime = self.config.runtime(&s.runtime).and_then(|(_, rt)| rt);
+        match (self.engine)
+            .volume_host_dir(&s.volume, oci_runtime.as_deref())
+            .await
+        {
+            Ok(dir) => dir.map(std::path::PathBuf::from),
+            Err(e) => {
+                tracing::debug!(sandbox = %s.id, error = %e, "no host directory for the workspace");
+                None
+            }
+        }
+    }
+
     /// What a failure on `s` means: a sandbox stopped (or expired, or
     /// evicted) while the work was under way is gone, whatever the engine
     /// said about its container.

@@ -473,6 +473,23 @@ async fn a_checkpoint_after_a_small_change_stores_only_that_change() {
         "{metrics}"
     );
     assert!(metrics.contains("sandboxd_checkpoint_stored_bytes_total 3012345"));
+    // 300 files, then the changed one, then all 300 again: read on the
+    // host under runc, through the agent under gVisor.
+    let (read_by, not_by) = if crate::harness::under_gvisor() {
+        ("agent", "host")
+    } else {
+        ("host", "agent")
+    };
+    assert!(
+        metrics.contains(&format!(
+            "sandboxd_checkpoint_files_read_total{{via=\"{read_by}\"}} 601"
+        )),
+        "{metrics}"
+    );
+    assert!(
+        !metrics.contains(&format!("{{via=\"{not_by}\"}}")),
+        "{metrics}"
+    );
 }
 
 #[tokio::test]
@@ -487,9 +504,10 @@ async fn a_sigkill_mid_checkpoint_leaves_no_checkpoint_and_no_content_behind() {
     let pending =
         tokio::spawn(async move { client.post(url).json(&json!({"label": "cut"})).send().await });
     let objects = store_dir(&server, &sid).join("objects");
-    eventually(Duration::from_secs(30), "content is being stored", || {
-        let objects = objects.clone();
-        async move { std::fs::read_dir(&objects).is_ok_and(|mut d| d.next().is_some()) }
+    // Looked for often: read on the host, the 200 MB take a few hundred
+    // milliseconds.
+    under_way(&pending, "content is being stored", || {
+        std::fs::read_dir(&objects).is_ok_and(|mut d| d.next().is_some())
     })
     .await;
     server.crash_and_restart().await;
@@ -513,6 +531,24 @@ async fn a_sigkill_mid_checkpoint_leaves_no_checkpoint_and_no_content_behind() {
     assert_eq!(tmp.count(), 0, "no temporary file is left");
 }
 
+/// Waits, looking every 2 ms for 30 s at most, until `seen` holds while
+/// `request` is still waiting for its answer.
+async fn under_way<T>(request: &tokio::task::JoinHandle<T>, what: &str, seen: impl Fn() -> bool) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !seen() {
+        assert!(!request.is_finished(), "answered before {what}");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timed out waiting for: {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    assert!(
+        !request.is_finished(),
+        "answered before it was seen that {what}"
+    );
+}
+
 /// A client that gives up on a checkpoint: the checkpoint still ends,
 /// whole (listed and restorable), and the next one waits for it.
 #[tokio::test]
@@ -521,16 +557,20 @@ async fn a_checkpoint_whose_client_goes_away_still_ends_whole() {
     let sid = server.offline_sandbox().await;
     random_files(&server, &sid, 200, 1_000_000).await;
     let want = tree_hash(&server, &sid).await;
-    let cut = server
+    // The client goes away once the checkpoint is under way (the store
+    // is marked changing), long before it can end.
+    let request = server
         .client
         .post(format!("{}/v1/sandboxes/{sid}/checkpoints", server.base))
         .json(&json!({"label": "cut"}))
-        .timeout(Duration::from_millis(300))
-        .send()
-        .await;
+        .send();
+    let cut = tokio::spawn(request);
+    let marker = store_dir(&server, &sid).join("changing");
+    under_way(&cut, "the store is marked changing", || marker.exists()).await;
+    cut.abort();
     assert!(
-        cut.as_ref().is_err_and(reqwest::Error::is_timeout),
-        "the client gave up before the answer: {cut:?}"
+        cut.await.is_err_and(|e| e.is_cancelled()),
+        "the client gave up before the answer"
     );
     checkpoint(&server, &sid, "next").await;
     assert_eq!(labels(&server, &sid).await, ["next", "cut"]);
@@ -584,6 +624,13 @@ async fn a_chat_rewinds_under_gvisor_too() {
     let (status, v) = restore(&server, &sid, id(&t2), json!({})).await;
     assert_eq!(status, 200, "{v}");
     assert_eq!(tree_hash(&server, &sid).await, turn_2_hash);
+    // gVisor keeps its own view of the files: the agent reads them all.
+    let metrics = server.metrics_text().await;
+    assert!(
+        metrics.contains("sandboxd_checkpoint_files_read_total{via=\"agent\"}"),
+        "{metrics}"
+    );
+    assert!(!metrics.contains("{via=\"host\"}"), "{metrics}");
 }
 
 #[tokio::test]
