@@ -239,7 +239,14 @@ def stdin_pids_connect():
 
     # The pid is the command's own process in the sandbox.
     sleeper = sbx.commands.run("sleep 300", background=True)
-    cmdline = sbx.commands.run(f"tr '\\0' ' ' < /proc/{sleeper.pid}/cmdline").stdout
+    # Looked at until it shows: the process starts as sandboxd's stub and
+    # becomes the shell, then `sleep`, by execs (in the middle of one,
+    # /proc shows no arguments); the pid stays the same.
+    deadline = time.monotonic() + 10
+    while True:
+        cmdline = sbx.commands.run(f"tr '\\0' ' ' < /proc/{sleeper.pid}/cmdline").stdout
+        if "sleep 300" in cmdline or time.monotonic() > deadline:
+            break
     assert "sleep 300" in cmdline, (sleeper.pid, cmdline)
     ok("pid", pid=sleeper.pid, cmdline=cmdline.strip())
     sbx.commands.kill(sleeper.pid)

@@ -110,6 +110,26 @@ impl CheckpointError {
         }
     }
 
+    /// A read of a path the snapshot saw as a regular file: one that is
+    /// now reached through a symlink, or is no longer a file in a
+    /// directory, changed since the snapshot.
+    fn from_read(e: AgentError) -> Self {
+        match e {
+            AgentError::Refused(f)
+                if matches!(
+                    f.kind,
+                    FailureKind::SymlinkEscape
+                        | FailureKind::NotDirectory
+                        | FailureKind::IsDirectory
+                        | FailureKind::NotRegular
+                ) =>
+            {
+                CheckpointError::WorkspaceChanging(f.message)
+            }
+            other => CheckpointError::from_agent(other),
+        }
+    }
+
     fn agent_broke(what: &str) -> Self {
         CheckpointError::Sandbox(AgentError::Protocol(what.to_string()).into())
     }

@@ -163,7 +163,7 @@ impl Agent<'_> {
             ));
         };
         let kept = match read {
-            Err(err) => Err(CheckpointError::from_agent(err)),
+            Err(err) => Err(CheckpointError::from_read(err)),
             Ok(()) if writer.size() != expected => Err(CheckpointError::WorkspaceChanging(
                 format!("{} changed while it was read", e.path),
             )),
@@ -211,7 +211,7 @@ impl Agent<'_> {
                 "more bytes of a file than its size",
             ));
         };
-        read.map_err(CheckpointError::from_agent)?;
+        read.map_err(CheckpointError::from_read)?;
         if content.len() as u64 != e.size {
             return Err(CheckpointError::WorkspaceChanging(format!(
                 "{} changed while it was read",
@@ -250,7 +250,7 @@ impl Agent<'_> {
                 .conn
                 .stat(paths, true, self.limit)
                 .await
-                .map_err(CheckpointError::from_agent)?;
+                .map_err(CheckpointError::from_read)?;
             if stats.len() != batch.len() {
                 return Err(CheckpointError::agent_broke("a stat of other paths"));
             }

@@ -6,7 +6,8 @@
 //! ends it when asked; the store is out of the sandbox's sight and goes
 //! with the sandbox; checkpoints survive a SIGKILL of sandboxd; the limits
 //! refuse with nothing half-made; a checkpoint after a small change
-//! stores only that change.
+//! stores only that change; a directory swapped for links out of the
+//! workspace during checkpoints never gets outside content stored.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -529,6 +530,84 @@ async fn a_sigkill_mid_checkpoint_leaves_no_checkpoint_and_no_content_behind() {
     assert_eq!(object_bytes(&server, &sid), 200_000);
     let tmp = std::fs::read_dir(store_dir(&server, &sid).join("tmp")).expect("tmp");
     assert_eq!(tmp.count(), 0, "no temporary file is left");
+}
+
+/// A sandbox that keeps swapping a directory for links out of the
+/// workspace (to `/etc`, where a file of the same name is, and up past
+/// the volume) while checkpoints are taken: each is whole or refused as
+/// changing, and the store holds only the workspace's one content. Under
+/// runc the files are read on the host, where those links would lead
+/// out of the volume.
+#[tokio::test]
+async fn checkpoints_while_a_directory_is_swapped_for_links_out_store_only_the_workspaces_content()
+{
+    let server = TestServer::start().await;
+    let sid = server.offline_sandbox().await;
+    sh_ok(&server, &sid, "mkdir d && echo inside > d/hostname").await;
+    checkpoint(&server, &sid, "before").await;
+    started(
+        &server,
+        &sid,
+        "python3 -c \"
+import os
+print('started', flush=True)
+n = 0
+while True:
+    os.rename('d', 'd.x'); os.symlink('/etc', 'd'); os.unlink('d')
+    os.symlink('../../../..', 'd'); os.unlink('d'); os.rename('d.x', 'd')
+    n += 1
+    with open('/tmp/swaps.new', 'w') as f: f.write(str(n))
+    os.rename('/tmp/swaps.new', '/tmp/swaps')
+\"",
+    )
+    .await;
+    let swaps = || async {
+        let r = server.sh(&sid, "cat /tmp/swaps").await;
+        r["stdout"]
+            .as_str()
+            .and_then(|s| s.trim().parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    let before = swaps().await;
+    let (mut whole, mut refused) = (0, 0);
+    for i in 0..20 {
+        let (status, v) = server
+            .post(
+                &format!("/v1/sandboxes/{sid}/checkpoints"),
+                json!({"label": format!("during-{i}")}),
+            )
+            .await;
+        match (status, v["code"].as_str()) {
+            (201, _) => whole += 1,
+            (409, Some("workspace_changing")) => refused += 1,
+            _ => panic!("neither whole nor refused as changing: {status} {v}"),
+        }
+    }
+    // The control: the swaps went on all along.
+    let swapped = swaps().await - before;
+    assert!(
+        swapped >= 20,
+        "the directory was swapped {swapped} times during the checkpoints"
+    );
+    eprintln!(
+        "{whole} checkpoints whole, {refused} refused, over {swapped} swaps; {}",
+        server
+            .metrics_text()
+            .await
+            .lines()
+            .filter(|l| l.starts_with("sandboxd_checkpoint_files_read_total"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    let objects: Vec<String> = std::fs::read_dir(store_dir(&server, &sid).join("objects"))
+        .expect("objects")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(
+        objects,
+        [sha256_hex(b"inside\n")],
+        "the store holds the workspace's one content and nothing else"
+    );
 }
 
 /// Waits, looking every 2 ms for 30 s at most, until `seen` holds while
