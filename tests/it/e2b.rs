@@ -59,7 +59,8 @@ async fn check(server: &TestServer, scenarios: &[&str]) -> Vec<(String, Value)> 
     let stdout = String::from_utf8_lossy(&out.stdout).to_string();
     assert!(
         out.status.success() && stdout.lines().any(|l| l == "done"),
-        "check.py {scenarios:?} failed:\n{stdout}\n{}",
+        "check.py {scenarios:?} failed ({}):\n{stdout}\n{}",
+        out.status,
         String::from_utf8_lossy(&out.stderr)
     );
     stdout
