@@ -76,17 +76,14 @@ fi
 if cargo nextest --version >/dev/null 2>&1; then
   cargo nextest run --no-fail-fast -E 'not (binary(it) and test(/^engine_restart::/))' "$@"
   cargo nextest run --no-fail-fast --test-threads 1 -E 'binary(it) and test(/^engine_restart::/)' "$@"
-  # Known bug, skipped under gVisor only: in that test's race a read there
-  # can fail as agent_failed "Permission denied" (a 502) instead of a
-  # change (seen once in four gVisor runs); it runs under runc above.
   "${under_gvisor[@]}" cargo nextest run --no-fail-fast \
-    -E 'binary(it) and not test(=checkpoints::checkpoints_while_a_directory_is_swapped_for_links_out_store_only_the_workspaces_content) and not test(/^(engine_restart|gvisor|http_contract|openapi)::/) and not (test(/^mcp::/) and not test(/^mcp::smoke_/)) and not (test(/^files_watch::/) and not test(/^files_watch::smoke_/)) and not (test(/^ui::/) and not test(/^ui::smoke_/)) and not (test(/^e2b::/) and not test(/^e2b::smoke_/)) and not test(/^e2b_js::/)' "$@"
+    -E 'binary(it) and not test(/^(engine_restart|gvisor|http_contract|openapi)::/) and not (test(/^mcp::/) and not test(/^mcp::smoke_/)) and not (test(/^files_watch::/) and not test(/^files_watch::smoke_/)) and not (test(/^ui::/) and not test(/^ui::smoke_/)) and not (test(/^e2b::/) and not test(/^e2b::smoke_/)) and not test(/^e2b_js::/)' "$@"
 else
   # libtest filters match substrings of the test path (module::test).
   cargo test --no-fail-fast --workspace "$@" -- --skip engine_restart::
   cargo test --no-fail-fast --test it "$@" -- engine_restart:: --test-threads 1
   "${under_gvisor[@]}" cargo test --no-fail-fast --test it "$@" -- \
     --skip engine_restart:: --skip gvisor:: --skip http_contract:: --skip openapi:: --skip mcp:: \
-    --skip files_watch:: --skip ui:: --skip e2b:: --skip e2b_js:: --skip checkpoints::checkpoints_while_a_directory_is_swapped_for_links_out_store_only_the_workspaces_content
+    --skip files_watch:: --skip ui:: --skip e2b:: --skip e2b_js::
   "${under_gvisor[@]}" cargo test --no-fail-fast --test it "$@" -- mcp::smoke_ files_watch::smoke_ ui::smoke_ e2b::smoke_
 fi

@@ -36,6 +36,7 @@ mod file_thread;
 mod files;
 mod keeper;
 mod log;
+mod nofollow;
 mod ops;
 mod pty;
 mod relay;
@@ -84,7 +85,17 @@ mod layering {
         (5, &["pty", "search", "file_thread"]),
         (4, &["commands", "files", "relay", "egress", "watch"]),
         (3, &["changes", "keeper", "log"]),
-        (1, &["tree", "splice", "cgroup", "transport", "temp_name"]),
+        (
+            1,
+            &[
+                "tree",
+                "splice",
+                "cgroup",
+                "transport",
+                "temp_name",
+                "nofollow",
+            ],
+        ),
     ];
 
     #[test]

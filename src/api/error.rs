@@ -312,6 +312,7 @@ impl From<CheckpointError> for ApiError {
             CheckpointError::StoreFull(_) => ErrorCode::CheckpointStoreFull,
             CheckpointError::WorkspaceChanging(_) => ErrorCode::WorkspaceChanging,
             CheckpointError::Unsupported(_) => ErrorCode::WorkspaceUnsupported,
+            CheckpointError::Unreadable(_) => ErrorCode::PermissionDenied,
             CheckpointError::CommandsRunning(_) => ErrorCode::CommandsRunning,
             CheckpointError::Store(_) => {
                 tracing::error!(error = %message, "the checkpoint store failed");

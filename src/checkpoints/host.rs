@@ -10,6 +10,9 @@
 //! A file that fails any of this (changed, replaced, a directory swapped
 //! for a link, a directory sandboxd may not read) is a miss, and the
 //! agent reads it instead, as it reads every file under other runtimes.
+//! So is a file its owner may not read: the agent, which reads as the
+//! sandbox user, refuses it, and a checkpoint answers the same under
+//! every runtime.
 
 use std::fs::File;
 use std::io::{self, Read};
@@ -29,7 +32,8 @@ pub(super) struct HostTree {
     root: OwnedFd,
 }
 
-/// A file's identity as the agent's snapshot gives it.
+/// Whether `st` is the file the agent's snapshot saw, readable by its
+/// owner.
 #[allow(
     clippy::unnecessary_cast,
     reason = "the stat fields are i64 on 64-bit targets, narrower elsewhere"
@@ -41,6 +45,7 @@ fn same_file(st: &Stat, e: &Entry) -> bool {
         && ns(st.st_mtime as i64, st.st_mtime_nsec as i64) == e.mtime_ns
         && ns(st.st_ctime as i64, st.st_ctime_nsec as i64) == e.ctime_ns
         && st.st_ino as u64 == e.ino
+        && st.st_mode & 0o400 != 0
 }
 
 impl HostTree {
@@ -123,7 +128,7 @@ impl HostTree {
 
 #[cfg(test)]
 mod tests {
-    use std::os::unix::fs::MetadataExt;
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
 
     use super::*;
     use crate::checkpoints::manifest::EntryKind;
@@ -167,6 +172,19 @@ mod tests {
         // clock tick may keep the times, as for the agent's own check).
         std::fs::write(ws.join("sub/f"), b"HELLO!").unwrap();
         assert_eq!(tree.read(&seen), None, "a changed file is a miss");
+
+        // One its owner may not read (the agent answers for it).
+        std::fs::set_permissions(ws.join("sub/f"), std::fs::Permissions::from_mode(0o244)).unwrap();
+        assert_eq!(
+            tree.read(&entry(&ws, "sub/f")),
+            None,
+            "an unreadable file is a miss"
+        );
+        std::fs::set_permissions(ws.join("sub/f"), std::fs::Permissions::from_mode(0o644)).unwrap();
+        assert_eq!(
+            tree.read(&entry(&ws, "sub/f")).as_deref(),
+            Some(&b"HELLO!"[..])
+        );
 
         // A directory swapped for a link to outside the workspace, with
         // an entry that matches the file out there: never followed.

@@ -84,6 +84,10 @@ pub enum CheckpointError {
     /// not UTF-8, a tree too deep).
     #[error("{0}")]
     Unsupported(String),
+    /// The workspace holds a file or directory the sandbox user may not
+    /// read (it made it so).
+    #[error("{0}; nothing was stored")]
+    Unreadable(String),
     /// Commands run in the sandbox and the restore may not end them.
     #[error("{0}")]
     CommandsRunning(String),
@@ -101,6 +105,7 @@ impl CheckpointError {
                     CheckpointError::WorkspaceChanging(f.message)
                 }
                 FailureKind::TooMany => CheckpointError::StoreFull(f.message),
+                FailureKind::PermissionDenied => CheckpointError::Unreadable(f.message),
                 FailureKind::Invalid | FailureKind::TooLarge => {
                     CheckpointError::Unsupported(f.message)
                 }

@@ -50,13 +50,14 @@ async fn random_files(server: &TestServer, sid: &str, count: u32, bytes: u32) {
 
 /// Asks for a checkpoint that must be refused with `status` and `code`,
 /// leaving the list as it was.
-async fn refused(server: &TestServer, sid: &str, body: Value, status: u16, code: &str) {
+async fn refused(server: &TestServer, sid: &str, body: Value, status: u16, code: &str) -> Value {
     let before = labels(server, sid).await;
     let (got, v) = server
         .post(&format!("/v1/sandboxes/{sid}/checkpoints"), body)
         .await;
     assert_eq!((got, v["code"].as_str()), (status, Some(code)), "{v}");
     assert_eq!(labels(server, sid).await, before, "the list is unchanged");
+    v
 }
 
 /// `DELETE …/checkpoints/{cp}`: its status.
@@ -544,7 +545,7 @@ async fn checkpoints_while_a_directory_is_swapped_for_links_out_store_only_the_w
     let server = TestServer::start().await;
     let sid = server.offline_sandbox().await;
     sh_ok(&server, &sid, "mkdir d && echo inside > d/hostname").await;
-    checkpoint(&server, &sid, "before").await;
+    let before = checkpoint(&server, &sid, "before").await;
     started(
         &server,
         &sid,
@@ -568,8 +569,8 @@ while True:
             .and_then(|s| s.trim().parse::<u64>().ok())
             .unwrap_or(0)
     };
-    let before = swaps().await;
-    let (mut whole, mut refused) = (0, 0);
+    let swaps_before = swaps().await;
+    let (mut whole, mut refused) = (Vec::new(), 0);
     for i in 0..20 {
         let (status, v) = server
             .post(
@@ -578,19 +579,36 @@ while True:
             )
             .await;
         match (status, v["code"].as_str()) {
-            (201, _) => whole += 1,
+            (201, _) => whole.push(v),
             (409, Some("workspace_changing")) => refused += 1,
             _ => panic!("neither whole nor refused as changing: {status} {v}"),
         }
     }
     // The control: the swaps went on all along.
-    let swapped = swaps().await - before;
+    let swapped = swaps().await - swaps_before;
     assert!(
         swapped >= 20,
         "the directory was swapped {swapped} times during the checkpoints"
     );
+    // A whole one is the workspace at some instant of the loop: nothing
+    // of where the links lead (under gVisor an open of `d` as a directory
+    // follows a link put there, unless the agent checks what it opened).
+    let instants = ["d", "d/hostname", "d.x", "d.x/hostname"];
+    for v in &whole {
+        let d = diff(&server, &sid, id(&before), id(v)).await;
+        for list in ["created", "modified", "deleted"] {
+            for e in d[list].as_array().expect("a list") {
+                let path = e["path"].as_str().unwrap_or_default();
+                assert!(
+                    instants.contains(&path),
+                    "{path} is not the workspace's: {d}"
+                );
+            }
+        }
+    }
     eprintln!(
-        "{whole} checkpoints whole, {refused} refused, over {swapped} swaps; {}",
+        "{} checkpoints whole, {refused} refused, over {swapped} swaps; {}",
+        whole.len(),
         server
             .metrics_text()
             .await
@@ -738,6 +756,31 @@ async fn refusals_say_what_went_wrong_and_store_nothing() {
     refused(&server, &sid, json!({}), 409, "workspace_unsupported").await;
     sh_ok(&server, &sid, "rm bad*name").await;
     checkpoint(&server, &sid, "clean").await;
+
+    // What the sandbox user made unreadable is named, under every runtime
+    // (under runc the host could read it, and leaves it to the agent).
+    sh_ok(
+        &server,
+        &sid,
+        "mkdir locked && echo x > locked/f && chmod 000 locked",
+    )
+    .await;
+    let names = |v: &Value, path: &str| {
+        let m = v["error"].as_str().unwrap_or_default();
+        assert!(m.starts_with(&format!("{path} cannot be read")), "{v}");
+    };
+    names(
+        &refused(&server, &sid, json!({}), 403, "permission_denied").await,
+        "locked",
+    );
+    sh_ok(&server, &sid, "chmod 700 locked && chmod 000 locked/f").await;
+    names(
+        &refused(&server, &sid, json!({}), 403, "permission_denied").await,
+        "locked/f",
+    );
+    // Control: readable again, it is kept.
+    sh_ok(&server, &sid, "chmod 600 locked/f").await;
+    checkpoint(&server, &sid, "readable").await;
 
     // A large file appended to all the time changes during its read (and
     // between the look and the read), on the first try and on the second.

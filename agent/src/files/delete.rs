@@ -4,13 +4,14 @@
 
 use std::os::fd::OwnedFd;
 
-use rustix::fs::{AtFlags, FileType, Mode};
+use rustix::fs::{AtFlags, FileType};
 use rustix::io::Errno;
 use sandboxd_proto::{Failure, FailureKind};
 
-use super::entries::{DIR_FLAGS, Name, read_names};
+use super::entries::{Name, read_names};
 use super::failure::os;
 use super::resolve::{Located, Resolve, Workspace, parse};
+use crate::nofollow::open_dir;
 
 /// A directory being removed by [`remove_tree`]: its fd, its
 /// name in its parent, and the entries still to remove.
@@ -78,7 +79,7 @@ impl Workspace {
 /// nothing is reached through a path that could change.
 fn remove_tree(parent: &OwnedFd, name: Name) -> Result<(), Failure> {
     fn open(dir: &OwnedFd, name: Name) -> Result<Level, Failure> {
-        let fd = rustix::fs::openat(dir, name.as_slice(), DIR_FLAGS, Mode::empty()).map_err(os)?;
+        let fd = open_dir(dir, name.as_slice()).map_err(os)?;
         let todo = read_names(&fd)?;
         Ok(Level { fd, name, todo })
     }

@@ -1,8 +1,8 @@
 //! What an open directory holds, looked at without following a symlink:
 //! its names, an entry as a listing shows it, whether a name is taken,
 //! and a regular file's SHA-256. Every operation reaches the workspace
-//! through directory descriptors; these are the looks they share, and
-//! [`DIR_FLAGS`] is how each of them opens a directory.
+//! through directory descriptors ([`crate::nofollow::open_dir`]); these
+//! are the looks they share.
 
 use std::fs::File;
 use std::io::Read;
@@ -18,13 +18,6 @@ use super::failure::{changed, io_failure, os};
 /// One path component, as the kernel sees it: bytes (a symlink's target
 /// need not be UTF-8).
 pub(super) type Name = Vec<u8>;
-
-/// How every directory on a walk is opened: a symlink put in its place
-/// makes the open fail (ELOOP or ENOTDIR) instead of being followed.
-pub(super) const DIR_FLAGS: OFlags = OFlags::RDONLY
-    .union(OFlags::DIRECTORY)
-    .union(OFlags::NOFOLLOW)
-    .union(OFlags::CLOEXEC);
 
 /// The SHA-256 of regular file `leaf` in `dir` (not followed if a
 /// symlink), or `None` when there is no such file or it is not a regular

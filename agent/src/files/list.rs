@@ -4,13 +4,14 @@
 
 use std::os::fd::OwnedFd;
 
-use rustix::fs::{AtFlags, FileType, Mode};
+use rustix::fs::{AtFlags, FileType};
 use rustix::io::Errno;
 use sandboxd_proto::{DirEntry, Failure, FailureKind};
 
-use super::entries::{DIR_FLAGS, dir_entry, read_names};
+use super::entries::{dir_entry, read_names};
 use super::failure::{changed, not_found, os, shown};
 use super::resolve::{Located, Resolve, Workspace, parse};
+use crate::nofollow::open_dir;
 
 #[cfg(test)]
 use super::resolve::Step;
@@ -38,7 +39,7 @@ impl Workspace {
                 format!("{} is not a directory", shown(path)),
             ));
         }
-        rustix::fs::openat(&dir, leaf.as_slice(), DIR_FLAGS, Mode::empty()).map_err(|e| match e {
+        open_dir(&dir, leaf.as_slice()).map_err(|e| match e {
             Errno::LOOP | Errno::NOTDIR => changed(path),
             e => os(e),
         })
@@ -69,12 +70,10 @@ impl Workspace {
                 self.checkpoint(Step::OpenTarget(path));
                 // Only a swap is `Changed`; helper.py answered every failure
                 // here so, an unreadable directory included.
-                rustix::fs::openat(&dir, leaf.as_slice(), DIR_FLAGS, Mode::empty()).map_err(
-                    |e| match e {
-                        Errno::LOOP | Errno::NOTDIR => changed(path),
-                        e => os(e),
-                    },
-                )?
+                open_dir(&dir, leaf.as_slice()).map_err(|e| match e {
+                    Errno::LOOP | Errno::NOTDIR => changed(path),
+                    e => os(e),
+                })?
             }
         };
         let mut names = read_names(&dir)?;
@@ -119,7 +118,7 @@ mod tests {
             rustix::fs::CWD,
             f.ws.join("fifo").as_path(),
             FileType::Fifo,
-            Mode::from_raw_mode(0o600),
+            rustix::fs::Mode::from_raw_mode(0o600),
             0,
         )
         .expect("mkfifo");

@@ -13,8 +13,9 @@ use rustix::fs::{AtFlags, FileType, Mode, OFlags};
 use rustix::io::Errno;
 use sandboxd_proto::{Failure, FailureKind};
 
-use super::entries::{DIR_FLAGS, Name};
+use super::entries::Name;
 use super::failure::{changed, escape, io_failure, link_gone, not_found, os, shown};
+use crate::nofollow::open_dir;
 
 /// Most symlinks followed while resolving one path (the kernel's own
 /// limit, MAXSYMLINKS); more is a loop, or as good as one.
@@ -245,12 +246,11 @@ impl Workspace {
                 FileType::Directory => {
                     #[cfg(test)]
                     self.checkpoint(Step::OpenDir(&join(&stack, &name)));
-                    let fd = rustix::fs::openat(cur, name.as_slice(), DIR_FLAGS, Mode::empty())
-                        .map_err(|e| match e {
-                            // Swapped for a symlink (or a file) since the stat.
-                            Errno::LOOP | Errno::NOTDIR => changed(r.path),
-                            e => os(e),
-                        })?;
+                    let fd = open_dir(cur, name.as_slice()).map_err(|e| match e {
+                        // Swapped for a symlink (or a file) since the stat.
+                        Errno::LOOP | Errno::NOTDIR => changed(r.path),
+                        e => os(e),
+                    })?;
                     fds.push(fd);
                     stack.push(name);
                 }

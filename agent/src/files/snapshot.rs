@@ -18,9 +18,10 @@ use sandboxd_proto::{
     PathMode, SnapshotEntry,
 };
 
-use super::entries::{DIR_FLAGS, Name, sorted_names};
+use super::entries::{Name, sorted_names};
 use super::failure::{changed, io_failure, not_found, not_regular, os, shown};
 use super::resolve::{Located, Resolve, Workspace, parse};
+use crate::nofollow::open_dir;
 
 /// A file's content goes in pieces of this size.
 pub(crate) const READ_PIECE: usize = 256 * 1024;
@@ -70,13 +71,14 @@ impl Walk {
                 ),
             ));
         }
-        let mut subdirs: Vec<(Name, String)> = Vec::new();
-        for name in sorted_names(dir)? {
+        let mut subdirs: Vec<(Name, String, FileIdentity)> = Vec::new();
+        let names = sorted_names(dir).map_err(|f| unreadable(f, prefix))?;
+        for name in names {
             let st = match rustix::fs::statat(dir, name.as_slice(), AtFlags::SYMLINK_NOFOLLOW) {
                 Ok(st) => st,
                 // Removed since the directory was read.
                 Err(Errno::NOENT) => continue,
-                Err(e) => return Err(os(e)),
+                Err(e) => return Err(unreadable(os(e), prefix)),
             };
             let text = utf8(name.clone(), "the name")?;
             let path = if prefix.is_empty() {
@@ -112,7 +114,7 @@ impl Walk {
                 ));
             }
             if kind == EntryKind::Dir {
-                subdirs.push((name, path.clone()));
+                subdirs.push((name, path.clone(), identity(&st)));
             }
             self.entries.push(SnapshotEntry {
                 path,
@@ -122,17 +124,48 @@ impl Walk {
                 target,
             });
         }
-        for (name, path) in subdirs {
-            let sub = match rustix::fs::openat(dir, name.as_slice(), DIR_FLAGS, Mode::empty()) {
+        for (name, path, seen) in subdirs {
+            let sub = match open_dir(dir, name.as_slice()) {
                 Ok(fd) => fd,
                 // Swapped for something else since it was looked at.
                 Err(Errno::LOOP | Errno::NOTDIR | Errno::NOENT) => return Err(changed(&path)),
-                Err(e) => return Err(os(e)),
+                // Under gVisor the open of a directory being swapped for
+                // a symlink can fail with EACCES: a refusal is the
+                // directory's own only while it is still the one the walk
+                // saw.
+                Err(e) => {
+                    let now = rustix::fs::statat(dir, name.as_slice(), AtFlags::SYMLINK_NOFOLLOW);
+                    return Err(match now {
+                        Ok(st)
+                            if FileType::from_raw_mode(st.st_mode) == FileType::Directory
+                                && identity(&st) == seen =>
+                        {
+                            unreadable(os(e), &path)
+                        }
+                        _ => changed(&path),
+                    });
+                }
             };
             self.dir(&sub, &path, depth + 1)?;
         }
         Ok(())
     }
+}
+
+/// A failure to read directory `path` (`""`: the workspace): one the
+/// sandbox user's permissions caused names the directory.
+fn unreadable(f: Failure, path: &str) -> Failure {
+    if f.kind != FailureKind::PermissionDenied {
+        return f;
+    }
+    Failure::new(
+        FailureKind::PermissionDenied,
+        format!(
+            "{} cannot be read by the sandbox user ({})",
+            shown(path),
+            f.message
+        ),
+    )
 }
 
 impl Workspace {
@@ -171,7 +204,7 @@ impl Workspace {
             rustix::fs::openat(&dir, leaf.as_slice(), flags, Mode::empty()).map_err(
                 |e| match e {
                     Errno::NOENT | Errno::LOOP | Errno::NXIO | Errno::NODEV => changed(path),
-                    e => os(e),
+                    e => unreadable(os(e), path),
                 },
             )?;
         let st = rustix::fs::fstat(&fd).map_err(os)?;

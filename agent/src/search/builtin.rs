@@ -47,7 +47,6 @@ pub(super) fn builtin(
     let mut names = crate::files::sorted_names(&root)?;
     names.reverse();
     stack.push((root, String::new(), names));
-    let dir_flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
     let file_flags =
         OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC | OFlags::NOCTTY;
     while let Some((fd, prefix, todo)) = stack.last_mut() {
@@ -68,8 +67,7 @@ pub(super) fn builtin(
                 if !globs.allows(&rel, true) {
                     continue;
                 }
-                let Ok(sub) = rustix::fs::openat(&*fd, name.as_slice(), dir_flags, Mode::empty())
-                else {
+                let Ok(sub) = crate::nofollow::open_dir(&*fd, name.as_slice()) else {
                     continue;
                 };
                 let Ok(mut names) = crate::files::sorted_names(&sub) else {

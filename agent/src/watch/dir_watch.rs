@@ -34,8 +34,8 @@ use crate::changes::{at_limit, close_aside, join};
 /// A path relative to the watched directory, as bytes (empty: itself).
 type Rel = Vec<u8>;
 
-/// How each directory is opened: a symlink put in its place makes the open
-/// fail instead of being followed.
+/// How the root is opened, to walk from (each directory below it is opened
+/// by [`crate::nofollow::open_dir`], which follows no symlink).
 const DIR_FLAGS: OFlags = OFlags::RDONLY
     .union(OFlags::DIRECTORY)
     .union(OFlags::NOFOLLOW)
@@ -198,9 +198,7 @@ impl DirWatch {
             let Some(ino) = &self.inotify else { return };
             // Gone again, or swapped for a symlink or a file: what happened
             // to it is an event of its own.
-            let Ok(fd) =
-                rustix::fs::openat(&*f.parent, f.name.as_slice(), DIR_FLAGS, Mode::empty())
-            else {
+            let Ok(fd) = crate::nofollow::open_dir(&*f.parent, f.name.as_slice()) else {
                 continue;
             };
             match watch_fd(ino, &fd) {
@@ -230,7 +228,7 @@ impl DirWatch {
             return self.queue.overflow();
         };
         for part in parts {
-            match rustix::fs::openat(&parent, part, DIR_FLAGS, Mode::empty()) {
+            match crate::nofollow::open_dir(&parent, part) {
                 Ok(fd) => parent = fd,
                 // Its parent went (or was swapped): that is an event too.
                 Err(_) => return,
