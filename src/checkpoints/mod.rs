@@ -413,6 +413,48 @@ impl FileSource<'_> {
     }
 }
 
+/// What one try of a checkpoint stored: the objects it added (in the
+/// caller's list) and their bytes, each file's hash, its first failure.
+struct Tally<'a> {
+    added: &'a mut Vec<String>,
+    new_bytes: u64,
+    hashes: Vec<(usize, String)>,
+    failure: Option<CheckpointError>,
+    /// The store's bytes before this checkpoint, and the most it may hold.
+    stored_before: u64,
+    max_bytes: u64,
+}
+
+impl Tally<'_> {
+    /// Records what storing entry `i` gave: whether the checkpoint goes on.
+    fn record(&mut self, i: usize, stored: Result<store::Stored, CheckpointError>) -> bool {
+        match stored {
+            Ok(stored) => {
+                if stored.new {
+                    self.added.push(stored.sha256.clone());
+                    self.new_bytes += stored.size;
+                    if self.would_pass(0) {
+                        let max = self.max_bytes;
+                        self.failure.get_or_insert(CheckpointError::StoreFull(format!(
+                            "the checkpoint store would pass checkpoint_max_store_bytes ({max} bytes); delete checkpoints first"
+                        )));
+                    }
+                }
+                self.hashes.push((i, stored.sha256));
+            }
+            Err(e) => {
+                self.failure.get_or_insert(e);
+            }
+        }
+        self.failure.is_none()
+    }
+
+    /// Whether `more` bytes on top of what is stored pass the store's.
+    fn would_pass(&self, more: u64) -> bool {
+        self.stored_before + self.new_bytes + more > self.max_bytes
+    }
+}
+
 fn store_err(e: StoreError) -> CheckpointError {
     CheckpointError::Store(e)
 }
@@ -570,25 +612,27 @@ impl Checkpoints {
             seq: existing.first().map_or(1, |m| m.seq + 1),
             bytes,
             new_bytes,
-            duration_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
+            // Set once its content is durable (`save_manifest`).
+            duration_ms: 0,
             files: entries.iter().filter(|e| e.kind == EntryKind::File).count() as u64,
             trees: Vec::new(),
             entries: None,
         };
-        let info = CheckpointInfo::from(&manifest);
         let saved = store
-            .blocking(move |s| {
-                if let Err(e) = s.save_manifest(manifest, &entries) {
-                    s.remove_objects(&added)?;
-                    s.end(stored_before)?;
-                    return Err(e);
-                }
-                s.end(stored_before + new_bytes)
-            })
-            .await;
-        saved.map_err(store_err)?;
+            .blocking(
+                move |s| match s.save_manifest(manifest, &entries, started) {
+                    Ok(saved) => s.end(stored_before + new_bytes).map(|()| saved),
+                    Err(e) => {
+                        s.remove_objects(&added)?;
+                        s.end(stored_before)?;
+                        Err(e)
+                    }
+                },
+            )
+            .await
+            .map_err(store_err)?;
         crate::telemetry::checkpoint_made(started, new_bytes, bytes.saturating_sub(new_bytes));
-        Ok(info)
+        Ok(CheckpointInfo::from(&saved))
     }
 
     /// The workspace's entries with their content in the store: a second
@@ -607,7 +651,6 @@ impl Checkpoints {
         let mut attempt = 0;
         loop {
             attempt += 1;
-            let mut new_bytes = 0u64;
             let result = async {
                 let mut entries = (source.agent)
                     .snapshot(self.config.checkpoint_max_entries)
@@ -630,38 +673,36 @@ impl Checkpoints {
                         None => to_read.push(i),
                     }
                 }
-                let (small, large): (Vec<usize>, Vec<usize>) =
-                    to_read.into_iter().partition(|i| entries[*i].size <= SMALL_FILE);
-                let mut hashes = Vec::new();
-                let mut failure = None;
-                let mut record = |i: usize, stored: Result<store::Stored, CheckpointError>| {
-                    match stored {
-                        Ok(stored) => {
-                            if stored.new {
-                                added.push(stored.sha256.clone());
-                                new_bytes += stored.size;
-                                if stored_before + new_bytes > max_bytes {
-                                    failure.get_or_insert(CheckpointError::StoreFull(format!(
-                                        "the checkpoint store would pass checkpoint_max_store_bytes ({max_bytes} bytes); delete checkpoints first"
-                                    )));
-                                }
-                            }
-                            hashes.push((i, stored.sha256));
-                        }
-                        Err(e) => {
-                            failure.get_or_insert(e);
-                        }
-                    }
-                    failure.is_none()
+                let (small, large): (Vec<usize>, Vec<usize>) = to_read
+                    .into_iter()
+                    .partition(|i| entries[*i].size <= SMALL_FILE);
+                let mut tally = Tally {
+                    added: &mut *added,
+                    new_bytes: 0,
+                    hashes: Vec::new(),
+                    failure: None,
+                    stored_before,
+                    max_bytes,
                 };
                 // Large files, several in flight: one at a time, each
                 // waited for the agent's round trip and the disk in turn.
-                let mut pending = large.into_iter();
+                // Their sizes are reserved against the store's bytes: one
+                // that would pass them waits until it is alone, so a
+                // refused checkpoint writes at most one file past them
+                // (the one that shows it, unless it was stored before).
+                let mut pending = large.into_iter().peekable();
                 let mut in_flight = FuturesUnordered::new();
+                let mut reserved = 0u64;
                 let mut going = true;
                 loop {
                     while going && in_flight.len() < FILES_IN_FLIGHT {
-                        let Some(i) = pending.next() else { break };
+                        let Some(&i) = pending.peek() else { break };
+                        let size = entries[i].size;
+                        if !in_flight.is_empty() && tally.would_pass(reserved + size) {
+                            break;
+                        }
+                        pending.next();
+                        reserved += size;
                         let e = &entries[i];
                         in_flight.push(async move { (i, source.store_file(e).await) });
                     }
@@ -670,7 +711,8 @@ impl Checkpoints {
                     let Some((i, stored)) = in_flight.next().await else {
                         break;
                     };
-                    going &= record(i, stored);
+                    reserved -= entries[i].size;
+                    going &= tally.record(i, stored);
                 }
                 drop(in_flight);
                 // Small files: a batch is stored while the next is read.
@@ -694,30 +736,30 @@ impl Checkpoints {
                     match stored {
                         Ok(stored) => {
                             for (i, stored) in indices.into_iter().zip(stored) {
-                                going &= record(i, Ok(stored));
+                                going &= tally.record(i, Ok(stored));
                             }
                         }
-                        Err(e) => going &= record(0, Err(CheckpointError::Store(e))),
+                        Err(e) => going &= tally.record(0, Err(CheckpointError::Store(e))),
                     }
                     for (i, content) in got {
                         match content {
                             Ok(content) if going => read.push((i, content)),
                             Ok(_) => {}
-                            Err(e) => going &= record(i, Err(e)),
+                            Err(e) => going &= tally.record(i, Err(e)),
                         }
                     }
                 }
-                if let Some(e) = failure {
+                if let Some(e) = tally.failure {
                     return Err(e);
                 }
-                for (i, sha256) in hashes {
+                for (i, sha256) in tally.hashes {
                     entries[i].sha256 = Some(sha256);
                 }
-                Ok(entries)
+                Ok((entries, tally.new_bytes))
             }
             .await;
             match result {
-                Ok(entries) => return Ok((entries, new_bytes)),
+                Ok(taken) => return Ok(taken),
                 Err(CheckpointError::WorkspaceChanging(_)) if attempt < 2 => {}
                 Err(e) => return Err(e),
             }

@@ -28,6 +28,7 @@ use std::fs::{DirBuilder, File, OpenOptions};
 use std::io::{Read, Write};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
+use std::time::Instant;
 
 use sha2::{Digest, Sha256};
 use tokio::sync::mpsc;
@@ -208,8 +209,14 @@ impl Store {
 
     /// Writes checkpoint `m` with `entries` (sorted by path) durably: its
     /// trees not yet stored, every object and tree made durable, then
-    /// its manifest.
-    pub(super) fn save_manifest(&self, mut m: Manifest, entries: &[Entry]) -> StoreResult<()> {
+    /// its manifest, whose `duration_ms` is the time from `started` to
+    /// the moment its content was durable. The manifest as saved.
+    pub(super) fn save_manifest(
+        &self,
+        mut m: Manifest,
+        entries: &[Entry],
+        started: Instant,
+    ) -> StoreResult<Manifest> {
         self.make_dirs()?;
         m.trees.clear();
         for part in split(entries) {
@@ -231,6 +238,7 @@ impl Store {
         File::open(&self.dir)
             .and_then(|d| rustix::fs::syncfs(&d).map_err(std::io::Error::from))
             .map_err(|e| failed("sync the file system of", &self.dir, e))?;
+        m.duration_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
         let bytes = serde_json::to_vec(&m).unwrap_or_default();
         let mut tmp = self.temp_file()?;
         tmp.file
@@ -239,7 +247,7 @@ impl Store {
             .map_err(|e| failed("write", &tmp.path, e))?;
         let to = self.sub("manifests").join(format!("{}.json", m.id));
         std::fs::rename(&tmp.path, &to).map_err(|e| failed("rename into", &to, e))?;
-        sync_dir(&self.sub("manifests"))
+        sync_dir(&self.sub("manifests")).map(|()| m)
     }
 
     /// Removes checkpoint `id`'s manifest: whether there was one.
@@ -661,10 +669,12 @@ mod tests {
         let first = files(2000, |i| format!("{i:064x}"));
         let mut second = first.clone();
         second[1000].sha256 = Some(format!("{:064x}", 99_999));
-        s.save_manifest(manifest("a1", 1), &first).expect("save");
+        s.save_manifest(manifest("a1", 1), &first, Instant::now())
+            .expect("save");
         let trees_of_one = s.sizes("trees").expect("trees").len();
         assert!(trees_of_one > 10, "{trees_of_one} trees for 2000 entries");
-        s.save_manifest(manifest("b2", 2), &second).expect("save");
+        s.save_manifest(manifest("b2", 2), &second, Instant::now())
+            .expect("save");
         assert_eq!(
             s.sizes("trees").expect("trees").len(),
             trees_of_one + 1,
@@ -701,7 +711,7 @@ mod tests {
             sha256: Some(kept.sha256.clone()),
             ..file("k", "kept!", 0o644)
         }];
-        s.save_manifest(m, &entries).expect("save");
+        s.save_manifest(m, &entries, Instant::now()).expect("save");
         s.end(5).expect("end");
         assert!(!s.sub(CHANGING).exists());
 

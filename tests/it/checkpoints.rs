@@ -134,7 +134,12 @@ fn object_bytes(server: &TestServer, sid: &str) -> u64 {
 
 /// The bytes of the files in directory `dir` of the sandbox's store.
 fn dir_bytes(server: &TestServer, sid: &str, dir: &str) -> u64 {
-    std::fs::read_dir(store_dir(server, sid).join(dir))
+    bytes_in(&store_dir(server, sid).join(dir))
+}
+
+/// The bytes of the files in `dir` (0 if there is none).
+fn bytes_in(dir: &std::path::Path) -> u64 {
+    std::fs::read_dir(dir)
         .map(|d| {
             d.filter_map(Result::ok)
                 .filter_map(|e| e.metadata().ok())
@@ -422,6 +427,51 @@ async fn limits_refuse_with_nothing_half_made() {
     assert_eq!(fits["newBytes"], 800_000, "{fits}");
 }
 
+/// A checkpoint refused for the store's bytes writes at most one file past
+/// them, not every file it had in flight: the store on the host, looked
+/// at every millisecond while it runs, never holds more.
+#[tokio::test]
+async fn a_checkpoint_over_the_store_limit_writes_at_most_one_file_past_it() {
+    const LIMIT: u64 = 10 * 1024 * 1024;
+    const FILE: u64 = 8 * 1024 * 1024;
+    let server = TestServer::start_with(
+        ServerOptions::default().env("SANDBOXD_CHECKPOINT_MAX_STORE_BYTES", &LIMIT.to_string()),
+    )
+    .await;
+    let sid = server.offline_sandbox().await;
+    sh_ok(
+        &server,
+        &sid,
+        &format!("for i in 1 2 3 4 5 6 7 8; do head -c {FILE} /dev/urandom > big$i; done"),
+    )
+    .await;
+    let store = store_dir(&server, &sid);
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let look = {
+        let done = std::sync::Arc::clone(&done);
+        std::thread::spawn(move || {
+            let mut peak = 0;
+            while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                peak = peak.max(bytes_in(&store.join("objects")) + bytes_in(&store.join("tmp")));
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            peak
+        })
+    };
+    refused(&server, &sid, json!({}), 507, "checkpoint_store_full").await;
+    done.store(true, std::sync::atomic::Ordering::Relaxed);
+    let peak = look.join().expect("the look at the store");
+    assert!(
+        peak >= FILE,
+        "control: the look saw the store's writes ({peak} bytes at most)"
+    );
+    assert!(
+        peak <= LIMIT + FILE,
+        "the store held {peak} bytes, past {LIMIT} by more than one file of {FILE}"
+    );
+    assert_eq!(object_bytes(&server, &sid), 0, "nothing kept");
+}
+
 #[tokio::test]
 async fn a_checkpoint_after_a_small_change_stores_only_that_change() {
     let server = TestServer::start().await;
@@ -434,9 +484,14 @@ async fn a_checkpoint_after_a_small_change_stores_only_that_change() {
         );
         (trees, trees + manifests)
     };
+    let asked = std::time::Instant::now();
     let first = checkpoint(&server, &sid, "first").await;
+    let answered = asked.elapsed().as_millis() as u64;
     assert_eq!(first["files"], 300, "{first}");
     assert_eq!(first["newBytes"], 3_000_000, "{first}");
+    // Its time runs to its content on disk, within the client's wait.
+    let took = first["durationMs"].as_u64().expect("durationMs");
+    assert!(took > 0 && took <= answered, "{took} ms of {answered} ms");
     let (first_trees, first_listing) = listing(&server);
     assert!(first_trees > 0, "the entries are in trees");
     sh_ok(&server, &sid, "head -c 12345 /dev/urandom > many/f7").await;
