@@ -129,10 +129,9 @@ impl Walk {
                 Ok(fd) => fd,
                 // Swapped for something else since it was looked at.
                 Err(Errno::LOOP | Errno::NOTDIR | Errno::NOENT) => return Err(changed(&path)),
-                // Under gVisor the open of a directory being swapped for
-                // a symlink can fail with EACCES: a refusal is the
-                // directory's own only while it is still the one the walk
-                // saw.
+                // A refusal (EACCES) is the directory's own only while
+                // the name still holds the directory the walk saw;
+                // otherwise it was swapped meanwhile, which is a change.
                 Err(e) => {
                     let now = rustix::fs::statat(dir, name.as_slice(), AtFlags::SYMLINK_NOFOLLOW);
                     return Err(match now {
