@@ -22,6 +22,7 @@
 
 mod host;
 mod manifest;
+mod pack;
 mod store;
 mod text_diff;
 mod tree;
@@ -50,11 +51,13 @@ pub use text_diff::{DEFAULT_CHARS as TEXT_DIFF_DEFAULT_CHARS, DiffText};
 /// files holds about this many MiB times four.
 const FILES_IN_FLIGHT: usize = 8;
 /// Files up to this size are read whole and stored a batch at a time
-/// (of at most [`BATCH_BYTES`] and [`BATCH_FILES`]) on one blocking
-/// thread, while the next batch is read: a hand-off to a thread per file
-/// cost more than the file (profiled: 9 context switches a file).
-/// Larger files are streamed into the store as they are read.
+/// (of at most [`BATCH_BYTES`] and [`BATCH_FILES`]), as one pack, on one
+/// blocking thread, while the next batch is read: a hand-off to a thread
+/// per file cost more than the file (profiled: 9 context switches a
+/// file). Larger files are streamed into the store as they are read.
 const SMALL_FILE: u64 = 256 * 1024;
+// A restore reads a packed object whole: one of the agent's pieces.
+const _: () = assert!(SMALL_FILE <= sandboxd_proto::WRITE_PIECE as u64);
 const BATCH_BYTES: u64 = 8 * 1024 * 1024;
 const BATCH_FILES: usize = 512;
 

@@ -1,7 +1,9 @@
 //! One sandbox's checkpoint store on the host, in sandboxd's state
 //! directory (see `Config::checkpoint_dir`), never in the workspace volume
 //! and never mounted into a container: `objects/` holds each content once,
-//! named by its SHA-256 (so every checkpoint of the sandbox shares it);
+//! named by its SHA-256 (so every checkpoint of the sandbox shares it),
+//! and `packs/` the small ones, many to a file, named the same way (see
+//! [`super::pack`]);
 //! `trees/` the checkpoints' entries in pieces (see `manifest::split`),
 //! each piece once by its SHA-256 too; `manifests/` one small JSON
 //! manifest per checkpoint naming its trees; `usage` the objects' bytes;
@@ -13,9 +15,9 @@
 //!
 //! A change (a checkpoint, a delete) runs between [`Store::begin`] and
 //! [`Store::end`], which mark the store `changing` (durably). Objects and
-//! trees are written to `tmp/` and renamed into place unsynced, then one
-//! `syncfs` makes them all durable before the manifest that names them is
-//! written, synced and renamed into place: a crash (a SIGKILL or a power
+//! trees are written to `tmp/` and renamed into place (packs written in
+//! place) unsynced, then each is synced, with its directory, before the
+//! manifest that names them is written, synced and renamed into place: a crash (a SIGKILL or a power
 //! cut mid-checkpoint) leaves at most unreferenced or half-written objects
 //! and trees, and the marker, which makes the next change sweep every
 //! object and tree no manifest names first, never a manifest that names a
@@ -28,12 +30,14 @@ use std::fs::{DirBuilder, File, OpenOptions};
 use std::io::{Read, Write};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use sha2::{Digest, Sha256};
 use tokio::sync::mpsc;
 
 use super::manifest::{Entry, EntryKind, INLINE_VERSION, Manifest, VERSION, split};
+use super::pack::Packs;
 
 /// Present while a change of the store is under way, or was cut short.
 const CHANGING: &str = "changing";
@@ -43,7 +47,7 @@ const USAGE: &str = "usage";
 /// Why the store failed: one line, naming the path.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{0}")]
-pub struct StoreError(String);
+pub struct StoreError(pub(super) String);
 
 impl StoreError {
     /// A task of the store that panicked or was cancelled.
@@ -59,7 +63,7 @@ impl StoreError {
 
 pub(super) type StoreResult<T> = Result<T, StoreError>;
 
-fn failed(what: &str, path: &Path, e: std::io::Error) -> StoreError {
+pub(super) fn failed(what: &str, path: &Path, e: std::io::Error) -> StoreError {
     StoreError(format!("cannot {what} {}: {e}", path.display()))
 }
 
@@ -70,7 +74,7 @@ pub(super) fn hex(hash: &[u8]) -> String {
 
 /// A name the store gives out (an object's hash, a checkpoint's id): plain
 /// lowercase hex or `[a-z0-9]`, so it is one path component.
-fn plain(name: &str) -> bool {
+pub(super) fn plain(name: &str) -> bool {
     !name.is_empty()
         && name.len() <= 64
         && name
@@ -82,11 +86,62 @@ fn plain(name: &str) -> bool {
 #[derive(Debug, Clone)]
 pub(super) struct Store {
     dir: PathBuf,
+    /// The packs' indexes, loaded on first use by this value (one
+    /// operation's) and its clones.
+    packs: Arc<Mutex<Option<Packs>>>,
+    /// The files this value and its clones wrote and have not synced.
+    unsynced: Arc<Mutex<Vec<PathBuf>>>,
 }
 
 impl Store {
     pub(super) fn at(dir: PathBuf) -> Store {
-        Store { dir }
+        Store {
+            dir,
+            packs: Arc::default(),
+            unsynced: Arc::default(),
+        }
+    }
+
+    /// Notes files written, to sync before a manifest names them.
+    fn written(&self, paths: impl IntoIterator<Item = PathBuf>) -> StoreResult<()> {
+        self.unsynced
+            .lock()
+            .map_err(|_| StoreError("a task of the store panicked holding its files".into()))?
+            .extend(paths);
+        Ok(())
+    }
+
+    /// Makes every file noted as written durable, and the directories
+    /// that name them. Only those: a `syncfs` would also flush whatever
+    /// else is dirty on the file system (a workspace just written, on the
+    /// same disk), which cost a third of a first checkpoint.
+    fn sync_written(&self) -> StoreResult<()> {
+        let paths =
+            std::mem::take(&mut *self.unsynced.lock().map_err(|_| {
+                StoreError("a task of the store panicked holding its files".into())
+            })?);
+        for path in &paths {
+            File::open(path)
+                .and_then(|f| f.sync_data())
+                .map_err(|e| failed("sync", path, e))?;
+        }
+        for d in ["objects", "packs", "trees"] {
+            sync_dir(&self.sub(d))?;
+        }
+        Ok(())
+    }
+
+    /// Runs `work` on the packs, loaded if they were not.
+    fn with_packs<T>(&self, work: impl FnOnce(&mut Packs) -> StoreResult<T>) -> StoreResult<T> {
+        let mut guard = self
+            .packs
+            .lock()
+            .map_err(|_| StoreError("a task of the store panicked holding its packs".into()))?;
+        let packs = match guard.take() {
+            Some(packs) => packs,
+            None => Packs::load(self.sub("packs"))?,
+        };
+        work(guard.insert(packs))
     }
 
     /// Runs `work` on this store on a blocking thread.
@@ -106,7 +161,7 @@ impl Store {
 
     /// Makes the directories (0700) if missing.
     fn make_dirs(&self) -> StoreResult<()> {
-        for d in ["objects", "trees", "manifests", "tmp"] {
+        for d in ["objects", "packs", "trees", "manifests", "tmp"] {
             let path = self.sub(d);
             DirBuilder::new()
                 .recursive(true)
@@ -230,14 +285,11 @@ impl Store {
                     .write_all(&bytes)
                     .map_err(|e| failed("write", &tmp.path, e))?;
                 std::fs::rename(&tmp.path, &to).map_err(|e| failed("rename into", &to, e))?;
+                self.written([to])?;
             }
             m.trees.push(sha256);
         }
-        // One flush of the file system for every object and tree this
-        // checkpoint wrote, instead of one sync of each.
-        File::open(&self.dir)
-            .and_then(|d| rustix::fs::syncfs(&d).map_err(std::io::Error::from))
-            .map_err(|e| failed("sync the file system of", &self.dir, e))?;
+        self.sync_written()?;
         m.duration_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
         let bytes = serde_json::to_vec(&m).unwrap_or_default();
         let mut tmp = self.temp_file()?;
@@ -333,10 +385,13 @@ impl Store {
         }
         self.sweep("trees", &trees)?;
         let objects: HashSet<&str> = objects.iter().map(String::as_str).collect();
-        self.sweep("objects", &objects)
+        let loose = self.sweep("objects", &objects)?;
+        let packed = self.with_packs(|p| p.collect(&objects))?;
+        Ok(loose + packed)
     }
 
-    /// Object `sha256` to read, checked to hold `size` bytes.
+    /// Object `sha256` to read, checked to hold `size` bytes: one stored
+    /// as a file of its own (any larger than `SMALL_FILE`).
     pub(super) fn open_object(&self, sha256: &str, size: u64) -> StoreResult<File> {
         let path = self.object_path(sha256)?;
         let file = File::open(&path).map_err(|e| failed("open", &path, e))?;
@@ -352,6 +407,9 @@ impl Store {
 
     /// The first `size` bytes of object `sha256`, which holds that many.
     pub(super) fn read_object(&self, sha256: &str, size: u64) -> StoreResult<Vec<u8>> {
+        if let Some(packed) = self.with_packs(|p| Ok(p.read(sha256, size)))? {
+            return packed;
+        }
         let mut content = Vec::new();
         self.open_object(sha256, size)?
             .read_to_end(&mut content)
@@ -381,34 +439,35 @@ impl Store {
         Ok(Some(writer))
     }
 
-    /// Stores each of `contents` as [`ObjectWriter::finish`] does: what
-    /// each became, in order. On a failure, the ones this call stored
-    /// anew are removed first.
+    /// Stores `contents` (small files) in one new pack: what each became,
+    /// in order. A content the store holds (in a pack or a file of its
+    /// own) is not stored again. Unsynced, as [`ObjectWriter::finish`].
     pub(super) fn put_all(&self, contents: Vec<Vec<u8>>) -> StoreResult<Vec<Stored>> {
-        let mut done: Vec<Stored> = Vec::with_capacity(contents.len());
-        for content in contents {
-            let put = self.new_object().and_then(|mut w| match w.write(&content) {
-                Ok(()) => w.finish(self),
-                Err(e) => {
-                    w.discard();
-                    Err(e)
+        self.make_dirs()?;
+        self.with_packs(|packs| {
+            let mut done = Vec::with_capacity(contents.len());
+            let mut new: Vec<(String, &[u8])> = Vec::new();
+            let mut queued = HashSet::new();
+            for content in &contents {
+                let sha256 = hex(&Sha256::digest(content));
+                let stored = !queued.contains(&sha256)
+                    && !packs.holds(&sha256)
+                    && !self.object_path(&sha256)?.is_file();
+                if stored {
+                    queued.insert(sha256.clone());
+                    new.push((sha256.clone(), content.as_slice()));
                 }
-            });
-            match put {
-                Ok(stored) => done.push(stored),
-                Err(e) => {
-                    let new: Vec<String> = (done.into_iter())
-                        .filter(|s| s.new)
-                        .map(|s| s.sha256)
-                        .collect();
-                    // What cannot be removed now the next change's sweep
-                    // removes: the store stays marked changing.
-                    let _ = self.remove_objects(&new);
-                    return Err(e);
-                }
+                done.push(Stored {
+                    sha256,
+                    size: content.len() as u64,
+                    new: stored,
+                });
             }
-        }
-        Ok(done)
+            if !new.is_empty() {
+                self.written(packs.write(&new, false)?)?;
+            }
+            Ok(done)
+        })
     }
 
     /// A new object, written piece by piece.
@@ -458,8 +517,11 @@ impl Store {
         Ok(kept)
     }
 
-    /// Removes objects `names` (ones a refused checkpoint stored).
+    /// Removes objects `names` (ones a refused checkpoint stored, whose
+    /// packs hold nothing else).
     pub(super) fn remove_objects(&self, names: &[String]) -> StoreResult<()> {
+        let all: HashSet<&str> = names.iter().map(String::as_str).collect();
+        self.with_packs(|p| p.remove_all_of(&all))?;
         for name in names {
             let path = self.object_path(name)?;
             match std::fs::remove_file(&path) {
@@ -542,7 +604,9 @@ impl ObjectWriter {
                 new: false,
             });
         }
+        start_writeback(&self.tmp.file);
         std::fs::rename(&self.tmp.path, &to).map_err(|e| failed("rename into", &to, e))?;
+        store.written([to])?;
         Ok(Stored {
             sha256,
             size: self.size,
@@ -556,7 +620,17 @@ impl ObjectWriter {
     }
 }
 
-fn sync_dir(dir: &Path) -> StoreResult<()> {
+/// Starts writing `file`'s dirty pages to disk, without waiting: by the
+/// time [`Store::sync_written`] syncs it, most of it is there, so the
+/// disk's writing overlaps the rest of the checkpoint instead of
+/// following it. (Linux starts that writeback for `POSIX_FADV_DONTNEED`;
+/// the pages it then drops are only the clean ones.) A hint: a failure
+/// changes nothing.
+pub(super) fn start_writeback(file: &File) {
+    let _ = rustix::fs::fadvise(file, 0, None, rustix::fs::Advice::DontNeed);
+}
+
+pub(super) fn sync_dir(dir: &Path) -> StoreResult<()> {
     File::open(dir)
         .and_then(|d| d.sync_all())
         .map_err(|e| failed("sync", dir, e))

@@ -128,8 +128,50 @@ fn store_dir(server: &TestServer, sid: &str) -> PathBuf {
         .join(sid)
 }
 
+/// The bytes of the store's content: its objects stored as files of
+/// their own, and its packs (the small ones, many to a file).
 fn object_bytes(server: &TestServer, sid: &str) -> u64 {
-    dir_bytes(server, sid, "objects")
+    content_bytes(&store_dir(server, sid))
+}
+
+fn content_bytes(store: &std::path::Path) -> u64 {
+    let packs: u64 = std::fs::read_dir(store.join("packs"))
+        .map(|d| {
+            d.filter_map(Result::ok)
+                .filter(|e| e.path().extension().is_some_and(|x| x == "pack"))
+                .filter_map(|e| e.metadata().ok())
+                .map(|m| m.len())
+                .sum()
+        })
+        .unwrap_or(0);
+    bytes_in(&store.join("objects")) + packs
+}
+
+/// The hashes of the objects in the store, files and packed, sorted.
+fn stored_objects(server: &TestServer, sid: &str) -> Vec<String> {
+    let store = store_dir(server, sid);
+    let names = |dir: &str| -> Vec<std::path::PathBuf> {
+        std::fs::read_dir(store.join(dir))
+            .map(|d| d.filter_map(Result::ok).map(|e| e.path()).collect())
+            .unwrap_or_default()
+    };
+    let mut all: Vec<String> = names("objects")
+        .iter()
+        .filter_map(|p| p.file_name()?.to_str().map(str::to_string))
+        .collect();
+    for index in names("packs")
+        .iter()
+        .filter(|p| p.extension().is_some_and(|x| x == "idx"))
+    {
+        let text = std::fs::read_to_string(index).expect("a pack's index");
+        all.extend(
+            text.lines()
+                .filter_map(|l| l.split(' ').next())
+                .map(str::to_string),
+        );
+    }
+    all.sort();
+    all
 }
 
 /// The bytes of the files in directory `dir` of the sandbox's store.
@@ -325,12 +367,19 @@ async fn the_store_is_out_of_the_sandboxs_sight_and_goes_with_it() {
     );
     checkpoint(&server, &sid, "secret").await;
     sh_ok(&server, &sid, "rm s.txt").await;
-    let object = store_dir(&server, &sid)
-        .join("objects")
-        .join(sha256_hex(secret.as_bytes()));
     assert_eq!(
-        std::fs::read_to_string(&object).expect("the object on the host"),
-        secret
+        stored_objects(&server, &sid)
+            .iter()
+            .filter(|o| **o == sha256_hex(secret.as_bytes()))
+            .count(),
+        1,
+        "the store holds the content on the host"
+    );
+    let packs = std::fs::read_dir(store_dir(&server, &sid).join("packs")).expect("packs");
+    assert!(
+        packs.filter_map(Result::ok).any(|p| std::fs::read(p.path())
+            .is_ok_and(|b| b.windows(secret.len()).any(|w| w == secret.as_bytes()))),
+        "a pack on the host holds the secret's bytes"
     );
     let found = server.sh_with_timeout(&sid, &search, 120_000).await;
     assert_eq!(found["exitCode"], 0, "{found}");
@@ -452,7 +501,7 @@ async fn a_checkpoint_over_the_store_limit_writes_at_most_one_file_past_it() {
         std::thread::spawn(move || {
             let mut peak = 0;
             while !done.load(std::sync::atomic::Ordering::Relaxed) {
-                peak = peak.max(bytes_in(&store.join("objects")) + bytes_in(&store.join("tmp")));
+                peak = peak.max(content_bytes(&store) + bytes_in(&store.join("tmp")));
                 std::thread::sleep(Duration::from_millis(1));
             }
             peak
@@ -547,6 +596,57 @@ async fn a_checkpoint_after_a_small_change_stores_only_that_change() {
         !metrics.contains(&format!("{{via=\"{not_by}\"}}")),
         "{metrics}"
     );
+}
+
+/// Small files are stored many to a pack: deleting the checkpoints that
+/// alone hold a pack's content removes it, and a pack left mostly dead
+/// is rewritten with only what lives, which restores as before.
+#[tokio::test]
+async fn deleting_checkpoints_frees_the_small_files_only_they_held() {
+    let server = TestServer::start().await;
+    let sid = server.offline_sandbox().await;
+    random_files(&server, &sid, 300, 10_000).await;
+    let a = checkpoint(&server, &sid, "a").await;
+    assert_eq!(object_bytes(&server, &sid), 3_000_000);
+    sh_ok(
+        &server,
+        &sid,
+        "for f in many/*; do head -c 10000 /dev/urandom > $f; done",
+    )
+    .await;
+    let b = checkpoint(&server, &sid, "b").await;
+    assert_eq!(object_bytes(&server, &sid), 6_000_000, "control: both kept");
+    assert_eq!(delete(&server, &sid, id(&a)).await, 200);
+    assert_eq!(object_bytes(&server, &sid), 3_000_000, "a's pack is gone");
+    // Two thirds of b's files change: its pack is a third alive.
+    sh_ok(
+        &server,
+        &sid,
+        "for i in $(seq 1 200); do head -c 10000 /dev/urandom > many/f$i; done",
+    )
+    .await;
+    let c = checkpoint(&server, &sid, "c").await;
+    let c_tree = tree_hash(&server, &sid).await;
+    assert_eq!(c["newBytes"], 2_000_000, "{c}");
+    assert_eq!(
+        object_bytes(&server, &sid),
+        5_000_000,
+        "control: b and c kept"
+    );
+    assert_eq!(delete(&server, &sid, id(&b)).await, 200);
+    assert_eq!(
+        object_bytes(&server, &sid),
+        3_000_000,
+        "b's pack rewritten with the 100 files c still holds"
+    );
+    assert_eq!(stored_objects(&server, &sid).len(), 300);
+    sh_ok(&server, &sid, "rm -r many").await;
+    let (status, v) = restore(&server, &sid, id(&c), json!({})).await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(tree_hash(&server, &sid).await, c_tree, "c restores exactly");
+    assert_eq!(delete(&server, &sid, id(&c)).await, 200);
+    assert_eq!(object_bytes(&server, &sid), 0, "nothing left");
+    assert_eq!(stored_objects(&server, &sid), Vec::<String>::new());
 }
 
 #[tokio::test]
@@ -672,12 +772,8 @@ while True:
             .collect::<Vec<_>>()
             .join(", ")
     );
-    let objects: Vec<String> = std::fs::read_dir(store_dir(&server, &sid).join("objects"))
-        .expect("objects")
-        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
-        .collect();
     assert_eq!(
-        objects,
+        stored_objects(&server, &sid),
         [sha256_hex(b"inside\n")],
         "the store holds the workspace's one content and nothing else"
     );
