@@ -24,6 +24,7 @@ mod host;
 mod manifest;
 mod pack;
 mod store;
+mod store_files;
 mod text_diff;
 mod tree;
 
@@ -625,9 +626,10 @@ impl Checkpoints {
             .blocking(
                 move |s| match s.save_manifest(manifest, &entries, started) {
                     Ok(saved) => s.end(stored_before + new_bytes).map(|()| saved),
+                    // The store stays marked changing: the next change
+                    // sweeps what this one wrote and did not sync.
                     Err(e) => {
                         s.remove_objects(&added)?;
-                        s.end(stored_before)?;
                         Err(e)
                     }
                 },

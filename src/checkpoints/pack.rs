@@ -25,7 +25,7 @@ use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use super::store::{StoreError, StoreResult, failed, plain, start_writeback, sync_dir};
+use super::store_files::{StoreError, StoreResult, failed, plain, start_writeback, sync_dir};
 
 const PACK: &str = "pack";
 const INDEX: &str = "idx";
@@ -57,10 +57,14 @@ pub(super) struct Packs {
 }
 
 /// An index's lines as (hash, offset, size), up to the first that does
-/// not parse.
-fn parse_index(text: &str) -> Vec<(String, u64, u64)> {
+/// not parse; a last line without its newline is a write cut short.
+fn parse_index(bytes: &[u8]) -> Vec<(String, u64, u64)> {
     let mut out = Vec::new();
-    for line in text.split_terminator('\n') {
+    let mut lines = bytes.split_inclusive(|b| *b == b'\n');
+    while let Some(line) = lines.next().and_then(|l| l.strip_suffix(b"\n")) {
+        let Ok(line) = std::str::from_utf8(line) else {
+            break;
+        };
         let mut parts = line.split(' ');
         let parsed = match (parts.next(), parts.next(), parts.next(), parts.next()) {
             (Some(sha), Some(offset), Some(size), None) if sha.len() == 64 && plain(sha) => offset
@@ -76,6 +80,22 @@ fn parse_index(text: &str) -> Vec<(String, u64, u64)> {
         }
     }
     out
+}
+
+/// A pack's bytes and its index's, `None` when either is gone (removed
+/// by a delete meanwhile).
+fn read_pair(pack: &Path, index: &Path) -> StoreResult<Option<(u64, Vec<u8>)>> {
+    let gone = |e: &std::io::Error| e.kind() == std::io::ErrorKind::NotFound;
+    let bytes = match std::fs::metadata(pack) {
+        Ok(m) => m.len(),
+        Err(e) if gone(&e) => return Ok(None),
+        Err(e) => return Err(failed("stat", pack, e)),
+    };
+    match std::fs::read(index) {
+        Ok(text) => Ok(Some((bytes, text))),
+        Err(e) if gone(&e) => Ok(None),
+        Err(e) => Err(failed("read", index, e)),
+    }
 }
 
 impl Packs {
@@ -119,13 +139,10 @@ impl Packs {
                     .push(packs.path(&stem, if seen.0 { PACK } else { INDEX }));
                 continue;
             }
-            let pack_path = packs.path(&stem, PACK);
-            let bytes = std::fs::metadata(&pack_path)
-                .map_err(|e| failed("stat", &pack_path, e))?
-                .len();
-            let index_path = packs.path(&stem, INDEX);
-            let text =
-                std::fs::read_to_string(&index_path).map_err(|e| failed("read", &index_path, e))?;
+            let (pack_path, index_path) = (packs.path(&stem, PACK), packs.path(&stem, INDEX));
+            let Some((bytes, text)) = read_pair(&pack_path, &index_path)? else {
+                continue;
+            };
             let name: Arc<str> = stem.into();
             let mut listed = Vec::new();
             for (sha256, offset, size) in parse_index(&text) {
@@ -148,33 +165,33 @@ impl Packs {
         self.dir.join(format!("{name}.{ext}"))
     }
 
-    /// Whether object `sha256` is in a pack.
-    pub(super) fn holds(&self, sha256: &str) -> bool {
-        self.objects.contains_key(sha256)
+    /// Whether a pack holds object `sha256` of `size` bytes.
+    pub(super) fn holds(&self, sha256: &str, size: u64) -> bool {
+        self.objects.get(sha256).is_some_and(|at| at.size == size)
     }
 
     /// Object `sha256`, `None` when no pack holds it; an error when it is
-    /// not `size` bytes.
-    pub(super) fn read(&self, sha256: &str, size: u64) -> Option<StoreResult<Vec<u8>>> {
+    /// not `size` bytes, or its pack is gone (`NotFound`: a delete
+    /// rewrote it since these indexes were loaded).
+    pub(super) fn read(&self, sha256: &str, size: u64) -> Option<std::io::Result<Vec<u8>>> {
         let at = self.objects.get(sha256)?;
         Some(self.read_at(sha256, at, size))
     }
 
-    fn read_at(&self, sha256: &str, at: &Location, size: u64) -> StoreResult<Vec<u8>> {
-        let path = self.path(&at.pack, PACK);
+    fn read_at(&self, sha256: &str, at: &Location, size: u64) -> std::io::Result<Vec<u8>> {
         if at.size != size {
-            return Err(StoreError(format!(
-                "object {sha256} in {} holds {} bytes, its checkpoint says {size}",
-                path.display(),
-                at.size
-            )));
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!(
+                    "object {sha256} holds {} bytes, its checkpoint says {size}",
+                    at.size
+                ),
+            ));
         }
-        let len = usize::try_from(size)
-            .map_err(|_| StoreError(format!("object {sha256} is too large to read whole")))?;
+        // Within the pack's bytes: lines past its end were dropped.
+        let len = usize::try_from(size).map_err(std::io::Error::other)?;
         let mut content = vec![0; len];
-        File::open(&path)
-            .and_then(|f| f.read_exact_at(&mut content, at.offset))
-            .map_err(|e| failed("read", &path, e))?;
+        File::open(self.path(&at.pack, PACK))?.read_exact_at(&mut content, at.offset)?;
         Ok(content)
     }
 
@@ -322,7 +339,10 @@ impl Packs {
             if !live.is_empty() {
                 let mut contents = Vec::with_capacity(live.len());
                 for (sha, at) in &live {
-                    contents.push((sha.clone(), self.read_at(sha, at, at.size)?));
+                    let content = self
+                        .read_at(sha, at, at.size)
+                        .map_err(|e| failed("read", &self.path(&name, PACK), e))?;
+                    contents.push((sha.clone(), content));
                 }
                 for (sha, _) in &live {
                     self.objects.remove(sha);
@@ -345,7 +365,7 @@ mod tests {
     use sha2::{Digest, Sha256};
 
     use super::*;
-    use crate::checkpoints::store::hex;
+    use crate::checkpoints::store_files::hex;
 
     struct Scratch(PathBuf);
 
@@ -380,7 +400,8 @@ mod tests {
         let (a, b) = (object(b"alpha"), object(b"beta!"));
         packs.write(&[a.clone(), b.clone()], false).expect("write");
         let packs = Packs::load(tmp.0.clone()).expect("reload");
-        assert!(packs.holds(&a.0) && packs.holds(&b.0));
+        assert!(packs.holds(&a.0, 5) && packs.holds(&b.0, 5));
+        assert!(!packs.holds(&a.0, 4), "held at another size");
         assert_eq!(packs.read(&b.0, 5).expect("held").expect("read"), b"beta!");
         assert!(
             packs.read(&b.0, 4).expect("held").is_err(),
@@ -405,14 +426,24 @@ mod tests {
             .expect("index");
         let text = std::fs::read_to_string(&index).expect("read");
         let lines: Vec<&str> = text.lines().collect();
-        // b's line points past the end; c's is torn.
+        let whole = |line: &str| format!("{line}\n").into_bytes();
         let past = lines[1].replace(" 3 3", " 9 3");
-        std::fs::write(&index, format!("{}\n{past}\n{}", lines[0], &lines[2][..20]))
-            .expect("write");
-        let packs = Packs::load(tmp.0.clone()).expect("reload");
-        assert_eq!(packs.read(&a.0, 3).expect("held").expect("read"), b"one");
-        assert!(!packs.holds(&b.0), "past the pack's end");
-        assert!(!packs.holds(&c.0), "after a torn line");
+        let cases = [
+            (
+                "c's line is whole but for its newline; b's points past the end",
+                [whole(lines[0]), whole(&past), lines[2].as_bytes().to_vec()].concat(),
+            ),
+            (
+                "c's line follows one that is not text",
+                [whole(lines[0]), b"\xff\n".to_vec(), whole(lines[2])].concat(),
+            ),
+        ];
+        for (what, text) in cases {
+            std::fs::write(&index, text).expect("write");
+            let packs = Packs::load(tmp.0.clone()).expect("reload");
+            assert_eq!(packs.read(&a.0, 3).expect("held").expect("read"), b"one");
+            assert!(!packs.holds(&b.0, 3) && !packs.holds(&c.0, 5), "{what}");
+        }
     }
 
     #[test]
@@ -439,7 +470,7 @@ mod tests {
         let packs = Packs::load(tmp.0.clone()).expect("reload");
         assert_eq!(packs.read(&a.0, 4).expect("held").expect("read"), b"keep");
         assert_eq!(packs.read(&d.0, 4).expect("held").expect("read"), b"also");
-        assert!(!packs.holds(&b.0) && !packs.holds(&c.0));
+        assert!(!packs.holds(&b.0, 100) && !packs.holds(&c.0, 4));
     }
 
     #[test]
@@ -468,7 +499,7 @@ mod tests {
         packs.write(&[b.clone(), c.clone()], false).expect("write");
         let added: HashSet<&str> = [b.0.as_str(), c.0.as_str()].into();
         packs.remove_all_of(&added).expect("remove");
-        assert!(packs.holds(&a.0) && !packs.holds(&b.0));
+        assert!(packs.holds(&a.0, 3) && !packs.holds(&b.0, 4));
         assert_eq!(files(&tmp.0), 2);
     }
 }

@@ -29,7 +29,7 @@ use std::collections::HashSet;
 use std::fs::{DirBuilder, File, OpenOptions};
 use std::io::{Read, Write};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -38,49 +38,13 @@ use tokio::sync::mpsc;
 
 use super::manifest::{Entry, EntryKind, INLINE_VERSION, Manifest, VERSION, split};
 use super::pack::Packs;
+pub(super) use super::store_files::{StoreError, StoreResult, hex};
+use super::store_files::{failed, plain, start_writeback, sync_dir};
 
 /// Present while a change of the store is under way, or was cut short.
 const CHANGING: &str = "changing";
 /// The objects' bytes, in decimal, when no change is under way.
 const USAGE: &str = "usage";
-
-/// Why the store failed: one line, naming the path.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{0}")]
-pub struct StoreError(pub(super) String);
-
-impl StoreError {
-    /// A task of the store that panicked or was cancelled.
-    pub(super) fn ended_early(e: impl std::fmt::Display) -> StoreError {
-        StoreError(format!("a task of the store ended early: {e}"))
-    }
-
-    /// There is no state directory to keep checkpoints in.
-    pub(super) fn none_configured() -> StoreError {
-        StoreError("no state_dir is set (SANDBOXD_STATE_DIR) to keep checkpoints in".into())
-    }
-}
-
-pub(super) type StoreResult<T> = Result<T, StoreError>;
-
-pub(super) fn failed(what: &str, path: &Path, e: std::io::Error) -> StoreError {
-    StoreError(format!("cannot {what} {}: {e}", path.display()))
-}
-
-/// Lowercase hex of a hash.
-pub(super) fn hex(hash: &[u8]) -> String {
-    hash.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-/// A name the store gives out (an object's hash, a checkpoint's id): plain
-/// lowercase hex or `[a-z0-9]`, so it is one path component.
-pub(super) fn plain(name: &str) -> bool {
-    !name.is_empty()
-        && name.len() <= 64
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_digit() || b.is_ascii_lowercase())
-}
 
 /// One sandbox's store.
 #[derive(Debug, Clone)]
@@ -102,13 +66,17 @@ impl Store {
         }
     }
 
-    /// Notes files written, to sync before a manifest names them.
-    fn written(&self, paths: impl IntoIterator<Item = PathBuf>) -> StoreResult<()> {
+    /// The files written and not yet synced. A panic while they were
+    /// held leaves a list that is whole at every step, so it is used on.
+    fn unsynced(&self) -> std::sync::MutexGuard<'_, Vec<PathBuf>> {
         self.unsynced
             .lock()
-            .map_err(|_| StoreError("a task of the store panicked holding its files".into()))?
-            .extend(paths);
-        Ok(())
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Notes files written, to sync before a manifest names them.
+    fn written(&self, paths: impl IntoIterator<Item = PathBuf>) {
+        self.unsynced().extend(paths);
     }
 
     /// Makes every file noted as written durable, and the directories
@@ -116,10 +84,7 @@ impl Store {
     /// else is dirty on the file system (a workspace just written, on the
     /// same disk), which cost a third of a first checkpoint.
     fn sync_written(&self) -> StoreResult<()> {
-        let paths =
-            std::mem::take(&mut *self.unsynced.lock().map_err(|_| {
-                StoreError("a task of the store panicked holding its files".into())
-            })?);
+        let paths = std::mem::take(&mut *self.unsynced());
         for path in &paths {
             File::open(path)
                 .and_then(|f| f.sync_data())
@@ -131,12 +96,16 @@ impl Store {
         Ok(())
     }
 
+    /// The packs' indexes, as loaded (`None` before).
+    fn packs_held(&self) -> StoreResult<std::sync::MutexGuard<'_, Option<Packs>>> {
+        self.packs
+            .lock()
+            .map_err(|_| StoreError("a task of the store panicked holding its packs".into()))
+    }
+
     /// Runs `work` on the packs, loaded if they were not.
     fn with_packs<T>(&self, work: impl FnOnce(&mut Packs) -> StoreResult<T>) -> StoreResult<T> {
-        let mut guard = self
-            .packs
-            .lock()
-            .map_err(|_| StoreError("a task of the store panicked holding its packs".into()))?;
+        let mut guard = self.packs_held()?;
         let packs = match guard.take() {
             Some(packs) => packs,
             None => Packs::load(self.sub("packs"))?,
@@ -285,7 +254,7 @@ impl Store {
                     .write_all(&bytes)
                     .map_err(|e| failed("write", &tmp.path, e))?;
                 std::fs::rename(&tmp.path, &to).map_err(|e| failed("rename into", &to, e))?;
-                self.written([to])?;
+                self.written([to]);
             }
             m.trees.push(sha256);
         }
@@ -299,7 +268,12 @@ impl Store {
             .map_err(|e| failed("write", &tmp.path, e))?;
         let to = self.sub("manifests").join(format!("{}.json", m.id));
         std::fs::rename(&tmp.path, &to).map_err(|e| failed("rename into", &to, e))?;
-        sync_dir(&self.sub("manifests")).map(|()| m)
+        // Listed from here on, with its content durable: a failure to
+        // sync its name leaves it saved, not half made.
+        if let Err(e) = sync_dir(&self.sub("manifests")) {
+            tracing::warn!(error = %e, checkpoint = %m.id, "a checkpoint's name may not survive a power cut");
+        }
+        Ok(m)
     }
 
     /// Removes checkpoint `id`'s manifest: whether there was one.
@@ -407,8 +381,19 @@ impl Store {
 
     /// The first `size` bytes of object `sha256`, which holds that many.
     pub(super) fn read_object(&self, sha256: &str, size: u64) -> StoreResult<Vec<u8>> {
-        if let Some(packed) = self.with_packs(|p| Ok(p.read(sha256, size)))? {
-            return packed;
+        let failed = |e: std::io::Error| StoreError(format!("cannot read object {sha256}: {e}"));
+        match self.with_packs(|p| Ok(p.read(sha256, size)))? {
+            Some(Ok(content)) => return Ok(content),
+            // A delete rewrote its pack since the indexes were loaded:
+            // loaded again, they say where it is now.
+            Some(Err(e)) if e.kind() == std::io::ErrorKind::NotFound => {
+                *self.packs_held()? = None;
+                if let Some(again) = self.with_packs(|p| Ok(p.read(sha256, size)))? {
+                    return again.map_err(failed);
+                }
+            }
+            Some(Err(e)) => return Err(failed(e)),
+            None => {}
         }
         let mut content = Vec::new();
         self.open_object(sha256, size)?
@@ -451,7 +436,7 @@ impl Store {
             for content in &contents {
                 let sha256 = hex(&Sha256::digest(content));
                 let stored = !queued.contains(&sha256)
-                    && !packs.holds(&sha256)
+                    && !packs.holds(&sha256, content.len() as u64)
                     && !self.object_path(&sha256)?.is_file();
                 if stored {
                     queued.insert(sha256.clone());
@@ -464,7 +449,7 @@ impl Store {
                 });
             }
             if !new.is_empty() {
-                self.written(packs.write(&new, false)?)?;
+                self.written(packs.write(&new, false)?);
             }
             Ok(done)
         })
@@ -606,7 +591,7 @@ impl ObjectWriter {
         }
         start_writeback(&self.tmp.file);
         std::fs::rename(&self.tmp.path, &to).map_err(|e| failed("rename into", &to, e))?;
-        store.written([to])?;
+        store.written([to]);
         Ok(Stored {
             sha256,
             size: self.size,
@@ -618,22 +603,6 @@ impl ObjectWriter {
     pub(super) fn discard(self) {
         let _ = std::fs::remove_file(&self.tmp.path);
     }
-}
-
-/// Starts writing `file`'s dirty pages to disk, without waiting: by the
-/// time [`Store::sync_written`] syncs it, most of it is there, so the
-/// disk's writing overlaps the rest of the checkpoint instead of
-/// following it. (Linux starts that writeback for `POSIX_FADV_DONTNEED`;
-/// the pages it then drops are only the clean ones.) A hint: a failure
-/// changes nothing.
-pub(super) fn start_writeback(file: &File) {
-    let _ = rustix::fs::fadvise(file, 0, None, rustix::fs::Advice::DontNeed);
-}
-
-pub(super) fn sync_dir(dir: &Path) -> StoreResult<()> {
-    File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(|e| failed("sync", dir, e))
 }
 
 #[cfg(test)]
@@ -687,7 +656,8 @@ mod tests {
             s.sizes("objects").expect("objects"),
             [(a.sha256.clone(), 5)]
         );
-        let mode = |p: &Path| std::fs::metadata(p).expect("meta").permissions().mode() & 0o777;
+        let mode =
+            |p: &std::path::Path| std::fs::metadata(p).expect("meta").permissions().mode() & 0o777;
         assert_eq!(mode(&s.object_path(&a.sha256).expect("path")), 0o600);
         assert_eq!(mode(&s.sub("objects")), 0o700);
         let other = put(&s, b"other");
