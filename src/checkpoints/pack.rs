@@ -365,24 +365,10 @@ mod tests {
     use sha2::{Digest, Sha256};
 
     use super::*;
-    use crate::checkpoints::store_files::hex;
-
-    struct Scratch(PathBuf);
-
-    impl Drop for Scratch {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir_all(&self.0);
-        }
-    }
+    use crate::checkpoints::store_files::{Scratch, hex};
 
     fn scratch() -> Scratch {
-        let dir = std::env::temp_dir().join(format!(
-            "sandboxd-packs-{}-{}",
-            std::process::id(),
-            crate::id::random_hex(4).expect("random")
-        ));
-        std::fs::create_dir_all(&dir).expect("dir");
-        Scratch(dir)
+        Scratch::new("sandboxd-packs")
     }
 
     fn object(content: &[u8]) -> (String, &[u8]) {

@@ -610,25 +610,14 @@ mod tests {
     use std::os::unix::fs::PermissionsExt;
 
     use super::super::manifest::tests::file;
+    use super::super::store_files::Scratch;
     use super::*;
 
     /// A store in a directory of its own, removed when dropped.
-    struct Scratch(PathBuf);
-
-    impl Drop for Scratch {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir_all(&self.0);
-        }
-    }
-
     fn store() -> (Scratch, Store) {
-        let dir = std::env::temp_dir().join(format!(
-            "sandboxd-checkpoints-{}-{}",
-            std::process::id(),
-            crate::id::random_hex(4).expect("random")
-        ));
-        let s = Store::at(dir.join("sbx"));
-        (Scratch(dir), s)
+        let dir = Scratch::new("sandboxd-checkpoints");
+        let s = Store::at(dir.0.join("sbx"));
+        (dir, s)
     }
 
     fn put(s: &Store, content: &[u8]) -> Stored {

@@ -59,3 +59,28 @@ pub(super) fn sync_dir(dir: &Path) -> StoreResult<()> {
         .and_then(|d| d.sync_all())
         .map_err(|e| failed("sync", dir, e))
 }
+
+/// A directory of a test's own (`PREFIX-PID-RANDOM` in the system's
+/// temporary directory), removed when dropped.
+#[cfg(test)]
+pub(super) struct Scratch(pub(super) std::path::PathBuf);
+
+#[cfg(test)]
+impl Scratch {
+    pub(super) fn new(prefix: &str) -> Scratch {
+        let dir = std::env::temp_dir().join(format!(
+            "{prefix}-{}-{}",
+            std::process::id(),
+            crate::id::random_hex(4).expect("random")
+        ));
+        std::fs::create_dir_all(&dir).expect("a scratch directory");
+        Scratch(dir)
+    }
+}
+
+#[cfg(test)]
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
