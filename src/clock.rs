@@ -1,11 +1,20 @@
-//! Wall-clock time as the API shows it (Unix epoch milliseconds), and the
-//! engine's time stamps read as Unix seconds.
+//! Wall-clock time as the API shows it (Unix epoch milliseconds) and as
+//! file times count it (nanoseconds), and the engine's time stamps read
+//! as Unix seconds.
 
 /// Milliseconds since the Unix epoch.
 pub fn now_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        .unwrap_or(0)
+}
+
+/// Nanoseconds since the Unix epoch, as file times count them.
+pub fn now_ns() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX))
         .unwrap_or(0)
 }
 

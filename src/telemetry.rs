@@ -89,6 +89,12 @@ pub fn checkpoint_files_read(via: &'static str, n: u64) {
     counter!("sandboxd_checkpoint_files_read_total", "via" => via).increment(n);
 }
 
+/// A workspace walked for a checkpoint, a restore or a diff, `via` the
+/// host or the agent.
+pub fn checkpoint_walked(via: &'static str) {
+    counter!("sandboxd_checkpoint_walks_total", "via" => via).increment(1);
+}
+
 /// A terminal session opened.
 pub fn pty_opened() {
     counter!("sandboxd_ptys_opened_total").increment(1);

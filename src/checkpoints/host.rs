@@ -60,6 +60,11 @@ impl HostTree {
         Ok(HostTree { root })
     }
 
+    /// The volume's directory, open as a path only.
+    pub(super) fn root(&self) -> &OwnedFd {
+        &self.root
+    }
+
     /// File `e`, open, when it is the file the snapshot saw.
     fn open_file(&self, e: &Entry) -> Option<File> {
         let fd = rustix::fs::openat2(
@@ -240,7 +245,7 @@ mod tests {
 
         let content: Vec<u8> = (0..3 * PIECE + 17).map(|i| (i % 251) as u8).collect();
         std::fs::write(ws.join("big"), &content).unwrap();
-        let store = Store::at(dir.join("store"));
+        let store = Store::at(dir.join("store"), Default::default());
         let big = entry(&ws, "big");
         let stored = tree.store(&store, &big).unwrap().unwrap();
         assert_eq!(stored.size, content.len() as u64);

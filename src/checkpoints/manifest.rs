@@ -61,6 +61,28 @@ impl Entry {
     }
 }
 
+/// How long before a walk a file's change time must be for the next
+/// checkpoint to take the file as unchanged by its identity alone. File
+/// times come from the kernel's coarse clock, a tick behind at most (10
+/// ms at the slowest tick Linux has): a file rewritten with its size
+/// within the tick in which the walk saw it keeps its times. Twice that,
+/// as the agent's change reports allow, for a sandbox clock a little off
+/// sandboxd's (gVisor keeps its own).
+pub(super) const RACY_MARGIN_NS: i64 = 20_000_000;
+
+/// Whether file `now` is file `before` of the checkpoint whose walk began
+/// at `walked_at_ns`, unchanged, without reading it: the same inode, size
+/// and times, and changed last well before that walk (any change since
+/// has a later change time, which the sandbox cannot set back).
+pub(super) fn unchanged_since(before: &Entry, walked_at_ns: i64, now: &Entry) -> bool {
+    before.kind == EntryKind::File
+        && now.kind == EntryKind::File
+        && before.sha256.is_some()
+        && (before.size, before.mtime_ns, before.ctime_ns, before.ino)
+            == (now.size, now.mtime_ns, now.ctime_ns, now.ino)
+        && before.ctime_ns < walked_at_ns.saturating_sub(RACY_MARGIN_NS)
+}
+
 /// A checkpoint as stored: what the API shows of it, and the trees that
 /// hold its entries (a few kilobytes, however large the workspace).
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -78,6 +100,11 @@ pub(super) struct Manifest {
     /// Regular files in it.
     #[serde(default)]
     pub(super) files: u64,
+    /// When the walk that found its entries began, in nanoseconds since
+    /// the epoch (see [`unchanged_since`]); 0 in checkpoints made before
+    /// it was kept, whose every file the next checkpoint reads again.
+    #[serde(default)]
+    pub(super) walked_at_ns: i64,
     /// The trees its entries are in, in path order, by SHA-256.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub(super) trees: Vec<String>,
@@ -163,6 +190,56 @@ pub(super) mod tests {
             ctime_ns: 1,
             ino: 1,
         }
+    }
+
+    #[test]
+    fn a_file_is_unchanged_by_identity_only_when_changed_well_before_the_walk() {
+        let walked_at = 10 * RACY_MARGIN_NS;
+        let before = Entry {
+            ctime_ns: walked_at - RACY_MARGIN_NS - 1,
+            ..file("f", "content", 0o644)
+        };
+        // Control: the same file, changed well before the walk.
+        assert!(unchanged_since(&before, walked_at, &before.clone()));
+        // Changed within the margin: its times may not show a rewrite in
+        // the same tick of the file clock, so it is read again.
+        let recent = Entry {
+            ctime_ns: walked_at - 1,
+            ..before.clone()
+        };
+        assert!(!unchanged_since(&recent, walked_at, &recent.clone()));
+        // A checkpoint made before the walk's time was kept: read again.
+        assert!(!unchanged_since(&before, 0, &before.clone()));
+        // Any part of the identity that differs.
+        for now in [
+            Entry {
+                size: 8,
+                ..before.clone()
+            },
+            Entry {
+                mtime_ns: 2,
+                ..before.clone()
+            },
+            Entry {
+                ctime_ns: before.ctime_ns + 1,
+                ..before.clone()
+            },
+            Entry {
+                ino: 2,
+                ..before.clone()
+            },
+            Entry {
+                kind: EntryKind::Dir,
+                ..before.clone()
+            },
+        ] {
+            assert!(!unchanged_since(&before, walked_at, &now), "{now:?}");
+        }
+        let unhashed = Entry {
+            sha256: None,
+            ..before.clone()
+        };
+        assert!(!unchanged_since(&unhashed, walked_at, &before));
     }
 
     pub(in crate::checkpoints) fn dir(path: &str) -> Entry {

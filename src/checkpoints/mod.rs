@@ -6,11 +6,14 @@
 //! The content lives on the host in the sandbox's [`store`], each content
 //! once however many checkpoints hold it; a checkpoint's [`manifest`]
 //! names it by hash, in trees that the next checkpoint shares where
-//! nothing changed. A checkpoint reads only files whose identity (inode,
-//! size, modification and change times) differs from the newest
-//! checkpoint's (or every file, with `verify`, which also stores again
-//! content the store lost), through the agent ([`tree`]), and reads no
-//! other checkpoint, so its cost grows with what changed and with the
+//! nothing changed. A checkpoint lists the workspace on the host under
+//! runc ([`host_walk`]), else through the agent ([`tree`]), and reads only
+//! files whose identity (inode, size, modification and change times)
+//! differs from the newest checkpoint's or that it saw changed just
+//! before it ([`manifest::unchanged_since`]), or every file with
+//! `verify`, which also stores again content the store lost. It reads no
+//! other checkpoint, and the newest one's entries are kept in memory
+//! ([`recent`]), so its cost grows with what changed and with the
 //! workspace's entries, not with the checkpoints kept. A file that changes
 //! while it is read makes the checkpoint start over once, then fail with
 //! [`CheckpointError::WorkspaceChanging`]; a refused checkpoint (a limit,
@@ -21,8 +24,10 @@
 //! I/O runs on blocking threads, never on a worker of the async runtime.
 
 mod host;
+mod host_walk;
 mod manifest;
 mod pack;
+mod recent;
 mod store;
 mod store_files;
 mod text_diff;
@@ -35,6 +40,8 @@ use dashmap::DashMap;
 use futures_util::StreamExt;
 use futures_util::stream::FuturesUnordered;
 use host::HostTree;
+use host_walk::WalkLimits;
+use recent::{Newest, Recent};
 use sandboxd_proto::{FailureKind, ShapeSpec};
 
 use crate::agent_client::AgentError;
@@ -42,7 +49,7 @@ use crate::config::Config;
 use crate::field_error::FieldError;
 use crate::sandbox::{SandboxError, Sandboxes};
 pub use manifest::EntryKind;
-use manifest::{Entry, Manifest, TreeDiff, VERSION, compare};
+use manifest::{Entry, Manifest, TreeDiff, VERSION, compare, unchanged_since};
 use store::{Store, StoreError};
 use text_diff::Reader;
 pub use text_diff::{DEFAULT_CHARS as TEXT_DIFF_DEFAULT_CHARS, DiffText};
@@ -306,6 +313,7 @@ pub struct Checkpoints {
     sandboxes: Arc<Sandboxes>,
     /// A sandbox's operations run one at a time.
     locks: Arc<Locks>,
+    recent: Arc<Recent>,
 }
 
 /// A sandbox's lock, held; its entry leaves the map when no one else
@@ -345,6 +353,39 @@ async fn open_host_tree(store: &Store, dir: std::path::PathBuf) -> Option<Arc<Ho
         }
         Err(_) => None,
     }
+}
+
+/// Every entry of the workspace, checked, sorted by path, without hashes:
+/// walked on the host where it may be ([`host_walk`]), by the agent
+/// otherwise and wherever the host's walk leaves it to the agent.
+async fn walk(
+    agent: &tree::Agent<'_>,
+    host: Option<&Arc<HostTree>>,
+    store: &Store,
+    config: &Config,
+) -> CheckpointResult<Vec<Entry>> {
+    if let Some(host) = host {
+        let host = Arc::clone(host);
+        let dirs: Vec<String> = agent.dirs.iter().map(|d| (*d).to_string()).collect();
+        let max_entries = usize::try_from(config.checkpoint_max_entries).unwrap_or(usize::MAX);
+        let (uid, _) = config.sandbox_uid_gid();
+        let walked = store
+            .blocking(move |_| {
+                let dirs: Vec<&str> = dirs.iter().map(String::as_str).collect();
+                Ok(host.walk(&WalkLimits {
+                    max_entries,
+                    uid,
+                    dirs: &dirs,
+                }))
+            })
+            .await;
+        if let Ok(Some(entries)) = walked {
+            crate::telemetry::checkpoint_walked("host");
+            return Ok(entries);
+        }
+    }
+    crate::telemetry::checkpoint_walked("agent");
+    agent.snapshot(config.checkpoint_max_entries).await
 }
 
 /// Where a checkpoint reads the workspace's files: on the host where it
@@ -496,13 +537,14 @@ impl Checkpoints {
             config,
             sandboxes,
             locks: Arc::default(),
+            recent: Arc::default(),
         }
     }
 
     fn store(&self, sandbox_id: &str) -> CheckpointResult<Store> {
         self.config
             .checkpoint_dir(sandbox_id)
-            .map(Store::at)
+            .map(|dir| Store::at(dir, self.recent.packs(sandbox_id)))
             .ok_or_else(|| CheckpointError::Store(StoreError::none_configured()))
     }
 
@@ -553,11 +595,23 @@ impl Checkpoints {
             });
         }
         let newest = existing.first().filter(|_| !verify).cloned();
+        let kept = newest
+            .as_ref()
+            .and_then(|m| self.recent.newest(&sandbox.id, &m.id));
         let (stored_before, previous) = store
             .blocking(move |s| {
                 let usage = s.begin()?;
-                let previous = newest.map(|m| s.entries(&m)).transpose()?;
-                Ok((usage, previous.unwrap_or_default()))
+                let previous = match (kept, newest) {
+                    (Some(kept), _) => kept,
+                    (None, Some(m)) => Arc::new(Newest {
+                        entries: s.entries(&m)?,
+                        id: m.id,
+                        trees: m.trees,
+                        walked_at_ns: m.walked_at_ns,
+                    }),
+                    (None, None) => Arc::default(),
+                };
+                Ok((usage, previous))
             })
             .await
             .map_err(store_err)?;
@@ -576,10 +630,7 @@ impl Checkpoints {
             limit: self.config.agent_timeout,
             dirs: self.config.workspace_dirs().collect(),
         };
-        let host = match self.sandboxes.workspace_host_dir(&sandbox).await {
-            Some(dir) => open_host_tree(&store, dir).await,
-            None => None,
-        };
+        let host = self.host_tree(&sandbox, &store).await;
         let source = FileSource {
             agent: &agent,
             host: host.as_ref(),
@@ -589,7 +640,7 @@ impl Checkpoints {
         let taken = self
             .take(&source, &previous, stored_before, &mut added)
             .await;
-        let (entries, new_bytes) = match taken {
+        let (entries, new_bytes, walked_at_ns) = match taken {
             Ok(taken) => taken,
             Err(e) => {
                 store
@@ -619,13 +670,14 @@ impl Checkpoints {
             // Set once its content is durable (`save_manifest`).
             duration_ms: 0,
             files: entries.iter().filter(|e| e.kind == EntryKind::File).count() as u64,
+            walked_at_ns,
             trees: Vec::new(),
             entries: None,
         };
         let saved = store
             .blocking(
-                move |s| match s.save_manifest(manifest, &entries, started) {
-                    Ok(saved) => s.end(stored_before + new_bytes).map(|()| saved),
+                move |s| match s.save_manifest(manifest, &entries, &previous, started) {
+                    Ok(saved) => s.end(stored_before + new_bytes).map(|()| (saved, entries)),
                     // The store stays marked changing: the next change
                     // sweeps what this one wrote and did not sync.
                     Err(e) => {
@@ -636,6 +688,16 @@ impl Checkpoints {
             )
             .await
             .map_err(store_err)?;
+        let (saved, entries) = saved;
+        self.recent.put(
+            &sandbox.id,
+            Newest {
+                id: saved.id.clone(),
+                entries,
+                trees: saved.trees.clone(),
+                walked_at_ns,
+            },
+        );
         crate::telemetry::checkpoint_made(started, new_bytes, bytes.saturating_sub(new_bytes));
         Ok(CheckpointInfo::from(&saved))
     }
@@ -648,30 +710,29 @@ impl Checkpoints {
     async fn take(
         &self,
         source: &FileSource<'_>,
-        previous: &[Entry],
+        previous: &Newest,
         stored_before: u64,
         added: &mut Vec<String>,
-    ) -> CheckpointResult<(Vec<Entry>, u64)> {
+    ) -> CheckpointResult<(Vec<Entry>, u64, i64)> {
         let max_bytes = self.config.checkpoint_max_store_bytes;
         let mut attempt = 0;
         loop {
             attempt += 1;
             let result = async {
-                let mut entries = (source.agent)
-                    .snapshot(self.config.checkpoint_max_entries)
-                    .await?;
-                let known: std::collections::HashMap<&str, &Entry> =
-                    previous.iter().map(|e| (e.path.as_str(), e)).collect();
+                let walked_at_ns = crate::clock::now_ns();
+                let mut entries =
+                    walk(source.agent, source.host, source.store, &self.config).await?;
+                // Both sorted by path: each entry's namesake in `previous`
+                // is found walking the two together.
+                let mut known = previous.entries.iter().peekable();
                 let mut to_read = Vec::new();
                 for (i, e) in entries.iter_mut().enumerate() {
+                    while known.next_if(|k| k.path < e.path).is_some() {}
                     if e.kind != EntryKind::File {
                         continue;
                     }
-                    let same = known.get(e.path.as_str()).filter(|k| {
-                        k.kind == EntryKind::File
-                            && (k.size, k.mtime_ns, k.ctime_ns, k.ino)
-                                == (e.size, e.mtime_ns, e.ctime_ns, e.ino)
-                            && k.sha256.is_some()
+                    let same = known.peek().filter(|k| {
+                        k.path == e.path && unchanged_since(k, previous.walked_at_ns, e)
                     });
                     match same {
                         Some(k) => e.sha256.clone_from(&k.sha256),
@@ -760,7 +821,7 @@ impl Checkpoints {
                 for (i, sha256) in tally.hashes {
                     entries[i].sha256 = Some(sha256);
                 }
-                Ok((entries, tally.new_bytes))
+                Ok((entries, tally.new_bytes, walked_at_ns))
             }
             .await;
             match result {
@@ -827,11 +888,26 @@ impl Checkpoints {
             .ok_or_else(|| CheckpointError::NotFound(checkpoint_id.to_string()))
     }
 
-    /// Checkpoint `checkpoint_id`'s entries.
-    async fn entries(&self, store: &Store, checkpoint_id: &str) -> CheckpointResult<Vec<Entry>> {
+    /// Checkpoint `checkpoint_id`'s entries, and when its walk began.
+    async fn entries(
+        &self,
+        sandbox_id: &str,
+        store: &Store,
+        checkpoint_id: &str,
+    ) -> CheckpointResult<Arc<Newest>> {
         let m = self.manifest(store, checkpoint_id).await?;
+        if let Some(kept) = self.recent.newest(sandbox_id, &m.id) {
+            return Ok(kept);
+        }
         store
-            .blocking(move |s| s.entries(&m))
+            .blocking(move |s| {
+                Ok(Arc::new(Newest {
+                    entries: s.entries(&m)?,
+                    id: m.id,
+                    trees: m.trees,
+                    walked_at_ns: m.walked_at_ns,
+                }))
+            })
             .await
             .map_err(store_err)
     }
@@ -852,16 +928,16 @@ impl Checkpoints {
             DiffTarget::Current => self.sandboxes.lookup(sandbox_id).await?,
         };
         let store = self.store(&sandbox.id)?;
-        let old = self.entries(&store, from).await?;
+        let old = self.entries(&sandbox.id, &store, from).await?;
         match to {
             DiffTarget::Checkpoint(id) => {
-                let new = self.entries(&store, &id).await?;
-                described(&old, &new, Reader::new(&store, None), text).await
+                let new = self.entries(&sandbox.id, &store, &id).await?;
+                described(&old.entries, &new.entries, Reader::new(&store, None), text).await
             }
             DiffTarget::Current => {
                 let _busy = sandbox.open_request();
                 let made = async {
-                    let new = self.current(&sandbox, &old).await?;
+                    let new = self.current(&sandbox, &store, &old).await?;
                     let conn = self.sandboxes.agent(&sandbox).await?;
                     let agent = tree::Agent {
                         conn: &conn,
@@ -869,7 +945,7 @@ impl Checkpoints {
                         dirs: self.config.workspace_dirs().collect(),
                     };
                     let reader = Reader::new(&store, Some(&agent));
-                    described(&old, &new, reader, text).await
+                    described(&old.entries, &new, reader, text).await
                 }
                 .await;
                 made.map_err(|e| self.sandboxes.gone_or(&sandbox, e))
@@ -877,12 +953,24 @@ impl Checkpoints {
         }
     }
 
+    /// The workspace's directory on the host, open, where sandboxd may
+    /// read it ([`host`]).
+    async fn host_tree(
+        &self,
+        sandbox: &crate::sandbox::Sandbox,
+        store: &Store,
+    ) -> Option<Arc<HostTree>> {
+        let dir = self.sandboxes.workspace_host_dir(sandbox).await?;
+        open_host_tree(store, dir).await
+    }
+
     /// The workspace now, hashed (files `known` saw unchanged are not
     /// read again).
     async fn current(
         &self,
         sandbox: &Arc<crate::sandbox::Sandbox>,
-        known: &[Entry],
+        store: &Store,
+        known: &Newest,
     ) -> CheckpointResult<Vec<Entry>> {
         let conn = self.sandboxes.agent(sandbox).await?;
         let agent = tree::Agent {
@@ -890,8 +978,11 @@ impl Checkpoints {
             limit: self.config.agent_timeout,
             dirs: self.config.workspace_dirs().collect(),
         };
-        let mut entries = agent.snapshot(self.config.checkpoint_max_entries).await?;
-        agent.hash_current(&mut entries, known).await?;
+        let host = self.host_tree(sandbox, store).await;
+        let mut entries = walk(&agent, host.as_ref(), store, &self.config).await?;
+        agent
+            .hash_current(&mut entries, &known.entries, known.walked_at_ns)
+            .await?;
         Ok(entries)
     }
 
@@ -902,7 +993,7 @@ impl Checkpoints {
         let _busy = sandbox.open_request();
         let _one = self.lock(&sandbox.id).await;
         let store = self.store(&sandbox.id)?;
-        let target = self.entries(&store, checkpoint_id).await?;
+        let target = self.entries(&sandbox.id, &store, checkpoint_id).await?;
         self.make(&sandbox, &store, &target).await
     }
 
@@ -926,7 +1017,7 @@ impl Checkpoints {
         let _source_turn = self.lock(from).await;
         let _target_turn = self.lock(&target.id).await;
         let store = self.store(from)?;
-        let entries = self.entries(&store, checkpoint_id).await?;
+        let entries = self.entries(from, &store, checkpoint_id).await?;
         self.make(&target, &store, &entries).await.map(drop)
     }
 
@@ -936,11 +1027,11 @@ impl Checkpoints {
         &self,
         sandbox: &Arc<crate::sandbox::Sandbox>,
         store: &Store,
-        target: &[Entry],
+        target: &Newest,
     ) -> CheckpointResult<Diff> {
         let made = async {
-            let current = self.current(sandbox, target).await?;
-            let plan = tree::plan(&current, target);
+            let current = self.current(sandbox, store, target).await?;
+            let plan = tree::plan(&current, &target.entries);
             let conn = self.sandboxes.agent(sandbox).await?;
             let agent = tree::Agent {
                 conn: &conn,
@@ -948,7 +1039,7 @@ impl Checkpoints {
                 dirs: self.config.workspace_dirs().collect(),
             };
             agent.apply(&plan, store).await?;
-            Ok(Diff::from(compare(&current, target)))
+            Ok(Diff::from(compare(&current, &target.entries)))
         }
         .await;
         made.map_err(|e| self.sandboxes.gone_or(sandbox, e))

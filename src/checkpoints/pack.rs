@@ -45,6 +45,11 @@ struct Pack {
     listed: Vec<(String, u64)>,
 }
 
+/// A store's packs' indexes, loaded on first use (`None` before), kept
+/// from one operation to the next (see [`super::recent`]): every change
+/// of its packs is made through them.
+pub(super) type LoadedPacks = std::sync::Arc<std::sync::Mutex<Option<Packs>>>;
+
 /// The packs of one store, their indexes loaded.
 #[derive(Debug)]
 pub(super) struct Packs {
@@ -163,6 +168,11 @@ impl Packs {
 
     fn path(&self, name: &str, ext: &str) -> PathBuf {
         self.dir.join(format!("{name}.{ext}"))
+    }
+
+    /// Objects the packs hold.
+    pub(super) fn len(&self) -> usize {
+        self.objects.len()
     }
 
     /// Whether a pack holds object `sha256` of `size` bytes.

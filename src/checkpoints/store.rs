@@ -25,7 +25,7 @@
 //! and `usage` is believed: a checkpoint's cost does not grow with the
 //! store.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::fs::{DirBuilder, File, OpenOptions};
 use std::io::{Read, Write};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
@@ -37,7 +37,8 @@ use sha2::{Digest, Sha256};
 use tokio::sync::mpsc;
 
 use super::manifest::{Entry, EntryKind, INLINE_VERSION, Manifest, VERSION, split};
-use super::pack::Packs;
+use super::pack::{LoadedPacks, Packs};
+use super::recent::Newest;
 pub(super) use super::store_files::{StoreError, StoreResult, hex};
 use super::store_files::{failed, plain, start_writeback, sync_dir};
 
@@ -50,18 +51,18 @@ const USAGE: &str = "usage";
 #[derive(Debug, Clone)]
 pub(super) struct Store {
     dir: PathBuf,
-    /// The packs' indexes, loaded on first use by this value (one
-    /// operation's) and its clones.
-    packs: Arc<Mutex<Option<Packs>>>,
-    /// The files this value and its clones wrote and have not synced.
+    packs: LoadedPacks,
+    /// The files this value and its clones (one operation's) wrote and
+    /// have not synced.
     unsynced: Arc<Mutex<Vec<PathBuf>>>,
 }
 
 impl Store {
-    pub(super) fn at(dir: PathBuf) -> Store {
+    /// The store in `dir`, its packs' indexes loaded into `packs`.
+    pub(super) fn at(dir: PathBuf, packs: LoadedPacks) -> Store {
         Store {
             dir,
-            packs: Arc::default(),
+            packs,
             unsynced: Arc::default(),
         }
     }
@@ -110,7 +111,13 @@ impl Store {
             Some(packs) => packs,
             None => Packs::load(self.sub("packs"))?,
         };
-        work(guard.insert(packs))
+        let done = work(guard.insert(packs));
+        // A change cut short may have left them other than the disk:
+        // loaded again by the next use.
+        if done.is_err() {
+            *guard = None;
+        }
+        done
     }
 
     /// Runs `work` on this store on a blocking thread.
@@ -239,11 +246,34 @@ impl Store {
         &self,
         mut m: Manifest,
         entries: &[Entry],
+        previous: &Newest,
         started: Instant,
     ) -> StoreResult<Manifest> {
         self.make_dirs()?;
         m.trees.clear();
+        // The previous checkpoint's trees by their first path: one that
+        // holds the same entries is shared as it is.
+        let parts = split(&previous.entries);
+        let shared: HashMap<&str, (&[Entry], &str)> = if parts.len() == previous.trees.len() {
+            parts
+                .into_iter()
+                .zip(&previous.trees)
+                .filter_map(|(p, t)| Some((p.first()?.path.as_str(), (p, t.as_str()))))
+                .collect()
+        } else {
+            HashMap::new()
+        };
         for part in split(entries) {
+            let same = part
+                .first()
+                .and_then(|e| shared.get(e.path.as_str()))
+                .filter(|(p, _)| *p == part);
+            if let Some((_, sha256)) = same {
+                if self.named("trees", sha256)?.is_file() {
+                    m.trees.push((*sha256).to_string());
+                    continue;
+                }
+            }
             // Serialising strings and numbers cannot fail.
             let bytes = serde_json::to_vec(part).unwrap_or_default();
             let sha256 = hex(&Sha256::digest(&bytes));
@@ -616,7 +646,7 @@ mod tests {
     /// A store in a directory of its own, removed when dropped.
     fn store() -> (Scratch, Store) {
         let dir = Scratch::new("sandboxd-checkpoints");
-        let s = Store::at(dir.0.join("sbx"));
+        let s = Store::at(dir.0.join("sbx"), LoadedPacks::default());
         (dir, s)
     }
 
@@ -676,6 +706,7 @@ mod tests {
             new_bytes: 0,
             duration_ms: 0,
             files: 0,
+            walked_at_ns: 0,
             trees: Vec::new(),
             entries: None,
         }
@@ -702,12 +733,22 @@ mod tests {
         let first = files(2000, |i| format!("{i:064x}"));
         let mut second = first.clone();
         second[1000].sha256 = Some(format!("{:064x}", 99_999));
-        s.save_manifest(manifest("a1", 1), &first, Instant::now())
-            .expect("save");
+        s.save_manifest(
+            manifest("a1", 1),
+            &first,
+            &Newest::default(),
+            Instant::now(),
+        )
+        .expect("save");
         let trees_of_one = s.sizes("trees").expect("trees").len();
         assert!(trees_of_one > 10, "{trees_of_one} trees for 2000 entries");
-        s.save_manifest(manifest("b2", 2), &second, Instant::now())
-            .expect("save");
+        s.save_manifest(
+            manifest("b2", 2),
+            &second,
+            &Newest::default(),
+            Instant::now(),
+        )
+        .expect("save");
         assert_eq!(
             s.sizes("trees").expect("trees").len(),
             trees_of_one + 1,
@@ -722,6 +763,39 @@ mod tests {
             s.manifest("../a1").expect("read").is_none(),
             "ids are plain"
         );
+
+        // With a1 kept in memory, a third checkpoint takes a1's trees
+        // as they are, except the changed one: the same trees as b2's.
+        let a1_kept = Newest {
+            id: a1.id.clone(),
+            entries: first.clone(),
+            trees: a1.trees.clone(),
+            walked_at_ns: 0,
+        };
+        let c3 = s
+            .save_manifest(manifest("c3", 3), &second, &a1_kept, Instant::now())
+            .expect("save");
+        assert_eq!(c3.trees, b2.trees);
+        // A kept tree whose file is gone is written again.
+        let gone = s.named("trees", &a1.trees[0]).expect("name");
+        std::fs::remove_file(&gone).expect("remove");
+        let d4 = s
+            .save_manifest(manifest("d4", 4), &second, &a1_kept, Instant::now())
+            .expect("save");
+        assert_eq!(d4.trees, b2.trees);
+        assert!(gone.is_file(), "written again");
+        // Kept trees that do not line up with their entries are not used.
+        let askew = Newest {
+            trees: a1.trees[1..].to_vec(),
+            ..a1_kept
+        };
+        let e5 = s
+            .save_manifest(manifest("e5", 5), &second, &askew, Instant::now())
+            .expect("save");
+        assert_eq!(e5.trees, b2.trees);
+        for id in ["c3", "d4", "e5"] {
+            assert!(s.remove_manifest(id).expect("remove"));
+        }
 
         assert!(s.remove_manifest("b2").expect("remove"));
         assert!(!s.remove_manifest("b2").expect("again"));
@@ -744,7 +818,8 @@ mod tests {
             sha256: Some(kept.sha256.clone()),
             ..file("k", "kept!", 0o644)
         }];
-        s.save_manifest(m, &entries, Instant::now()).expect("save");
+        s.save_manifest(m, &entries, &Newest::default(), Instant::now())
+            .expect("save");
         s.end(5).expect("end");
         assert!(!s.sub(CHANGING).exists());
 

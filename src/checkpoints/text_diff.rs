@@ -309,7 +309,7 @@ mod tests {
 
     #[test]
     fn a_side_over_the_file_cap_or_past_the_read_budget_is_not_read() {
-        let store = Store::at(std::path::PathBuf::from("/nonexistent"));
+        let store = Store::at(std::path::PathBuf::from("/nonexistent"), Default::default());
         let mut r = Reader::new(&store, None);
         assert_eq!(r.unread(FILE_MAX_BYTES + 1), Some(Side::TooLarge));
         assert_eq!(r.read, 0, "a file not read costs nothing");

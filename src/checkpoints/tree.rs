@@ -23,7 +23,7 @@ use sandboxd_proto::{
 use tokio::sync::mpsc;
 
 use super::CheckpointError;
-use super::manifest::{Entry, EntryKind, compare};
+use super::manifest::{Entry, EntryKind, compare, unchanged_since};
 use super::store::{Store, StoreError, Stored, hex};
 use crate::agent_client::{AgentConn, Content, WriteOutcome};
 use crate::workspace_path::WorkspacePath;
@@ -222,12 +222,15 @@ impl Agent<'_> {
     }
 
     /// Fills in the hash of every file of `current`: from `known` (a
-    /// checkpoint's entries) when the file is the one that checkpoint
-    /// saw, else hashed by the agent.
+    /// checkpoint's entries, whose walk began at `walked_at_ns`) when the
+    /// file is the one that checkpoint saw
+    /// ([`unchanged_since`](super::manifest::unchanged_since)), else
+    /// hashed by the agent.
     pub(super) async fn hash_current(
         &self,
         current: &mut [Entry],
         known: &[Entry],
+        walked_at_ns: i64,
     ) -> Result<(), CheckpointError> {
         let known: BTreeMap<&str, &Entry> = known
             .iter()
@@ -240,7 +243,7 @@ impl Agent<'_> {
                 continue;
             }
             match known.get(e.path.as_str()) {
-                Some(k) if identity(k) == identity(e) => e.sha256.clone_from(&k.sha256),
+                Some(k) if unchanged_since(k, walked_at_ns, e) => e.sha256.clone_from(&k.sha256),
                 _ => unknown.push(i),
             }
         }

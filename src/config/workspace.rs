@@ -72,6 +72,15 @@ impl Config {
         std::iter::once(self.workspace_dir.as_str())
             .chain(self.workspace_aliases.iter().flatten().map(String::as_str))
     }
+
+    /// The sandbox user's uid and gid (the gid is the uid when not given),
+    /// which own the workspace.
+    pub fn sandbox_uid_gid(&self) -> (u32, u32) {
+        let user = &self.sandbox_user;
+        let (u, g) = user.split_once(':').unwrap_or((user, user));
+        // Validated numeric at load.
+        (u.parse().unwrap_or(1000), g.parse().unwrap_or(1000))
+    }
 }
 
 /// Whether one of two absolute paths lies in (or is) the other.

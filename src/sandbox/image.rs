@@ -38,7 +38,7 @@ impl Sandboxes {
             other => other?,
         };
         self.ensure_agent_volume(image).await?;
-        let owned = owner == Some(self.sandbox_uid_gid());
+        let owned = owner == Some(self.config.sandbox_uid_gid());
         self.workspace_owned.insert(image.to_string(), owned);
         Ok(!owned)
     }

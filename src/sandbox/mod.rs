@@ -557,7 +557,7 @@ impl Sandboxes {
             if needs_owner && self.config.workspace_tmpfs_mb == 0 {
                 // The image has no workspace of the sandbox user: the new
                 // volume's root (the engine's, root's) is given to it.
-                let (uid, gid) = self.sandbox_uid_gid();
+                let (uid, gid) = self.config.sandbox_uid_gid();
                 self.engine
                     .fill_volume(
                         &sandbox.volume,
@@ -627,7 +627,7 @@ impl Sandboxes {
             }
             mb => {
                 self.engine
-                    .create_tmpfs_volume(name, mb, self.sandbox_uid_gid(), labels)
+                    .create_tmpfs_volume(name, mb, self.config.sandbox_uid_gid(), labels)
                     .await?
             }
         }
@@ -759,14 +759,6 @@ impl Sandboxes {
             }
         }
         started
-    }
-
-    /// The sandbox user's uid and gid (the gid is the uid when not given).
-    fn sandbox_uid_gid(&self) -> (u32, u32) {
-        let user = &self.config.sandbox_user;
-        let (u, g) = user.split_once(':').unwrap_or((user, user));
-        // Validated numeric at load.
-        (u.parse().unwrap_or(1000), g.parse().unwrap_or(1000))
     }
 
     async fn ensure_network(&self) -> SandboxResult<()> {
