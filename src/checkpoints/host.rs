@@ -10,16 +10,17 @@
 //! A file that fails any of this (changed, replaced, a directory swapped
 //! for a link, a directory sandboxd may not read) is a miss, and the
 //! agent reads it instead, as it reads every file under other runtimes.
-//! So is a file its owner may not read: the agent, which reads as the
-//! sandbox user, refuses it, and a checkpoint answers the same under
-//! every runtime.
+//! So is a file the sandbox user might not read ([`sandbox_user_may`]):
+//! the agent, which reads as the sandbox user, refuses it, and a
+//! checkpoint answers the same under every runtime.
 
 use std::fs::File;
 use std::io::{self, Read};
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::Path;
 
 use rustix::fs::{Mode, OFlags, ResolveFlags, Stat};
+use rustix::io::Errno;
 
 use super::manifest::Entry;
 use super::store::{Store, StoreResult, Stored};
@@ -30,10 +31,31 @@ const PIECE: usize = 1024 * 1024;
 /// The workspace's directory on the host, open.
 pub(super) struct HostTree {
     root: OwnedFd,
+    /// The sandbox user (in the sandbox's terms).
+    uid: u32,
 }
 
-/// Whether `st` is the file the agent's snapshot saw, readable by its
-/// owner.
+/// Whether the sandbox user, `uid`, may certainly do what `need` (`0o4`
+/// read, `0o1` search, or both) to open file `fd` of `st`, by its mode
+/// bits. Its owner's rights are the owner bits. Anyone else's may be the
+/// group's or the others' (the user's groups are the image's), and the
+/// owner may be the user under another number (an engine that maps user
+/// ids), so every class must allow, and no access ACL may name anyone.
+pub(super) fn sandbox_user_may(fd: BorrowedFd<'_>, st: &Stat, uid: u32, need: u32) -> bool {
+    let class = |shift: u32| (st.st_mode >> shift) & need == need;
+    if st.st_uid == uid {
+        return class(6);
+    }
+    class(6)
+        && class(3)
+        && class(0)
+        && matches!(
+            rustix::fs::fgetxattr_query(fd, "system.posix_acl_access"),
+            Err(Errno::NODATA | Errno::OPNOTSUPP)
+        )
+}
+
+/// Whether `st` is the file the agent's snapshot saw.
 #[allow(
     clippy::unnecessary_cast,
     reason = "the stat fields are i64 on 64-bit targets, narrower elsewhere"
@@ -45,19 +67,23 @@ fn same_file(st: &Stat, e: &Entry) -> bool {
         && ns(st.st_mtime as i64, st.st_mtime_nsec as i64) == e.mtime_ns
         && ns(st.st_ctime as i64, st.st_ctime_nsec as i64) == e.ctime_ns
         && st.st_ino as u64 == e.ino
-        && st.st_mode & 0o400 != 0
 }
 
 impl HostTree {
     /// Opens the workspace's directory (a path the engine gave, not the
-    /// sandbox).
-    pub(super) fn open(dir: &Path) -> io::Result<HostTree> {
+    /// sandbox), whose sandbox user is `uid`.
+    pub(super) fn open(dir: &Path, uid: u32) -> io::Result<HostTree> {
         let root = rustix::fs::open(
             dir,
             OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
             Mode::empty(),
         )?;
-        Ok(HostTree { root })
+        Ok(HostTree { root, uid })
+    }
+
+    /// The sandbox user.
+    pub(super) fn uid(&self) -> u32 {
+        self.uid
     }
 
     /// The volume's directory, open as a path only.
@@ -79,7 +105,8 @@ impl HostTree {
         )
         .ok()?;
         let st = rustix::fs::fstat(&fd).ok()?;
-        same_file(&st, e).then(|| File::from(fd))
+        (same_file(&st, e) && sandbox_user_may(fd.as_fd(), &st, self.uid, 0o4))
+            .then(|| File::from(fd))
     }
 
     /// Whether `file` is still the file the snapshot saw.
@@ -153,6 +180,11 @@ mod tests {
         }
     }
 
+    /// The uid that owns what a test makes.
+    fn owner(path: &Path) -> u32 {
+        std::fs::metadata(path).unwrap().uid()
+    }
+
     fn scratch(name: &str) -> std::path::PathBuf {
         let dir =
             std::env::temp_dir().join(format!("sandboxd-host-tree-{name}-{}", std::process::id()));
@@ -167,7 +199,7 @@ mod tests {
         let ws = dir.join("ws");
         std::fs::write(ws.join("sub/f"), b"hello").unwrap();
         std::fs::write(dir.join("outside"), b"secret").unwrap();
-        let tree = HostTree::open(&ws).unwrap();
+        let tree = HostTree::open(&ws, owner(&ws)).unwrap();
 
         // Control: the file as the snapshot saw it.
         let seen = entry(&ws, "sub/f");
@@ -190,12 +222,31 @@ mod tests {
             tree.read(&entry(&ws, "sub/f")).as_deref(),
             Some(&b"HELLO!"[..])
         );
+        // Another user's file is read only when every class may read it:
+        // the user's groups are not known here, nor whether the owner is
+        // the user under another number.
+        let as_other = HostTree::open(&ws, owner(&ws) + 1).unwrap();
+        assert_eq!(
+            as_other.read(&entry(&ws, "sub/f")).as_deref(),
+            Some(&b"HELLO!"[..]),
+            "0o644: anyone may read it"
+        );
+        for mode in [0o604, 0o640, 0o044] {
+            std::fs::set_permissions(ws.join("sub/f"), std::fs::Permissions::from_mode(mode))
+                .unwrap();
+            let e = entry(&ws, "sub/f");
+            assert_eq!(as_other.read(&e), None, "{mode:o}: a class may not read");
+            if mode & 0o400 != 0 {
+                assert!(tree.read(&e).is_some(), "{mode:o}: its owner may");
+            }
+        }
+        std::fs::set_permissions(ws.join("sub/f"), std::fs::Permissions::from_mode(0o644)).unwrap();
 
         // A directory swapped for a link to outside the workspace, with
         // an entry that matches the file out there: never followed.
         let outside = entry(&dir, "outside");
         // Control: that entry names the file, read where it is.
-        let at_dir = HostTree::open(&dir).unwrap();
+        let at_dir = HostTree::open(&dir, owner(&dir)).unwrap();
         assert_eq!(at_dir.read(&outside).as_deref(), Some(&b"secret"[..]));
         std::fs::rename(ws.join("sub"), ws.join("old")).unwrap();
         std::os::unix::fs::symlink(&dir, ws.join("sub")).unwrap();
@@ -236,7 +287,7 @@ mod tests {
             0,
         )
         .unwrap();
-        let tree = HostTree::open(&ws).unwrap();
+        let tree = HostTree::open(&ws, owner(&ws)).unwrap();
         let fifo = Entry {
             ino: std::fs::symlink_metadata(ws.join("f")).unwrap().ino(),
             ..as_file

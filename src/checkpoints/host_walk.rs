@@ -8,11 +8,13 @@
 //! The tree is the sandbox's, so hostile input: every directory opens
 //! beneath the volume's directory, crossing no symlink, magic link or
 //! mount (`openat2`), and nothing else is opened. The walk answers what
-//! the agent's would, or nothing: a directory the sandbox user may not
-//! read and search (by its mode bits, judged strictly), a name or link
-//! target that is not UTF-8 or too long, a tree too deep or too large, or
-//! any error (a directory removed meanwhile) leaves the walk to the agent,
-//! which gives the answer and the refusal every runtime gives.
+//! the agent's would, or nothing: a directory the sandbox user might not
+//! read and search ([`sandbox_user_may`]), a name or link target that is
+//! not UTF-8 or too long, a tree too deep or too large (special files
+//! count against its bound too, as the agent's walk is within the
+//! sandbox's CPU limit and this one is not), a panic, or any error (a
+//! directory removed meanwhile) leaves the walk to the agent, which
+//! gives the answer and the refusal every runtime gives.
 
 use std::ffi::CStr;
 use std::os::fd::{BorrowedFd, OwnedFd};
@@ -23,7 +25,7 @@ use rustix::fs::{AtFlags, Dir, FileType, Mode, OFlags, ResolveFlags, Stat};
 use rustix::io::Errno;
 use sandboxd_proto::{MAX_LINK_TARGET, MAX_SNAPSHOT_DEPTH};
 
-use super::host::HostTree;
+use super::host::{HostTree, sandbox_user_may};
 use super::manifest::{Entry, EntryKind};
 use crate::workspace_path::WorkspacePath;
 
@@ -34,10 +36,22 @@ const MAX_THREADS: usize = 4;
 /// What bounds a walk, as the agent's is bounded.
 pub(super) struct WalkLimits<'a> {
     pub(super) max_entries: usize,
-    /// The sandbox user, whose right to read each directory decides.
-    pub(super) uid: u32,
     /// The workspace's spellings (a path must parse as the agent's do).
     pub(super) dirs: &'a [&'a str],
+}
+
+/// Names a walk reads past `max_entries` (special files and names gone
+/// before their `stat` are no entries) before it leaves the walk to the
+/// agent, which walks within the sandbox's CPU limit.
+const MAX_SKIPPED: usize = 10_000;
+
+/// What a walk's threads have read so far.
+#[derive(Default)]
+struct Counts {
+    /// Entries listed.
+    listed: AtomicUsize,
+    /// Names read, entries or not.
+    names: AtomicUsize,
 }
 
 /// The directories still to read, shared by a walk's threads.
@@ -53,19 +67,6 @@ struct QueueState {
     busy: usize,
     /// Set once any thread gives up: the others stop.
     gave_up: bool,
-}
-
-/// Whether the sandbox user, `uid`, may list and search a directory of
-/// `st`. Its owner's rights are the owner bits; anyone else's may be the
-/// group's or the others' (the user's groups are the image's), so both
-/// must allow.
-fn listable(st: &Stat, uid: u32) -> bool {
-    let mode = st.st_mode;
-    if st.st_uid == uid {
-        mode & 0o500 == 0o500
-    } else {
-        mode & 0o050 == 0o050 && mode & 0o005 == 0o005
-    }
 }
 
 #[allow(
@@ -123,20 +124,20 @@ impl HostTree {
             }),
             changed: Condvar::new(),
         };
-        let count = AtomicUsize::new(0);
+        let counts = Counts::default();
         let threads = std::thread::available_parallelism()
             .map_or(1, usize::from)
             .min(MAX_THREADS);
         let parts: Vec<Option<Vec<Entry>>> = std::thread::scope(|s| {
             let others: Vec<_> = (1..threads)
-                .map(|_| s.spawn(|| self.walk_part(&queue, &count, limits)))
+                .map(|_| s.spawn(|| self.walk_part(&queue, &counts, limits)))
                 .collect();
-            let mut parts = vec![self.walk_part(&queue, &count, limits)];
+            let mut parts = vec![self.walk_part(&queue, &counts, limits)];
             // A thread that panicked gave up its part: the walk did too.
             parts.extend(others.into_iter().map(|t| t.join().ok().flatten()));
             parts
         });
-        let mut entries = Vec::with_capacity(count.load(Ordering::Relaxed));
+        let mut entries = Vec::with_capacity(counts.listed.load(Ordering::Relaxed));
         for part in parts {
             entries.extend(part?);
         }
@@ -149,7 +150,7 @@ impl HostTree {
     fn walk_part(
         &self,
         queue: &Queue,
-        count: &AtomicUsize,
+        counts: &Counts,
         limits: &WalkLimits<'_>,
     ) -> Option<Vec<Entry>> {
         let mut entries = Vec::new();
@@ -168,7 +169,13 @@ impl HostTree {
             state.busy += 1;
             drop(state);
             let mut subdirs = Vec::new();
-            let read = self.read_dir(&dir, limits, count, &mut entries, &mut subdirs);
+            // A panic gives up the walk: the others must not wait for
+            // this directory's subdirectories.
+            let read = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                self.read_dir(&dir, limits, counts, &mut entries, &mut subdirs)
+            }))
+            .ok()
+            .flatten();
             state = queue.state.lock().ok()?;
             state.busy -= 1;
             if read.is_none() {
@@ -185,7 +192,7 @@ impl HostTree {
         &self,
         dir: &str,
         limits: &WalkLimits<'_>,
-        count: &AtomicUsize,
+        counts: &Counts,
         entries: &mut Vec<Entry>,
         subdirs: &mut Vec<String>,
     ) -> Option<()> {
@@ -200,7 +207,7 @@ impl HostTree {
         }
         let mut names = Dir::new(self.open_dir(dir)?).ok()?;
         let st = names.stat().ok()?;
-        if !listable(&st, limits.uid) {
+        if !sandbox_user_may(names.fd().ok()?, &st, self.uid(), 0o5) {
             return None;
         }
         // A directory's entry is made from the directory opened: its
@@ -213,6 +220,9 @@ impl HostTree {
             let name = found.file_name();
             if matches!(name.to_bytes(), b"." | b"..") {
                 continue;
+            }
+            if counts.names.fetch_add(1, Ordering::Relaxed) >= limits.max_entries + MAX_SKIPPED {
+                return None;
             }
             let fd = names.fd().ok()?;
             let st = if found.file_type() == FileType::Directory {
@@ -240,7 +250,7 @@ impl HostTree {
             };
             let plain = WorkspacePath::parse(&path, limits.dirs)
                 .is_ok_and(|p| !p.is_root() && p.relative() == path);
-            if !plain || count.fetch_add(1, Ordering::Relaxed) >= limits.max_entries {
+            if !plain || counts.listed.fetch_add(1, Ordering::Relaxed) >= limits.max_entries {
                 return None;
             }
             let target = match kind {
@@ -277,10 +287,9 @@ mod tests {
     const DIRS: &[&str] = &["/workspace"];
 
     fn walk(dir: &Path, uid: u32, max_entries: usize) -> Option<Vec<Entry>> {
-        let tree = HostTree::open(dir).unwrap();
+        let tree = HostTree::open(dir, uid).unwrap();
         tree.walk(&WalkLimits {
             max_entries,
-            uid,
             dirs: DIRS,
         })
     }
@@ -343,6 +352,10 @@ mod tests {
         let d = s.0.as_path();
         std::fs::create_dir_all(d.join("x/y")).unwrap();
         std::fs::write(d.join("x/y/f"), "f").unwrap();
+        // Whatever the umask: another user may list these.
+        for dir in [d.to_path_buf(), d.join("x")] {
+            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        }
         // Control: the same tree is walked.
         assert_eq!(walk(d, me(d), 100).map(|e| e.len()), Some(3));
         // More entries than allowed.
@@ -356,6 +369,11 @@ mod tests {
         assert!(
             walk(d, me(d) + 1, 100).is_none(),
             "others may not list 0o751"
+        );
+        std::fs::set_permissions(d.join("x/y"), std::fs::Permissions::from_mode(0o705)).unwrap();
+        assert!(
+            walk(d, me(d) + 1, 100).is_none(),
+            "the group may not list 0o705, and the user may be in it"
         );
         std::fs::set_permissions(d.join("x/y"), std::fs::Permissions::from_mode(0o755)).unwrap();
         // A name that is not UTF-8.

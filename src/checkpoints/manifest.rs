@@ -61,13 +61,27 @@ impl Entry {
     }
 }
 
+impl Manifest {
+    /// When the walk that found its entries began, or at the latest: in a
+    /// checkpoint made before that was kept, its time less its duration,
+    /// which is before its start.
+    pub(super) fn walk_began_ns(&self) -> i64 {
+        if self.walked_at_ns != 0 {
+            return self.walked_at_ns;
+        }
+        let ms = i64::try_from(self.created_at.saturating_sub(self.duration_ms)).unwrap_or(0);
+        ms.saturating_mul(1_000_000)
+    }
+}
+
 /// How long before a walk a file's change time must be for the next
 /// checkpoint to take the file as unchanged by its identity alone. File
 /// times come from the kernel's coarse clock, a tick behind at most (10
 /// ms at the slowest tick Linux has): a file rewritten with its size
 /// within the tick in which the walk saw it keeps its times. Twice that,
-/// as the agent's change reports allow, for a sandbox clock a little off
-/// sandboxd's (gVisor keeps its own).
+/// for a sandbox clock a little off sandboxd's (gVisor keeps its own).
+/// A file system that keeps whole seconds only (a change time with no
+/// nanoseconds) adds a second.
 pub(super) const RACY_MARGIN_NS: i64 = 20_000_000;
 
 /// Whether file `now` is file `before` of the checkpoint whose walk began
@@ -80,7 +94,16 @@ pub(super) fn unchanged_since(before: &Entry, walked_at_ns: i64, now: &Entry) ->
         && before.sha256.is_some()
         && (before.size, before.mtime_ns, before.ctime_ns, before.ino)
             == (now.size, now.mtime_ns, now.ctime_ns, now.ino)
-        && before.ctime_ns < walked_at_ns.saturating_sub(RACY_MARGIN_NS)
+        && before.ctime_ns < walked_at_ns.saturating_sub(racy_margin(before.ctime_ns))
+}
+
+/// [`RACY_MARGIN_NS`], plus a second for a time in whole seconds.
+fn racy_margin(ctime_ns: i64) -> i64 {
+    if ctime_ns % 1_000_000_000 == 0 {
+        RACY_MARGIN_NS + 1_000_000_000
+    } else {
+        RACY_MARGIN_NS
+    }
 }
 
 /// A checkpoint as stored: what the API shows of it, and the trees that
@@ -102,7 +125,7 @@ pub(super) struct Manifest {
     pub(super) files: u64,
     /// When the walk that found its entries began, in nanoseconds since
     /// the epoch (see [`unchanged_since`]); 0 in checkpoints made before
-    /// it was kept, whose every file the next checkpoint reads again.
+    /// it was kept (see [`Manifest::walk_began_ns`]).
     #[serde(default)]
     pub(super) walked_at_ns: i64,
     /// The trees its entries are in, in path order, by SHA-256.
@@ -194,7 +217,7 @@ pub(super) mod tests {
 
     #[test]
     fn a_file_is_unchanged_by_identity_only_when_changed_well_before_the_walk() {
-        let walked_at = 10 * RACY_MARGIN_NS;
+        let walked_at = 100_500_000_000;
         let before = Entry {
             ctime_ns: walked_at - RACY_MARGIN_NS - 1,
             ..file("f", "content", 0o644)
@@ -208,7 +231,7 @@ pub(super) mod tests {
             ..before.clone()
         };
         assert!(!unchanged_since(&recent, walked_at, &recent.clone()));
-        // A checkpoint made before the walk's time was kept: read again.
+        // No time for the walk: read again.
         assert!(!unchanged_since(&before, 0, &before.clone()));
         // Any part of the identity that differs.
         for now in [
@@ -235,11 +258,44 @@ pub(super) mod tests {
         ] {
             assert!(!unchanged_since(&before, walked_at, &now), "{now:?}");
         }
+        // A time in whole seconds (a file system that keeps no more) may
+        // be up to a second behind the change.
+        let whole = Entry {
+            ctime_ns: (walked_at - RACY_MARGIN_NS - 1) / 1_000_000_000 * 1_000_000_000,
+            ..before.clone()
+        };
+        assert!(!unchanged_since(&whole, walked_at, &whole.clone()));
+        let whole_earlier = Entry {
+            ctime_ns: whole.ctime_ns - 1_000_000_000,
+            ..before.clone()
+        };
+        assert!(unchanged_since(
+            &whole_earlier,
+            walked_at,
+            &whole_earlier.clone()
+        ));
         let unhashed = Entry {
             sha256: None,
             ..before.clone()
         };
         assert!(!unchanged_since(&unhashed, walked_at, &before));
+    }
+
+    #[test]
+    fn a_checkpoint_from_before_walk_times_were_kept_takes_its_start() {
+        let mut m: Manifest = serde_json::from_value(serde_json::json!({
+            "version": VERSION, "id": "a1", "label": null, "createdAt": 10_000,
+            "seq": 1, "bytes": 0, "newBytes": 0, "durationMs": 300,
+        }))
+        .expect("a manifest without walkedAtNs");
+        assert_eq!(m.walked_at_ns, 0);
+        assert_eq!(
+            m.walk_began_ns(),
+            9_700_000_000,
+            "created less its duration"
+        );
+        m.walked_at_ns = 9_900_000_000;
+        assert_eq!(m.walk_began_ns(), 9_900_000_000);
     }
 
     pub(in crate::checkpoints) fn dir(path: &str) -> Entry {

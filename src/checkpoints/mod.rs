@@ -54,6 +54,10 @@ use store::{Store, StoreError};
 use text_diff::Reader;
 pub use text_diff::{DEFAULT_CHARS as TEXT_DIFF_DEFAULT_CHARS, DiffText};
 
+/// Workspaces walked on the host at once (each on up to four threads):
+/// sandboxd's CPU, which no sandbox's limit bounds. Another walk is the
+/// agent's, within its sandbox's limit.
+const HOST_WALKS: usize = 2;
 /// Files a checkpoint reads at once. A large one holds at most a few of
 /// the agent's pieces in memory (see `tree`), so a checkpoint of large
 /// files holds about this many MiB times four.
@@ -314,6 +318,8 @@ pub struct Checkpoints {
     /// A sandbox's operations run one at a time.
     locks: Arc<Locks>,
     recent: Arc<Recent>,
+    /// Turns to walk a workspace on the host (see [`walk`]).
+    host_walks: Arc<tokio::sync::Semaphore>,
 }
 
 /// A sandbox's lock, held; its entry leaves the map when no one else
@@ -341,9 +347,9 @@ impl Drop for Prune<'_> {
 
 /// The workspace's directory on the host, open, or `None` (logged) when
 /// sandboxd may not open it: the agent reads every file then.
-async fn open_host_tree(store: &Store, dir: std::path::PathBuf) -> Option<Arc<HostTree>> {
+async fn open_host_tree(store: &Store, dir: std::path::PathBuf, uid: u32) -> Option<Arc<HostTree>> {
     let opened = store
-        .blocking(move |_| Ok(HostTree::open(&dir).map_err(|e| (dir, e))))
+        .blocking(move |_| Ok(HostTree::open(&dir, uid).map_err(|e| (dir, e))))
         .await;
     match opened {
         Ok(Ok(tree)) => Some(Arc::new(tree)),
@@ -356,25 +362,25 @@ async fn open_host_tree(store: &Store, dir: std::path::PathBuf) -> Option<Arc<Ho
 }
 
 /// Every entry of the workspace, checked, sorted by path, without hashes:
-/// walked on the host where it may be ([`host_walk`]), by the agent
-/// otherwise and wherever the host's walk leaves it to the agent.
+/// walked on the host where it may be ([`host_walk`]) and while fewer
+/// than [`HOST_WALKS`] other walks run there, by the agent otherwise and
+/// wherever the host's walk leaves it to the agent.
 async fn walk(
     agent: &tree::Agent<'_>,
     host: Option<&Arc<HostTree>>,
     store: &Store,
     config: &Config,
+    host_walks: &tokio::sync::Semaphore,
 ) -> CheckpointResult<Vec<Entry>> {
-    if let Some(host) = host {
+    if let (Some(host), Ok(_turn)) = (host, host_walks.try_acquire()) {
         let host = Arc::clone(host);
         let dirs: Vec<String> = agent.dirs.iter().map(|d| (*d).to_string()).collect();
         let max_entries = usize::try_from(config.checkpoint_max_entries).unwrap_or(usize::MAX);
-        let (uid, _) = config.sandbox_uid_gid();
         let walked = store
             .blocking(move |_| {
                 let dirs: Vec<&str> = dirs.iter().map(String::as_str).collect();
                 Ok(host.walk(&WalkLimits {
                     max_entries,
-                    uid,
                     dirs: &dirs,
                 }))
             })
@@ -538,6 +544,7 @@ impl Checkpoints {
             sandboxes,
             locks: Arc::default(),
             recent: Arc::default(),
+            host_walks: Arc::new(tokio::sync::Semaphore::new(HOST_WALKS)),
         }
     }
 
@@ -601,14 +608,12 @@ impl Checkpoints {
         let (stored_before, previous) = store
             .blocking(move |s| {
                 let usage = s.begin()?;
+                if verify {
+                    s.reload_packs()?;
+                }
                 let previous = match (kept, newest) {
                     (Some(kept), _) => kept,
-                    (None, Some(m)) => Arc::new(Newest {
-                        entries: s.entries(&m)?,
-                        id: m.id,
-                        trees: m.trees,
-                        walked_at_ns: m.walked_at_ns,
-                    }),
+                    (None, Some(m)) => Arc::new(s.newest(m)?),
                     (None, None) => Arc::default(),
                 };
                 Ok((usage, previous))
@@ -688,13 +693,13 @@ impl Checkpoints {
             )
             .await
             .map_err(store_err)?;
-        let (saved, entries) = saved;
+        let ((saved, lens), entries) = saved;
         self.recent.put(
             &sandbox.id,
             Newest {
                 id: saved.id.clone(),
                 entries,
-                trees: saved.trees.clone(),
+                trees: saved.trees.iter().cloned().zip(lens).collect(),
                 walked_at_ns,
             },
         );
@@ -720,8 +725,14 @@ impl Checkpoints {
             attempt += 1;
             let result = async {
                 let walked_at_ns = crate::clock::now_ns();
-                let mut entries =
-                    walk(source.agent, source.host, source.store, &self.config).await?;
+                let mut entries = walk(
+                    source.agent,
+                    source.host,
+                    source.store,
+                    &self.config,
+                    &self.host_walks,
+                )
+                .await?;
                 // Both sorted by path: each entry's namesake in `previous`
                 // is found walking the two together.
                 let mut known = previous.entries.iter().peekable();
@@ -900,14 +911,7 @@ impl Checkpoints {
             return Ok(kept);
         }
         store
-            .blocking(move |s| {
-                Ok(Arc::new(Newest {
-                    entries: s.entries(&m)?,
-                    id: m.id,
-                    trees: m.trees,
-                    walked_at_ns: m.walked_at_ns,
-                }))
-            })
+            .blocking(move |s| s.newest(m).map(Arc::new))
             .await
             .map_err(store_err)
     }
@@ -961,7 +965,7 @@ impl Checkpoints {
         store: &Store,
     ) -> Option<Arc<HostTree>> {
         let dir = self.sandboxes.workspace_host_dir(sandbox).await?;
-        open_host_tree(store, dir).await
+        open_host_tree(store, dir, self.config.sandbox_uid_gid().0).await
     }
 
     /// The workspace now, hashed (files `known` saw unchanged are not
@@ -979,7 +983,8 @@ impl Checkpoints {
             dirs: self.config.workspace_dirs().collect(),
         };
         let host = self.host_tree(sandbox, store).await;
-        let mut entries = walk(&agent, host.as_ref(), store, &self.config).await?;
+        let mut entries =
+            walk(&agent, host.as_ref(), store, &self.config, &self.host_walks).await?;
         agent
             .hash_current(&mut entries, &known.entries, known.walked_at_ns)
             .await?;

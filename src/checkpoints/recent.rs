@@ -9,14 +9,17 @@
 //! them). A restore or a diff of the newest checkpoint reads no tree
 //! either.
 //!
-//! The store stays the truth: a kept checkpoint is used only while the
-//! store names it the sandbox's newest (the caller asks by its id, under
-//! the sandbox's lock), and its trees only while their files are there;
-//! every change of the packs goes through the indexes kept, and a change
-//! cut short drops them. What is kept is bounded, in entries and indexed
-//! objects together and in sandboxes; the least recently used goes first.
+//! The store stays the truth: a kept checkpoint is used only when the
+//! store names it, by its id (the newest, for the next checkpoint, under
+//! the sandbox's lock), and its trees only while their files are there.
+//! A store has one set of pack indexes at a time, which every change of
+//! its packs goes through: sandboxd drops a sandbox's only while no
+//! operation holds them, a change cut short drops them, and `verify`
+//! loads them again. What is kept is bounded, in entries and indexed
+//! objects together and in sandboxes, beyond what operations under way
+//! hold: the least recently used goes first, checked when an operation
+//! starts and when a checkpoint is kept.
 
-use std::num::NonZeroUsize;
 use std::sync::{Arc, Mutex};
 
 use lru::LruCache;
@@ -28,7 +31,7 @@ use super::pack::LoadedPacks;
 /// bytes).
 const MAX_KEPT: usize = 150_000;
 /// Sandboxes kept.
-const MAX_SANDBOXES: NonZeroUsize = NonZeroUsize::new(16).expect("not zero");
+const MAX_SANDBOXES: usize = 16;
 
 /// A checkpoint's entries and trees.
 #[derive(Debug, Default)]
@@ -37,8 +40,9 @@ pub(super) struct Newest {
     pub(super) id: String,
     /// Sorted by path.
     pub(super) entries: Vec<Entry>,
-    /// The trees `entries` are in, in order (see [`super::manifest::split`]).
-    pub(super) trees: Vec<String>,
+    /// The trees `entries` are in, in order, each with how many of them
+    /// it holds.
+    pub(super) trees: Vec<(String, usize)>,
     /// When the walk that found `entries` began (see
     /// [`super::manifest::unchanged_since`]).
     pub(super) walked_at_ns: i64,
@@ -52,6 +56,11 @@ struct Kept {
 }
 
 impl Kept {
+    /// Whether an operation holds its pack indexes.
+    fn in_use(&self) -> bool {
+        Arc::strong_count(&self.packs) > 1
+    }
+
     /// Entries and indexed objects (indexes in use count as none).
     fn weight(&self) -> usize {
         let packed = self
@@ -73,7 +82,7 @@ pub(super) struct Recent {
 impl Default for Recent {
     fn default() -> Recent {
         Recent {
-            kept: Mutex::new(LruCache::new(MAX_SANDBOXES)),
+            kept: Mutex::new(LruCache::unbounded()),
         }
     }
 }
@@ -84,11 +93,13 @@ impl Recent {
         let Ok(mut kept) = self.kept.lock() else {
             return LoadedPacks::default();
         };
-        Arc::clone(
+        let packs = Arc::clone(
             &kept
                 .get_or_insert_mut(sandbox.to_string(), Kept::default)
                 .packs,
-        )
+        );
+        trim(&mut kept);
+        packs
     }
 
     /// Checkpoint `id` of `sandbox`, when it is the one kept.
@@ -102,18 +113,43 @@ impl Recent {
     }
 
     /// Keeps `newest` as `sandbox`'s newest checkpoint, then keeps within
-    /// the bound: the others go, least recently used first, then this
-    /// sandbox's too if it alone is over.
+    /// the bound: the others go first, then this checkpoint too if it is
+    /// still over.
     pub(super) fn put(&self, sandbox: &str, newest: Newest) {
         let Ok(mut kept) = self.kept.lock() else {
             return;
         };
         kept.get_or_insert_mut(sandbox.to_string(), Kept::default)
             .newest = Some(Arc::new(newest));
-        let mut total: usize = kept.iter().map(|(_, k)| k.weight()).sum();
-        while total > MAX_KEPT {
-            let Some((_, k)) = kept.pop_lru() else { break };
-            total -= k.weight().min(total);
+        if !trim(&mut kept) {
+            if let Some(k) = kept.get_mut(sandbox) {
+                k.newest = None;
+            }
+        }
+    }
+}
+
+/// Drops what no operation holds, least recently used first, until what
+/// is kept is within the bounds; the most recently used stays. Whether it
+/// is within them.
+fn trim(kept: &mut LruCache<String, Kept>) -> bool {
+    loop {
+        let total: usize = kept.iter().map(|(_, k)| k.weight()).sum();
+        if kept.len() <= MAX_SANDBOXES && total <= MAX_KEPT {
+            return true;
+        }
+        // `iter` runs from the most recently used, which stays.
+        let oldest_unused = kept
+            .iter()
+            .rev()
+            .take(kept.len().saturating_sub(1))
+            .find(|(_, k)| !k.in_use())
+            .map(|(key, _)| key.clone());
+        match oldest_unused {
+            Some(key) => {
+                kept.pop(&key);
+            }
+            None => return total <= MAX_KEPT,
         }
     }
 }
@@ -178,13 +214,29 @@ mod tests {
             r.newest("v", "d").is_none(),
             "over the bound alone: not kept"
         );
+        assert!(r.newest("u", "c").is_none(), "the others went before it");
         assert!(
-            r.newest("s", "a").is_none() && r.newest("u", "c").is_none(),
-            "the others went before it"
+            r.newest("s", "a").is_some(),
+            "but not one whose indexes an operation holds"
         );
-        assert!(
-            !Arc::ptr_eq(&packs, &r.packs("s")),
-            "with their pack indexes"
-        );
+        assert!(Arc::ptr_eq(&packs, &r.packs("s")), "one set of indexes");
+        drop(packs);
+        r.put("w", newest("e", MAX_KEPT / 2 + 1));
+        assert!(r.newest("s", "a").is_none(), "dropped once no longer held");
+    }
+
+    #[test]
+    fn sandboxes_are_bounded_and_those_in_use_are_kept_past_it() {
+        let r = Recent::default();
+        let held = r.packs("held");
+        for i in 0..MAX_SANDBOXES + 4 {
+            r.put(&format!("s{i}"), newest("x", 1));
+        }
+        let kept = r.kept.lock().unwrap();
+        assert_eq!(kept.len(), MAX_SANDBOXES);
+        assert!(kept.contains("held"), "an operation holds its indexes");
+        assert!(!kept.contains("s0") && kept.contains(&format!("s{}", MAX_SANDBOXES + 3)));
+        drop(kept);
+        assert!(Arc::ptr_eq(&held, &r.packs("held")));
     }
 }

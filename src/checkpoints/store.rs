@@ -97,11 +97,22 @@ impl Store {
         Ok(())
     }
 
-    /// The packs' indexes, as loaded (`None` before).
+    /// The packs' indexes, as loaded (`None` before). Indexes a panic
+    /// left half changed are dropped, to be loaded again.
     fn packs_held(&self) -> StoreResult<std::sync::MutexGuard<'_, Option<Packs>>> {
-        self.packs
-            .lock()
-            .map_err(|_| StoreError("a task of the store panicked holding its packs".into()))
+        Ok(self.packs.lock().unwrap_or_else(|poisoned| {
+            self.packs.clear_poison();
+            let mut held = poisoned.into_inner();
+            *held = None;
+            held
+        }))
+    }
+
+    /// Drops the packs' indexes kept in memory: the next use loads them
+    /// from disk (a `verify` trusts nothing kept).
+    pub(super) fn reload_packs(&self) -> StoreResult<()> {
+        *self.packs_held()? = None;
+        Ok(())
     }
 
     /// Runs `work` on the packs, loaded if they were not.
@@ -206,12 +217,27 @@ impl Store {
         Ok(Some(m))
     }
 
-    /// The entries of checkpoint `m`, sorted by path.
-    pub(super) fn entries(&self, m: &Manifest) -> StoreResult<Vec<Entry>> {
+    /// Checkpoint `m` as [`Newest`] holds it: its entries and its trees
+    /// with how many of them each holds.
+    pub(super) fn newest(&self, m: Manifest) -> StoreResult<Newest> {
+        let (entries, lens) = self.entries_in_trees(&m)?;
+        let walked_at_ns = m.walk_began_ns();
+        Ok(Newest {
+            id: m.id,
+            entries,
+            walked_at_ns,
+            trees: m.trees.into_iter().zip(lens).collect(),
+        })
+    }
+
+    /// Checkpoint `m`'s entries, and how many each of its trees holds
+    /// (none for a checkpoint made before trees).
+    fn entries_in_trees(&self, m: &Manifest) -> StoreResult<(Vec<Entry>, Vec<usize>)> {
         if let Some(inline) = &m.entries {
-            return Ok(inline.clone());
+            return Ok((inline.clone(), Vec::new()));
         }
         let mut all: Vec<Entry> = Vec::new();
+        let mut lens = Vec::with_capacity(m.trees.len());
         for tree in &m.trees {
             let part = self.tree(tree)?;
             let first = part.first().map(|e| e.path.as_str());
@@ -226,9 +252,10 @@ impl Store {
                     m.id
                 )));
             }
+            lens.push(part.len());
             all.extend(part);
         }
-        Ok(all)
+        Ok((all, lens))
     }
 
     fn tree(&self, sha256: &str) -> StoreResult<Vec<Entry>> {
@@ -241,28 +268,32 @@ impl Store {
     /// Writes checkpoint `m` with `entries` (sorted by path) durably: its
     /// trees not yet stored, every object and tree made durable, then
     /// its manifest, whose `duration_ms` is the time from `started` to
-    /// the moment its content was durable. The manifest as saved.
+    /// the moment its content was durable. The trees of `previous` that
+    /// hold the same entries are taken as they are. The manifest as
+    /// saved, and how many entries each of its trees holds.
     pub(super) fn save_manifest(
         &self,
         mut m: Manifest,
         entries: &[Entry],
         previous: &Newest,
         started: Instant,
-    ) -> StoreResult<Manifest> {
+    ) -> StoreResult<(Manifest, Vec<usize>)> {
         self.make_dirs()?;
         m.trees.clear();
+        let mut lens = Vec::new();
         // The previous checkpoint's trees by their first path: one that
         // holds the same entries is shared as it is.
-        let parts = split(&previous.entries);
-        let shared: HashMap<&str, (&[Entry], &str)> = if parts.len() == previous.trees.len() {
-            parts
-                .into_iter()
-                .zip(&previous.trees)
-                .filter_map(|(p, t)| Some((p.first()?.path.as_str(), (p, t.as_str()))))
-                .collect()
-        } else {
-            HashMap::new()
-        };
+        let mut shared: HashMap<&str, (&[Entry], &str)> = HashMap::new();
+        let mut rest = previous.entries.as_slice();
+        for (tree, len) in &previous.trees {
+            let Some((part, after)) = rest.split_at_checked(*len) else {
+                break;
+            };
+            if let Some(first) = part.first() {
+                shared.insert(first.path.as_str(), (part, tree.as_str()));
+            }
+            rest = after;
+        }
         for part in split(entries) {
             let same = part
                 .first()
@@ -271,6 +302,7 @@ impl Store {
             if let Some((_, sha256)) = same {
                 if self.named("trees", sha256)?.is_file() {
                     m.trees.push((*sha256).to_string());
+                    lens.push(part.len());
                     continue;
                 }
             }
@@ -287,6 +319,7 @@ impl Store {
                 self.written([to]);
             }
             m.trees.push(sha256);
+            lens.push(part.len());
         }
         self.sync_written()?;
         m.duration_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
@@ -303,7 +336,7 @@ impl Store {
         if let Err(e) = sync_dir(&self.sub("manifests")) {
             tracing::warn!(error = %e, checkpoint = %m.id, "a checkpoint's name may not survive a power cut");
         }
-        Ok(m)
+        Ok((m, lens))
     }
 
     /// Removes checkpoint `id`'s manifest: whether there was one.
@@ -756,9 +789,9 @@ mod tests {
         );
         assert_eq!(ids(&s), ["b2", "a1"]);
         let b2 = s.manifest("b2").expect("read").expect("there");
-        assert_eq!(s.entries(&b2).expect("entries"), second);
+        assert_eq!(s.newest(b2.clone()).expect("entries").entries, second);
         let a1 = s.manifest("a1").expect("read").expect("there");
-        assert_eq!(s.entries(&a1).expect("entries"), first);
+        assert_eq!(s.newest(a1.clone()).expect("entries").entries, first);
         assert!(
             s.manifest("../a1").expect("read").is_none(),
             "ids are plain"
@@ -766,34 +799,27 @@ mod tests {
 
         // With a1 kept in memory, a third checkpoint takes a1's trees
         // as they are, except the changed one: the same trees as b2's.
-        let a1_kept = Newest {
-            id: a1.id.clone(),
-            entries: first.clone(),
-            trees: a1.trees.clone(),
-            walked_at_ns: 0,
-        };
-        let c3 = s
+        let a1_kept = s.newest(a1.clone()).expect("a1");
+        assert_eq!(a1_kept.entries, first);
+        assert_eq!(
+            a1_kept.trees.iter().map(|(_, n)| n).sum::<usize>(),
+            first.len(),
+            "each tree with how many entries it holds"
+        );
+        let (c3, lens) = s
             .save_manifest(manifest("c3", 3), &second, &a1_kept, Instant::now())
             .expect("save");
+        assert_eq!(lens.iter().sum::<usize>(), second.len());
         assert_eq!(c3.trees, b2.trees);
         // A kept tree whose file is gone is written again.
         let gone = s.named("trees", &a1.trees[0]).expect("name");
         std::fs::remove_file(&gone).expect("remove");
-        let d4 = s
+        let (d4, _) = s
             .save_manifest(manifest("d4", 4), &second, &a1_kept, Instant::now())
             .expect("save");
         assert_eq!(d4.trees, b2.trees);
         assert!(gone.is_file(), "written again");
-        // Kept trees that do not line up with their entries are not used.
-        let askew = Newest {
-            trees: a1.trees[1..].to_vec(),
-            ..a1_kept
-        };
-        let e5 = s
-            .save_manifest(manifest("e5", 5), &second, &askew, Instant::now())
-            .expect("save");
-        assert_eq!(e5.trees, b2.trees);
-        for id in ["c3", "d4", "e5"] {
+        for id in ["c3", "d4"] {
             assert!(s.remove_manifest(id).expect("remove"));
         }
 
@@ -801,7 +827,11 @@ mod tests {
         assert!(!s.remove_manifest("b2").expect("again"));
         s.collect_garbage().expect("collect");
         assert_eq!(s.sizes("trees").expect("trees").len(), trees_of_one);
-        assert_eq!(s.entries(&a1).expect("entries"), first, "a1's trees stay");
+        assert_eq!(
+            s.newest(a1.clone()).expect("entries").entries,
+            first,
+            "a1's trees stay"
+        );
         assert!(s.remove_manifest("a1").expect("remove"));
         s.collect_garbage().expect("collect");
         assert!(s.sizes("trees").expect("trees").is_empty());
@@ -851,8 +881,9 @@ mod tests {
         let m = s.manifest("old1").expect("read").expect("there");
         assert_eq!((m.files, m.label.as_deref()), (1, Some("turn")));
         let paths: Vec<String> = s
-            .entries(&m)
+            .newest(m)
             .expect("entries")
+            .entries
             .into_iter()
             .map(|e| e.path)
             .collect();

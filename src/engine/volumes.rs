@@ -131,9 +131,12 @@ impl Engine {
     /// The host directory holding volume `name`'s files, when a process
     /// on this host may read them there as a container run by
     /// `oci_runtime` (or the engine's default) writes them: the volume is
-    /// the `local` driver's and the runtime is `runc`, which shares the
-    /// host's kernel and page cache. Under another runtime (gVisor keeps
-    /// its own view of a file) the answer is `None`.
+    /// the `local` driver's, a plain directory (no `type`, `device` or `o`
+    /// option: the driver mounts such a volume in the engine's mount
+    /// namespace, which a process on the host need not see), and the
+    /// runtime is `runc`, which shares the host's kernel and page cache.
+    /// Under another runtime (gVisor keeps its own view of a file) the
+    /// answer is `None`.
     pub async fn volume_host_dir(
         &self,
         name: &str,
@@ -165,8 +168,11 @@ impl Engine {
             return Ok(None);
         }
         let volume = docker.inspect_volume(name).await?;
+        let mounted = ["type", "device", "o"]
+            .iter()
+            .any(|k| volume.options.contains_key(*k));
         let dir = volume.mountpoint;
-        Ok((volume.driver == "local" && dir.starts_with('/')).then_some(dir))
+        Ok((volume.driver == "local" && !mounted && dir.starts_with('/')).then_some(dir))
     }
 
     /// Every volume carrying all of `labels`.

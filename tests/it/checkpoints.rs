@@ -1289,8 +1289,35 @@ async fn a_fork_that_cannot_be_made_leaves_nothing_behind() {
     assert_eq!(status, 201, "{repaired}");
     assert_eq!(repaired["newBytes"], 300_000, "{repaired}");
     assert!(object.is_file(), "the lost object is back");
-    let (got, v) = fork(&server, &key, &sid, id(&repaired), offline).await;
+    let (got, v) = fork(&server, &key, &sid, id(&repaired), offline.clone()).await;
     assert_eq!((got, &v["created"]), (200, &json!(true)), "{v}");
+    // The store loses its packs (the small files, many to a file), whose
+    // indexes sandboxd holds in memory: `verify` trusts them no more than
+    // the disk, and stores the small file anew.
+    let packs = store_dir(&server, &sid).join("packs");
+    let lost: Vec<PathBuf> = std::fs::read_dir(&packs)
+        .expect("packs")
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "pack"))
+        .collect();
+    assert!(!lost.is_empty(), "a's content is in a pack");
+    for pack in &lost {
+        std::fs::remove_file(pack).expect("remove a pack");
+    }
+    let (status, repacked) = server
+        .post(
+            &format!("/v1/sandboxes/{sid}/checkpoints"),
+            json!({"label": "repacked", "verify": true}),
+        )
+        .await;
+    assert_eq!(status, 201, "{repacked}");
+    assert_eq!(repacked["newBytes"], 2, "a's content again: {repacked}");
+    let again = crate::harness::unique_instance();
+    let (got, v) = fork(&server, &again, &sid, id(&repacked), offline).await;
+    assert_eq!((got, &v["created"]), (200, &json!(true)), "{v}");
+    let forked = v["sandboxId"].as_str().expect("sandboxId");
+    assert_eq!(server.sh(forked, "cat a").await["stdout"], "a\n");
 }
 
 /// A client that goes away while its fork copies (the request dropped):
