@@ -40,6 +40,18 @@ pub(crate) async fn checkpoint(server: &TestServer, sid: &str, label: &str) -> V
     v
 }
 
+/// A checkpoint labelled `label` with `verify`: every file read again.
+async fn verified_checkpoint(server: &TestServer, sid: &str, label: &str) -> Value {
+    let (status, v) = server
+        .post(
+            &format!("/v1/sandboxes/{sid}/checkpoints"),
+            json!({"label": label, "verify": true}),
+        )
+        .await;
+    assert_eq!(status, 201, "{v}");
+    v
+}
+
 /// `count` files of `bytes` random bytes each, `many/f1` on.
 async fn random_files(server: &TestServer, sid: &str, count: u32, bytes: u32) {
     let script = format!(
@@ -556,13 +568,7 @@ async fn a_checkpoint_after_a_small_change_stores_only_that_change() {
         second_listing - first_listing < first_listing / 2,
         "the second checkpoint's listing shares the unchanged trees: {first_listing} then {second_listing} bytes"
     );
-    let (status, verified) = server
-        .post(
-            &format!("/v1/sandboxes/{sid}/checkpoints"),
-            json!({"label": "verified", "verify": true}),
-        )
-        .await;
-    assert_eq!(status, 201, "{verified}");
+    let verified = verified_checkpoint(&server, &sid, "verified").await;
     assert_eq!(
         verified["newBytes"], 0,
         "everything read again, all of it stored before"
@@ -1280,13 +1286,7 @@ async fn a_fork_that_cannot_be_made_leaves_nothing_behind() {
     .await;
     // A checkpoint with `verify` reads every file again and stores the
     // lost content anew.
-    let (status, repaired) = server
-        .post(
-            &format!("/v1/sandboxes/{sid}/checkpoints"),
-            json!({"label": "repaired", "verify": true}),
-        )
-        .await;
-    assert_eq!(status, 201, "{repaired}");
+    let repaired = verified_checkpoint(&server, &sid, "repaired").await;
     assert_eq!(repaired["newBytes"], 300_000, "{repaired}");
     assert!(object.is_file(), "the lost object is back");
     let (got, v) = fork(&server, &key, &sid, id(&repaired), offline.clone()).await;
@@ -1305,13 +1305,7 @@ async fn a_fork_that_cannot_be_made_leaves_nothing_behind() {
     for pack in &lost {
         std::fs::remove_file(pack).expect("remove a pack");
     }
-    let (status, repacked) = server
-        .post(
-            &format!("/v1/sandboxes/{sid}/checkpoints"),
-            json!({"label": "repacked", "verify": true}),
-        )
-        .await;
-    assert_eq!(status, 201, "{repacked}");
+    let repacked = verified_checkpoint(&server, &sid, "repacked").await;
     assert_eq!(repacked["newBytes"], 2, "a's content again: {repacked}");
     let again = crate::harness::unique_instance();
     let (got, v) = fork(&server, &again, &sid, id(&repacked), offline).await;
