@@ -2,7 +2,7 @@
 //! time: create a sandbox (and run its first command), run a command to
 //! its end, wait, read a log stream to its end, write a file, look up a
 //! port, stop, read a metric (the pool's members and claims), and wait for
-//! the machine to settle, for sandboxd's next link network or for a full
+//! the machine to settle, for sandboxd's link networks made ahead or for a full
 //! pool before a timed request.
 
 use std::collections::HashMap;
@@ -237,15 +237,18 @@ pub(crate) async fn claims(server: &Server) -> Res<(f64, f64)> {
     ))
 }
 
-/// Waits (polling every 10 ms, at most 10 s) until `server` has the next
-/// `internet` sandbox's link network made, which it does in the background
-/// after each create that took it: a create, and the floor's, is then
-/// timed with no such work of sandboxd's going on.
+/// Waits (polling every 10 ms, at most 30 s) until `server` has all the
+/// link networks it keeps ahead for the next `internet` sandboxes made,
+/// which it does in the background after the creates that took them: a
+/// create, and the floor's, is then timed with no such work of sandboxd's
+/// going on.
 pub(crate) async fn link_ready(server: &Server) -> Res<()> {
     let t = Instant::now();
-    while metric(server, "sandboxd_link_networks_ready").await? < 1.0 {
-        if t.elapsed() > Duration::from_secs(10) {
-            return Err("sandboxd made no link network ahead within 10 s".into());
+    while metric(server, "sandboxd_link_networks_ready").await?
+        < metric(server, "sandboxd_link_networks_wanted").await?
+    {
+        if t.elapsed() > Duration::from_secs(30) {
+            return Err("sandboxd did not make its link networks ahead within 30 s".into());
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
@@ -255,8 +258,8 @@ pub(crate) async fn link_ready(server: &Server) -> Res<()> {
 /// How long nothing may change before [`quiet`] counts the machine quiet.
 const QUIET_FOR: Duration = Duration::from_secs(1);
 
-/// Waits (polling every 100 ms, at most 120 s) until `server` has its next
-/// link network made and neither the engine objects of `instance`
+/// Waits (polling every 100 ms, at most 120 s) until `server` has its
+/// link networks made ahead and neither the engine objects of `instance`
 /// (containers and their states, volumes, networks) nor its pool's ready
 /// members have changed for [`QUIET_FOR`]: the work a stop or a claim
 /// leaves behind (a removal, a refill, a network made ahead) is done, and

@@ -132,16 +132,18 @@ pub fn engine_error(kind: &'static str) {
 }
 
 /// Current gauges, set just before a scrape renders them; `pool` is each
-/// pooled runtime's members and target, `next_link` whether the next
-/// `internet` sandbox's link network is made.
+/// pooled runtime's members and target, `links_ahead` how many link
+/// networks are made ahead for the next `internet` sandboxes and how many
+/// are kept.
 pub fn set_gauges(
     sandboxes: usize,
     running_commands: usize,
     pool: &std::collections::BTreeMap<String, PoolGauge>,
-    next_link: bool,
+    links_ahead: (usize, usize),
 ) {
     gauge!("sandboxd_sandboxes", "state" => "running").set(sandboxes as f64);
-    gauge!("sandboxd_link_networks_ready").set(f64::from(u8::from(next_link)));
+    gauge!("sandboxd_link_networks_ready").set(links_ahead.0 as f64);
+    gauge!("sandboxd_link_networks_wanted").set(links_ahead.1 as f64);
     gauge!("sandboxd_commands_running").set(running_commands as f64);
     for (runtime, p) in pool {
         for (state, n) in [("ready", p.ready), ("filling", p.filling)] {

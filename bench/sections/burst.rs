@@ -14,7 +14,7 @@
 //!   pool section's: volume + container create + start) as many times in a
 //!   row, its containers removed after the series. Each series starts on a
 //!   quiet machine ([`quiet`]: both sandboxds' objects and pools unchanged
-//!   for 1 s, their next link network made). Lines: the default pool's
+//!   for 1 s, their link networks made ahead). Lines: the default pool's
 //!   create p50 and p95 against `pool_size = 0`'s, its p50 against the
 //!   floor's, and `pool_size = 0`'s p50 against the floor's.
 //! - At a rate (also alone: `--only rate`): a sandboxd at its defaults with

@@ -42,7 +42,7 @@
 //! - create: `POST /v1/sandboxes` for a new session key, 10 samples;
 //!   reconnect: the same key again; stop: `POST …:stop` (floor: container +
 //!   volume removal). Each create, sandboxd's and the floor's, starts once
-//!   sandboxd has the next link network made (`link_ready`).
+//!   sandboxd has its link networks made ahead (`link_ready`).
 //! - port publish: the first `GET …/ports/3000` right after a create with
 //!   `"ports": [3000]` (the publish work happens there); and the lookup on a
 //!   sandbox created 1 s earlier. 5 samples each.

@@ -260,8 +260,8 @@ pub struct Sandboxes {
     foreground: foreground::Foreground,
     /// Warm sandboxes no session has claimed yet.
     pool: pool::Pool,
-    /// The next `internet` sandbox's link network, made ahead.
-    next_link: next_link::NextLink,
+    /// The next `internet` sandboxes' link networks, made ahead.
+    next_link: next_link::NextLinks,
     /// Volumes and link networks of removed sandboxes, still to go.
     teardown: teardown::Teardowns,
     /// Where the sandboxes' lifetimes are kept across restarts.
@@ -271,6 +271,7 @@ pub struct Sandboxes {
 impl Sandboxes {
     pub fn new(config: Arc<Config>, engine: Engine) -> Self {
         let lifetimes = lifetime::LifetimeFile::in_dir(config.state_dir());
+        let next_link = next_link::NextLinks::new(config.links_ahead);
         Sandboxes {
             registry: SandboxRegistry::new(config.max_concurrent),
             config,
@@ -284,7 +285,7 @@ impl Sandboxes {
             egress_start: tokio::sync::Mutex::new(()),
             foreground: foreground::Foreground::default(),
             pool: pool::Pool::default(),
-            next_link: next_link::NextLink::default(),
+            next_link,
             teardown: teardown::Teardowns::default(),
             lifetimes,
         }

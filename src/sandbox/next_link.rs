@@ -1,16 +1,22 @@
-//! The link network of the next `internet` sandbox, made ahead. A sandbox
-//! of that mode needs a network of its own, joined by the shared egress
-//! proxy; the engine takes about as long to make and join one as to start
-//! the container, and a cold create used to wait for both in turn. One is
-//! kept ready under the id the next such sandbox takes, so a cold create
-//! makes only its volume and container. It is refilled in the background
-//! after each use; when the link pool has no other free block, whoever
-//! needs one takes this one's (see `Sandboxes::link_network`). It comes
-//! with a spare port proxy (see `port_proxy`), so the new sandbox's first
-//! port does not wait for a container start either. It holds no
-//! state of any session: a restart of sandboxd removes it like any link
-//! network without a sandbox (see `rehydrate`), and makes a new one.
+//! The link networks of the next `internet` sandboxes, made ahead. A
+//! sandbox of that mode needs a network of its own, joined by the shared
+//! egress proxy; the engine takes about as long to make and join one as to
+//! start the container, and a cold create that makes its own pays for it
+//! (on two cores the network's making competes with the container's). Up
+//! to `links_ahead` are kept ready, each under the id the sandbox that
+//! takes it gets, so the cold creates of a series of new sessions, one
+//! after another past the warm pool, each make only their volume and
+//! container. They are made again in the background once the creates that
+//! took them and the work after their answers are done; when the link
+//! pool has no other free block, whoever needs one takes one of these
+//! blocks (see `Sandboxes::link_network`). Each comes with a spare port
+//! proxy (see `port_proxy`), so the new sandbox's first port does not wait
+//! for a container start either. They hold no state of any session: a
+//! restart of sandboxd removes them like any link network without a
+//! sandbox (see `rehydrate`), and makes new ones.
 
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -31,70 +37,112 @@ pub(super) struct PreparedLink {
     pub(super) subnet: String,
 }
 
-/// The prepared link network, if one is ready.
-#[derive(Debug, Default)]
-pub(super) struct NextLink {
-    ready: Mutex<Option<PreparedLink>>,
+/// The link networks made ahead, oldest first.
+#[derive(Debug)]
+pub(super) struct NextLinks {
+    ready: Mutex<VecDeque<PreparedLink>>,
+    /// How many are kept (`links_ahead`).
+    wanted: usize,
     /// Held while one is being made: whoever finds no free block waits
     /// for it, then takes its block back.
     making: tokio::sync::Mutex<()>,
-    wake: Arc<Notify>,
+    /// Creates that took one and whose work after the answer is not done.
+    following: Arc<Following>,
 }
 
-impl NextLink {
-    /// Takes the prepared network (for a sandbox, or to give its block
-    /// back). The taker wakes the preparer once done: preparing the next
-    /// one meanwhile would compete with it for the engine.
-    pub(super) fn take(&self) -> Option<PreparedLink> {
-        self.ready.lock().ok()?.take()
+/// The creates that took a prepared link network and are not done yet,
+/// and the preparer's wake-up.
+#[derive(Debug, Default)]
+struct Following {
+    count: AtomicUsize,
+    wake: Notify,
+}
+
+impl NextLinks {
+    pub(super) fn new(wanted: usize) -> Self {
+        NextLinks {
+            ready: Mutex::new(VecDeque::with_capacity(wanted)),
+            wanted,
+            making: tokio::sync::Mutex::new(()),
+            following: Arc::default(),
+        }
     }
 
+    /// Takes the oldest prepared network (for a sandbox, or to give its
+    /// block back). The taker holds [`NextLinks::refill_after`] until it
+    /// is done: preparing the next one meanwhile would compete with it for
+    /// the engine.
+    pub(super) fn take(&self) -> Option<PreparedLink> {
+        self.ready.lock().ok()?.pop_front()
+    }
+
+    /// Keeps `link` unless as many as wanted are ready already.
     fn put(&self, link: PreparedLink) -> Result<(), PreparedLink> {
         match self.ready.lock() {
-            Ok(mut slot) if slot.is_none() => {
-                *slot = Some(link);
+            Ok(mut ready) if ready.len() < self.wanted => {
+                ready.push_back(link);
                 Ok(())
             }
             _ => Err(link),
         }
     }
 
-    /// Wakes the preparer when the last clone is dropped: a create that
-    /// took the prepared network hands it to the work that follows its
-    /// answer (connecting to the agent, publishing ports), which the
-    /// engine would otherwise do next to the making of the next one.
+    /// Held by a create that took a prepared network and by the work that
+    /// follows its answer (connecting to the agent, publishing ports),
+    /// which the engine would otherwise do next to the making of the next
+    /// one; the preparer waits until every such hold is dropped.
     pub(super) fn refill_after(&self) -> Arc<RefillAfter> {
-        Arc::new(RefillAfter(Arc::clone(&self.wake)))
+        self.following.count.fetch_add(1, Ordering::SeqCst);
+        Arc::new(RefillAfter(Arc::clone(&self.following)))
     }
 
-    /// Whether one is ready.
-    pub(super) fn is_ready(&self) -> bool {
-        self.ready.lock().map(|s| s.is_some()).unwrap_or(false)
+    /// How many are ready.
+    pub(super) fn ready(&self) -> usize {
+        self.ready.lock().map(|r| r.len()).unwrap_or(0)
+    }
+
+    /// How many are kept.
+    pub(super) fn wanted(&self) -> usize {
+        self.wanted
     }
 
     /// Lets the preparer look again (a link block may be free now).
     pub(super) fn wake(&self) {
-        self.wake.notify_one();
+        self.following.wake.notify_one();
+    }
+
+    /// Returns once no create that took one is still following up.
+    async fn followed_up(&self) {
+        loop {
+            let woken = self.following.wake.notified();
+            if self.following.count.load(Ordering::SeqCst) == 0 {
+                return;
+            }
+            woken.await;
+        }
     }
 }
 
-/// Wakes the preparer of the next link network when dropped (see
-/// `NextLink::refill_after`).
+/// Counts a create that took a prepared link network until dropped, then
+/// wakes the preparer (see [`NextLinks::refill_after`]).
 #[derive(Debug)]
-pub struct RefillAfter(Arc<Notify>);
+pub struct RefillAfter(Arc<Following>);
 
 impl Drop for RefillAfter {
     fn drop(&mut self) {
-        self.0.notify_one();
+        self.0.count.fetch_sub(1, Ordering::SeqCst);
+        self.0.wake.notify_one();
     }
 }
 
-/// Keeps one link network ready until `shutdown`, when `internet` is the
-/// mode a create gets by default. Starts once rehydration is done (which
-/// removes the one an earlier run left). The one ready at shutdown stays
-/// for the next start to remove.
+/// Keeps `links_ahead` link networks ready until `shutdown`, when
+/// `internet` is the mode a create gets by default. Starts once
+/// rehydration is done (which removes those an earlier run left). Those
+/// ready at shutdown stay for the next start to remove.
 pub async fn run_next_link(sandboxes: Arc<Sandboxes>, shutdown: CancellationToken) {
-    if sandboxes.config.network_default != NetworkMode::Internet.as_str() {
+    if sandboxes.config.network_default != NetworkMode::Internet.as_str()
+        || sandboxes.next_link.wanted() == 0
+    {
         return;
     }
     let mut ready = sandboxes.ready.subscribe();
@@ -104,29 +152,42 @@ pub async fn run_next_link(sandboxes: Arc<Sandboxes>, shutdown: CancellationToke
     }
     loop {
         let mut wait = Duration::MAX;
-        if !sandboxes.next_link.is_ready() {
+        let links = &sandboxes.next_link;
+        if links.ready() < links.wanted() {
             tokio::select! {
                 _ = shutdown.cancelled() => return,
-                // A create a request waits for goes first.
-                _ = sandboxes.foreground.quiet() => {}
+                // A create a request waits for goes first, and the work
+                // after the answer of one that took a network.
+                _ = async {
+                    links.followed_up().await;
+                    sandboxes.foreground.quiet().await;
+                } => {}
             }
             tokio::select! {
                 _ = shutdown.cancelled() => return,
-                ok = sandboxes.prepare_link() => if !ok { wait = RETRY_AFTER },
+                ok = sandboxes.prepare_link() => if ok { continue } else { wait = RETRY_AFTER },
             }
         }
+        let woken = links.following.wake.notified();
         tokio::select! {
             _ = shutdown.cancelled() => return,
-            _ = sandboxes.next_link.wake.notified() => {}
+            _ = woken => {}
             _ = tokio::time::sleep(wait) => {}
         }
     }
 }
 
 impl Sandboxes {
-    /// Whether the next `internet` sandbox's link network is made.
-    pub fn link_network_ready(&self) -> bool {
-        self.next_link.is_ready()
+    /// How many link networks are made ahead for the next `internet`
+    /// sandboxes, and how many are kept (`links_ahead`; 0 when `internet`
+    /// is not the default mode).
+    pub fn link_networks_ahead(&self) -> (usize, usize) {
+        let wanted = if self.config.network_default == NetworkMode::Internet.as_str() {
+            self.next_link.wanted()
+        } else {
+            0
+        };
+        (self.next_link.ready(), wanted)
     }
 
     /// Makes a link network for a new id and keeps it ready, then joins
@@ -170,7 +231,7 @@ impl Sandboxes {
         true
     }
 
-    /// The prepared link network (once any being made is), to give its
+    /// A prepared link network (once any being made is), to give its
     /// block back.
     pub(super) async fn take_link_for_its_block(&self) -> Option<PreparedLink> {
         let _made = self.next_link.making.lock().await;

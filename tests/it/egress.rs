@@ -852,6 +852,44 @@ async fn a_cold_internet_create_takes_the_link_network_made_ahead() {
     .await;
 }
 
+/// With `links_ahead = 3`, three cold creates sent one after another each
+/// take a link network made ahead (none waits for one of its own) and get
+/// out through it; the three are made again after the series.
+#[tokio::test]
+async fn cold_creates_one_after_another_take_the_link_networks_made_ahead() {
+    let _net = FakeNet::start().await;
+    let server = server(&[("SANDBOXD_LINKS_AHEAD", "3")]).await;
+    eventually(
+        Duration::from_secs(60),
+        "three link networks made ahead",
+        || server.link_ready(),
+    )
+    .await;
+    let ahead = link_ids(&server).await;
+    assert_eq!(ahead.len(), 3, "three made ahead: {ahead:?}");
+    let mut sids = Vec::new();
+    for i in 0..3 {
+        sids.push(
+            server
+                .create(json!({"sessionKey": format!("series-{i}")}))
+                .await,
+        );
+    }
+    let mut taken = sids.clone();
+    taken.sort();
+    assert_eq!(taken, ahead, "each create took one made ahead");
+    let ok = (200, "public\n".to_string());
+    for sid in &sids {
+        assert_eq!(curl(&server, sid, "http://public.test/").await, ok, "{sid}");
+    }
+    eventually(Duration::from_secs(60), "three made ahead again", || {
+        server.link_ready()
+    })
+    .await;
+    let now = link_ids(&server).await;
+    assert_eq!(now.len(), 6, "the three sandboxes' and three new: {now:?}");
+}
+
 /// One sandbox cannot take the shared egress proxy from the others: the
 /// proxy tells sandboxes apart by their addresses on their own link
 /// networks, so one that holds more connections than its cap has the rest

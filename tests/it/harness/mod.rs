@@ -317,6 +317,10 @@ impl TestServer {
             // No warm pool unless a test asks for one (tests/it/pool.rs,
             // remcochat.rs): most tests count the sandboxes they make.
             cmd.env("SANDBOXD_POOL_SIZE", "0");
+            // One link network made ahead, not the default's stock, unless
+            // a test asks (egress.rs): each holds a spare proxy container,
+            // and every test's sandboxd would make them at its start.
+            cmd.env("SANDBOXD_LINKS_AHEAD", "1");
             cmd.env("SANDBOXD_STATE_DIR", &self.state_dir);
             if let Some(t) = &self.options.token {
                 cmd.env("SANDBOXD_ADMIN_TOKEN", t);
@@ -491,13 +495,22 @@ impl TestServer {
             .expect("metrics text")
     }
 
-    /// Whether sandboxd reports the next `internet` sandbox's link network
-    /// made (its `sandboxd_link_networks_ready` gauge).
+    /// Whether sandboxd reports all the link networks it keeps made ahead
+    /// for the next `internet` sandboxes made, and at least one (its
+    /// `sandboxd_link_networks_ready` and `_wanted` gauges).
     pub(crate) async fn link_ready(&self) -> bool {
-        self.metrics_text()
-            .await
-            .lines()
-            .any(|l| l == "sandboxd_link_networks_ready 1")
+        let text = self.metrics_text().await;
+        let gauge = |name: &str| {
+            text.lines()
+                .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse::<f64>().ok())
+        };
+        match (
+            gauge("sandboxd_link_networks_ready"),
+            gauge("sandboxd_link_networks_wanted"),
+        ) {
+            (Some(ready), Some(wanted)) => wanted >= 1.0 && ready >= wanted,
+            _ => false,
+        }
     }
 
     /// Opens a command's NDJSON log stream (the answer, not yet read).
