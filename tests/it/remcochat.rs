@@ -245,11 +245,16 @@ fn names(listing: &str) -> Vec<&str> {
 #[tokio::test]
 async fn remcochat_chat_turn_runs_unchanged_against_the_defaults() {
     // No workspace variable: sandboxd's defaults, as issue 13 asks; the
-    // warm pool too (the harness turns it off unless asked; "" counts as
-    // unset). RemcoChat's runtime, node24, shares the default runtime's
-    // image, so its create claims a member.
-    let server =
-        TestServer::start_with(ServerOptions::default().env("SANDBOXD_POOL_SIZE", "")).await;
+    // warm pool and the link networks made ahead too (the harness turns
+    // them down unless asked; "" counts as unset). RemcoChat's runtime,
+    // node24, shares the default runtime's image, so its create claims a
+    // member.
+    let server = TestServer::start_with(
+        ServerOptions::default()
+            .env("SANDBOXD_POOL_SIZE", "")
+            .env("SANDBOXD_LINKS_AHEAD", ""),
+    )
+    .await;
     crate::pool::wait_for_members(&server, "default", 2).await;
     let remco = Remco::new(&server);
     let chat = format!("remcochat:{}", crate::harness::unique_instance());
