@@ -254,3 +254,50 @@ impl Sandboxes {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn link(id: &str) -> PreparedLink {
+        PreparedLink {
+            id: id.into(),
+            subnet: format!("10.213.0.{id}/28"),
+        }
+    }
+
+    #[test]
+    fn keeps_as_many_as_wanted_and_hands_out_the_oldest_first() {
+        let links = NextLinks::new(2);
+        assert!(links.put(link("1")).is_ok());
+        assert!(links.put(link("2")).is_ok());
+        assert_eq!(links.put(link("3")), Err(link("3")), "two are wanted");
+        assert_eq!(links.ready(), 2);
+        assert_eq!(links.take(), Some(link("1")));
+        assert!(links.put(link("3")).is_ok(), "room for one again");
+        assert_eq!(links.take(), Some(link("2")));
+        assert_eq!(links.take(), Some(link("3")));
+        assert_eq!(links.take(), None);
+        let none = NextLinks::new(0);
+        assert_eq!(none.put(link("1")), Err(link("1")), "0 keeps none");
+    }
+
+    #[tokio::test]
+    async fn the_preparer_waits_until_every_create_that_took_one_is_done() {
+        let links = NextLinks::new(2);
+        tokio::time::timeout(Duration::from_secs(1), links.followed_up())
+            .await
+            .expect("nothing to wait for");
+        let first = links.refill_after();
+        let held = Arc::clone(&first);
+        let second = links.refill_after();
+        drop(first);
+        let waiting = tokio::time::timeout(Duration::from_millis(50), links.followed_up()).await;
+        assert!(waiting.is_err(), "two creates still follow up");
+        drop(held);
+        drop(second);
+        tokio::time::timeout(Duration::from_secs(1), links.followed_up())
+            .await
+            .expect("both done");
+    }
+}
