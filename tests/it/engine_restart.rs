@@ -203,19 +203,25 @@ fn runs(pid: u32) -> bool {
 async fn a_stop_waits_for_what_the_engine_is_making_so_nothing_appears_after_exit() {
     // The stop has to come while the engine is making an object, and
     // when that is is a race this test cannot see from outside (a stop
-    // during the reads before the network's create finds nothing to wait
-    // for). Every attempt checks that nothing appears after exit; one in
-    // which sandboxd waited checks the rest. A few attempts catch it.
-    for attempt in 1..=5 {
+    // during the reads before the network's create, or during the spare
+    // proxy's start, finds nothing to wait for). Every attempt checks that
+    // nothing appears after exit; one in which sandboxd waited checks the
+    // rest. Each attempt pauses the engine a little later than the one
+    // before, so that a slower or faster machine does not make every
+    // attempt miss the same way.
+    for attempt in 1..=ATTEMPTS {
         if stop_during_the_next_link_network(attempt).await {
             return;
         }
     }
     panic!(
-        "in 5 attempts the stop never came while a link network was being made, \
+        "in {ATTEMPTS} attempts the stop never came while a link network was being made, \
          so this proves nothing"
     );
 }
+
+/// How many attempts [`stop_during_the_next_link_network`] gets.
+const ATTEMPTS: u32 = 10;
 
 /// One attempt (see above): whether the stop came while the engine was
 /// making the next link network, and sandboxd waited for it.
@@ -241,7 +247,8 @@ async fn stop_during_the_next_link_network(attempt: u32) -> bool {
     // Background work starts 100 ms after the user's last create ended
     // (`SETTLE` in src/sandbox/foreground.rs): past it, making the next
     // link network (its network, then its spare port proxy) is under way.
-    std::thread::sleep(Duration::from_millis(150));
+    // The attempts pause the engine from 50 to 590 ms after the command.
+    std::thread::sleep(Duration::from_millis(50 + 60 * u64::from(attempt - 1)));
     let paused = EnginePaused::pause();
     // Nothing can be answered while the engine is paused: sandboxd's
     // request for the next link network waits at the engine's socket.
