@@ -175,11 +175,11 @@ settings! {
     /// Host memory the pool's growth above the floors may take, at 32 MB
     /// per idle member.
     pool_memory_mb: u64 = 512, key "pool_memory_mb", check |v| within(0, 1_048_576)(v);
+    /// Half-life of the arrival rate of new sessions the pool follows.
+    pool_rate_halflife_secs: u64 = 60, key "pool_rate_halflife_secs", check |v| within(1, 3600)(v);
     /// Link networks kept made ahead for the next cold creates in mode
     /// `internet` (the default), each with a spare port proxy.
     links_ahead: usize = 4, key "links_ahead", check |v| within(0, 32)(v);
-    /// Half-life of the arrival rate of new sessions the pool follows.
-    pool_rate_halflife_secs: u64 = 60, key "pool_rate_halflife_secs", check |v| within(1, 3600)(v);
     /// Idle time after which a sandbox without running work is stopped.
     default_idle_ttl: Duration = Duration::from_secs(15 * 60), key "default_idle_ttl_ms",
         check |v| ms_within(10_000, 21_600_000)(v);
