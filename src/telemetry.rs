@@ -134,14 +134,17 @@ pub fn engine_error(kind: &'static str) {
 /// Current gauges, set just before a scrape renders them; `pool` is each
 /// pooled runtime's members and target, `links_ahead` how many link
 /// networks are made ahead for the next `internet` sandboxes and how many
-/// are kept.
+/// are kept, `teardowns` how many stopped sandboxes' engine objects are
+/// still to remove.
 pub fn set_gauges(
     sandboxes: usize,
     running_commands: usize,
     pool: &std::collections::BTreeMap<String, PoolGauge>,
     links_ahead: (usize, usize),
+    teardowns: usize,
 ) {
     gauge!("sandboxd_sandboxes", "state" => "running").set(sandboxes as f64);
+    gauge!("sandboxd_teardowns_pending").set(teardowns as f64);
     gauge!("sandboxd_link_networks_ready").set(links_ahead.0 as f64);
     gauge!("sandboxd_link_networks_wanted").set(links_ahead.1 as f64);
     gauge!("sandboxd_commands_running").set(running_commands as f64);

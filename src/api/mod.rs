@@ -195,6 +195,7 @@ async fn metrics(State(app): State<Arc<App>>) -> Response {
         running,
         &app.sandboxes.pool_sizes(),
         app.sandboxes.link_networks_ahead(),
+        app.sandboxes.teardowns_pending(),
     );
     let body = app.metrics.as_ref().map(|h| h.render()).unwrap_or_default();
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], body).into_response()

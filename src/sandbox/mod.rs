@@ -367,6 +367,7 @@ impl Sandboxes {
             return Ok(self.register_new(reservation, sandbox, &spec, create_started, true));
         }
         self.make_room_for_session().await;
+        self.wait_for_teardowns().await;
 
         // The link network made ahead is for the default mode's sandboxes;
         // one that fails to launch on it is made again without it.

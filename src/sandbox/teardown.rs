@@ -6,7 +6,8 @@
 //! and its link network, which the shared egress proxy leaves first) holds
 //! nothing of the session and only takes engine time: it goes to [`Teardowns`], a queue
 //! that [`run_teardown`] drains in the background, yielding to the creates
-//! a user waits for (for a bounded time). The sandbox's checkpoints, in
+//! a user waits for (for a bounded time) while the queue is short; past
+//! [`DEFERRED_AT_MOST`] it stops yielding and cold creates wait for it. The sandbox's checkpoints, in
 //! sandboxd's state directory, go with its volumes.
 //!
 //! Nothing is lost: a retried stop of an id finishes its teardown at once;
@@ -32,6 +33,17 @@ use crate::engine::EngineError;
 /// The longest a teardown waits for the user's creates to end: under a
 /// steady stream of them, teardowns still progress one at a time.
 const YIELD_AT_MOST: Duration = Duration::from_secs(2);
+/// Pending teardowns past which they no longer yield, and a cold create
+/// waits until they are back to this many (see [`Sandboxes::wait_for_teardowns`]).
+/// Without a bound, new sessions arriving faster than the engine removes
+/// the stopped ones (a session a second or more on two cores, in mode
+/// `internet`) left link networks and volumes piling up, and every engine
+/// call slowed with them: a sandboxd under such a stream got slower the
+/// longer it ran.
+pub(super) const DEFERRED_AT_MOST: usize = 8;
+/// The longest a cold create waits for the backlog to shrink: teardowns
+/// that keep failing (an engine restarting) do not hold creates forever.
+const BACKLOG_WAIT_AT_MOST: Duration = Duration::from_secs(10);
 /// How often one teardown is tried before it is left to the next start's
 /// reconciliation.
 const ATTEMPTS: u32 = 5;
@@ -124,8 +136,15 @@ impl Teardowns {
     }
 
     /// How many are pending.
-    fn len(&self) -> usize {
+    pub(super) fn len(&self) -> usize {
         self.queue.borrow().len()
+    }
+
+    /// Returns once at most `n` are pending.
+    async fn at_most(&self, n: usize) {
+        let mut rx = self.queue.subscribe();
+        // The sender lives as long as `self`: the wait cannot fail.
+        let _ = rx.wait_for(|q| q.len() <= n).await;
     }
 
     /// Returns once one is pending.
@@ -144,10 +163,13 @@ pub async fn run_teardown(sandboxes: Arc<Sandboxes>, shutdown: CancellationToken
             _ = shutdown.cancelled() => break,
             _ = sandboxes.teardown.pending() => {}
         }
-        tokio::select! {
-            _ = shutdown.cancelled() => break,
-            // A create a request waits for goes first, for a while.
-            _ = tokio::time::timeout(YIELD_AT_MOST, sandboxes.foreground.quiet()) => {}
+        // A create a request waits for goes first, for a while, unless
+        // the backlog is past its bound.
+        if sandboxes.teardown.len() <= DEFERRED_AT_MOST {
+            tokio::select! {
+                _ = shutdown.cancelled() => break,
+                _ = tokio::time::timeout(YIELD_AT_MOST, sandboxes.foreground.quiet()) => {}
+            }
         }
         if !sandboxes.tear_down_next().await {
             tokio::select! {
@@ -189,6 +211,36 @@ impl Sandboxes {
         let removed = self.remove_containers(id, Spare::Later).await;
         self.teardown.push(id);
         removed
+    }
+
+    /// How many stopped sandboxes' teardowns are pending.
+    pub fn teardowns_pending(&self) -> usize {
+        self.teardown.len()
+    }
+
+    /// Before a cold create makes its engine objects: waits (at most
+    /// [`BACKLOG_WAIT_AT_MOST`]) until no more than [`DEFERRED_AT_MOST`]
+    /// teardowns are pending, which the background task, no longer
+    /// yielding, brings about. Under a stream of new sessions faster than
+    /// the engine makes and removes sandboxes, creates then go at the pace
+    /// the engine keeps, instead of leaving a growing debt behind them.
+    pub(super) async fn wait_for_teardowns(&self) {
+        if self.teardown.len() <= DEFERRED_AT_MOST {
+            return;
+        }
+        let started = std::time::Instant::now();
+        let shrunk = tokio::time::timeout(
+            BACKLOG_WAIT_AT_MOST,
+            self.teardown.at_most(DEFERRED_AT_MOST),
+        )
+        .await
+        .is_ok();
+        tracing::debug!(
+            waited_ms = started.elapsed().as_millis() as u64,
+            shrunk,
+            pending = self.teardown.len(),
+            "a cold create waited for the teardown backlog"
+        );
     }
 
     /// Everything of `id` is removed before this returns: its queued

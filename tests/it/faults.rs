@@ -450,3 +450,57 @@ async fn a_retried_stop_that_fails_leaves_its_teardown_queued() {
     )
     .await;
 }
+
+/// Pending teardowns past which a cold create waits for them (docs/API.md,
+/// Stop).
+const TEARDOWNS_DEFERRED_AT_MOST: f64 = 8.0;
+
+/// New sessions arriving faster than the engine removes the stopped ones
+/// (workers that each create a sandbox and stop it, again and again) keep
+/// the teardown backlog within its bound: a create waits for it, instead
+/// of leaving link networks and volumes piling up. Each worker can be past
+/// that wait with one sandbox when the others stop theirs, so the backlog
+/// reaches at most the bound plus the workers. Positive control: the
+/// stream did outpace the teardowns (the backlog reached the bound), so it
+/// is the bound that held it there; afterwards every teardown is done.
+#[tokio::test]
+async fn a_steady_stream_of_sessions_keeps_the_teardown_backlog_bounded() {
+    const WORKERS: usize = 3;
+    const SESSIONS_EACH: usize = 14;
+    let server = TestServer::start().await;
+    let pending = || server.metric("sandboxd_teardowns_pending");
+    let worker = |w: usize| {
+        let server = &server;
+        async move {
+            let mut most: f64 = 0.0;
+            for i in 0..SESSIONS_EACH {
+                let sid = server
+                    .create(json!({"sessionKey": format!("stream-{w}-{i}")}))
+                    .await;
+                let (s, v) = server
+                    .post(&format!("/v1/sandboxes/{sid}:stop"), json!(null))
+                    .await;
+                assert_eq!(s, 200, "{v}");
+                most = most.max(server.metric("sandboxd_teardowns_pending").await);
+            }
+            most
+        }
+    };
+    let most = futures_util::future::join_all((0..WORKERS).map(worker))
+        .await
+        .into_iter()
+        .fold(0.0, f64::max);
+    println!("teardowns pending at most: {most}");
+    assert!(
+        most >= TEARDOWNS_DEFERRED_AT_MOST,
+        "the stream outpaced the teardowns (else the bound was not tested): {most}"
+    );
+    assert!(
+        most <= TEARDOWNS_DEFERRED_AT_MOST + WORKERS as f64,
+        "the backlog stayed within its bound: {most}"
+    );
+    harness::eventually(Duration::from_secs(60), "every teardown done", || async {
+        pending().await == 0.0
+    })
+    .await;
+}

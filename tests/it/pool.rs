@@ -15,34 +15,22 @@ use serde_json::{Value, json};
 
 use crate::harness::{self, ServerOptions, TestServer, eventually};
 
-/// The value of one series (`name{labels}`) in the metrics; 0 when absent.
-async fn metric(server: &TestServer, series: &str) -> f64 {
-    let text = server.metrics_text().await;
-    let series = format!("{series} ");
-    text.lines()
-        .find_map(|l| l.strip_prefix(series.as_str()))
-        .and_then(|v| v.trim().parse::<f64>().ok())
-        .unwrap_or(0.0)
-}
-
 /// What the pool's gauge says of `runtime`: members ready.
 pub(crate) async fn members(server: &TestServer, runtime: &str) -> usize {
     let series = format!("sandboxd_pool_members{{runtime=\"{runtime}\",state=\"ready\"}}");
-    metric(server, &series).await as usize
+    server.metric(&series).await as usize
 }
 
 /// The pool's target for `runtime`, and whether `reason` is what set it.
 async fn target(server: &TestServer, runtime: &str, reason: &str) -> (usize, bool) {
-    let size = metric(
-        server,
-        &format!("sandboxd_pool_target{{runtime=\"{runtime}\"}}"),
-    )
-    .await;
-    let holds = metric(
-        server,
-        &format!("sandboxd_pool_target_reason{{runtime=\"{runtime}\",reason=\"{reason}\"}}"),
-    )
-    .await;
+    let size = server
+        .metric(&format!("sandboxd_pool_target{{runtime=\"{runtime}\"}}"))
+        .await;
+    let holds = server
+        .metric(&format!(
+            "sandboxd_pool_target_reason{{runtime=\"{runtime}\",reason=\"{reason}\"}}"
+        ))
+        .await;
     (size as usize, holds == 1.0)
 }
 

@@ -495,6 +495,17 @@ impl TestServer {
             .expect("metrics text")
     }
 
+    /// The value of one series (`name{labels}`) in the metrics; 0 when
+    /// absent.
+    pub(crate) async fn metric(&self, series: &str) -> f64 {
+        let text = self.metrics_text().await;
+        let series = format!("{series} ");
+        text.lines()
+            .find_map(|l| l.strip_prefix(series.as_str()))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .unwrap_or(0.0)
+    }
+
     /// Whether sandboxd reports all the link networks it keeps made ahead
     /// for the next `internet` sandboxes made, and at least one (its
     /// `sandboxd_link_networks_ready` and `_wanted` gauges).
