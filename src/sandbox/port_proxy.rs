@@ -158,7 +158,7 @@ impl Sandboxes {
     pub async fn give_back_spare_proxy(&self, id: &str) {
         tokio::time::sleep(SPARE_KEPT).await;
         self.foreground.quiet().await;
-        let _one = self.teardown.one_at_a_time().await;
+        let _alone = self.teardown.alone().await;
         // Stopped meanwhile: the stop removed the spare with the sandbox.
         if self.registry.get(id).is_some() {
             self.remove_spare_proxy(id).await;
