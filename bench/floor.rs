@@ -3,13 +3,17 @@
 //! then container create and start, with the same mounts and `sleep` as
 //! its process), its removal, and `docker exec` (create, attached start
 //! read to the end, inspect) into any container, the sandbox's own
-//! included.
+//! included; and a whole session of mode `internet`'s engine work (its
+//! own internal network, which a running container joins as the shared
+//! egress proxy joins a sandbox's).
 
 use std::time::{Duration, Instant};
 
 use bollard::Docker;
 use bollard::exec::{CreateExecOptions, StartExecOptions, StartExecResults};
-use bollard::models::VolumeCreateRequest;
+use bollard::models::{
+    NetworkConnectRequest, NetworkCreateRequest, NetworkDisconnectRequest, VolumeCreateRequest,
+};
 use bollard::query_parameters::{
     CreateContainerOptions, RemoveContainerOptions, RemoveVolumeOptions,
 };
@@ -67,7 +71,13 @@ impl Floor {
 
     /// volume + container create + start; returns the time.
     pub(crate) async fn create(&self, name: &str) -> Res<Duration> {
-        let spec = self.spec(name);
+        self.create_on(name, &self.network).await
+    }
+
+    /// [`Floor::create`] with the container on `network`.
+    async fn create_on(&self, name: &str, network: &str) -> Res<Duration> {
+        let mut spec = self.spec(name);
+        spec.network = Some(network.to_string());
         let t = Instant::now();
         self.docker
             .create_volume(VolumeCreateRequest {
@@ -162,6 +172,48 @@ impl Floor {
             output,
             exit: inspect.exit_code,
         })
+    }
+
+    /// One session of mode `internet`'s engine work: an internal network
+    /// of its own, then volume, container create and start on it,
+    /// `joiner` (a running container, as the shared egress proxy) joining
+    /// it and `true` by exec; then the container, `joiner`'s endpoint, the
+    /// network and the volume removed. The time to the exec's end.
+    pub(crate) async fn linked_session(&self, name: &str, joiner: &str) -> Res<Duration> {
+        let t = Instant::now();
+        self.docker
+            .create_network(NetworkCreateRequest {
+                name: name.to_string(),
+                driver: Some("bridge".into()),
+                internal: Some(true),
+                labels: Some([("sandboxd.instance".to_string(), self.instance.clone())].into()),
+                ..Default::default()
+            })
+            .await?;
+        self.create_on(name, name).await?;
+        self.docker
+            .connect_network(
+                name,
+                NetworkConnectRequest {
+                    container: joiner.to_string(),
+                    endpoint_config: None,
+                },
+            )
+            .await?;
+        self.round_trip(name, &["true"]).await?;
+        let first = t.elapsed();
+        self.remove(name).await?;
+        self.docker
+            .disconnect_network(
+                name,
+                NetworkDisconnectRequest {
+                    container: joiner.to_string(),
+                    force: Some(true),
+                },
+            )
+            .await?;
+        self.docker.remove_network(name).await?;
+        Ok(first)
     }
 
     /// A round trip that must exit 0; returns its time in ms.

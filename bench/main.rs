@@ -30,7 +30,8 @@
 //! `--only core` (every line but the shaping, MCP, pool, burst and density
 //! sections), `egress`, `gvisor`, `pty`, `pool`, `shaping`, `changes`,
 //! `checkpoints`, `mcp`, `e2b`, `burst` (with density), `rate` (the
-//! burst's rate lines), `sequential` (its sessions one after another),
+//! burst's rate lines), `sustained` (of those, the rate 4 clients
+//! sustain), `sequential` (its sessions one after another),
 //! `fifty` (its 50 at once) or `density` measures that alone (for looking into one figure; the other
 //! lines say "not measured", and the JSON file's name carries the
 //! section).
@@ -70,7 +71,7 @@ fn main() -> std::process::ExitCode {
             Some(section) => Some(section),
             None => {
                 eprintln!(
-                    "bench: --only takes core, egress, gvisor, pty, pool, shaping, changes, checkpoints, mcp, e2b, burst, rate, sequential, fifty or density, not {name:?}"
+                    "bench: --only takes core, egress, gvisor, pty, pool, shaping, changes, checkpoints, mcp, e2b, burst, rate, sustained, sequential, fifty or density, not {name:?}"
                 );
                 return std::process::ExitCode::FAILURE;
             }

@@ -3,7 +3,7 @@
 # bench/RESULTS.md). Needs an engine (with runsc registered for the gVisor
 # lines) and the runtime image, like the tests.
 #   bench/run.sh [--runs N] [--profile]
-#                [--only core|egress|gvisor|pty|pool|shaping|changes|checkpoints|mcp|e2b|burst|rate|sequential|fifty|density]
+#                [--only core|egress|gvisor|pty|pool|shaping|changes|checkpoints|mcp|e2b|burst|rate|sustained|sequential|fifty|density]
 #                [--idle-secs S] [--json FILE]
 # --runs N (default 3): the whole set N times, each line the median over
 # runs; JSON (default bench/runs/DATE-COMMIT[-SECTION].json) keeps every

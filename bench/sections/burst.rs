@@ -17,12 +17,23 @@
 //!   for 1 s, their link networks made ahead). Lines: the default pool's
 //!   create p50 and p95 against `pool_size = 0`'s, its p50 against the
 //!   floor's, and `pool_size = 0`'s p50 against the floor's.
+//! - Sustained (with the rates; also alone: `--only sustained`): 4 clients each make sessions one after
+//!   another (create, `exec true`, stop) for 60 s on a fresh sandboxd at
+//!   its defaults: sessions per second, time to first command p50, and
+//!   the teardowns still pending at the end (`sandboxd_teardowns_pending`;
+//!   its bound holds them to 8 plus the clients). The floor column: the
+//!   same clients doing mode `internet`'s engine work directly for each
+//!   session (an internal network, the container on it, a running
+//!   container joining it as the egress proxy does, `exec true`, then all
+//!   of it removed): what this machine's engine sustains, against which
+//!   the 5/s rate reads.
 //! - At a rate (also alone: `--only rate`): a sandboxd at its defaults with
 //!   `pool_max = 16` gets new sessions at 5/s, open loop (each sent at its
 //!   time, whatever the others do), for 30 s, then 20 more: those 20 are
 //!   measured. Then the same on a fresh one at 1/s: 5/s is more than this
-//!   2-core machine makes sandboxes at (about 1.5/s, with or without
-//!   sandboxd), so it measures overload; 1/s is a rate the engine sustains. A session is a
+//!   2-core machine makes `internet` sandboxes at (the sustained line
+//!   says how many, with and without sandboxd), so it measures overload;
+//!   1/s is a rate the engine sustains. A session is a
 //!   create and `exec true` (time to first command, from sending the
 //!   create), then its stop, so that sessions do not pile up against
 //!   `max_concurrent` while sandboxd keeps up. The claims among the 20:
@@ -46,7 +57,7 @@ use serde_json::json;
 use super::density;
 use crate::floor::Floor;
 use crate::report::{Line, RunFigures, line, ratio_at_most};
-use crate::requests::{claims, first_command, pool_full, quiet, stop, timed_create};
+use crate::requests::{claims, first_command, metric, pool_full, quiet, stop, timed_create};
 use crate::support::{Instance, Res, Server, ms};
 
 /// The configuration of the sandboxd the rate burst measures: its defaults
@@ -69,8 +80,9 @@ struct Rate {
 const WARMUP_FOR: Duration = Duration::from_secs(30);
 const MEASURED: usize = 20;
 
-/// The rate: more than this 2-core machine can make sandboxes at
-/// (about 1.5 a second, with or without sandboxd), so it measures overload.
+/// The rate: more than this 2-core machine makes `internet`
+/// sandboxes at, with or without sandboxd (see [`SUSTAINED`]), so it
+/// measures overload.
 const RATE_5: Rate = Rate {
     name: "5/s",
     every: Duration::from_millis(200),
@@ -92,6 +104,14 @@ const RATE_1: Rate = Rate {
 /// A session of the rate burst sent later than this after its time makes
 /// a note (the bench itself fell behind its schedule).
 const LATE_MS: f64 = 20.0;
+
+/// The sustained rate: clients each making sessions one after another
+/// (create, `exec true`, stop) for this long.
+const SUSTAINED_CLIENTS: usize = 4;
+const SUSTAINED_FOR: Duration = Duration::from_secs(60);
+const SUSTAINED: &str = "burst: new sessions per second 4 clients sustain for 60 s, each a create, `exec true` and stop, one after another";
+const SUSTAINED_FIRST: &str = "burst: of those, time to first command p50 (ms)";
+const SUSTAINED_PENDING: &str = "burst: of those, teardowns pending at the end";
 
 /// How long a pool of 2 may take to fill; a pool of 50.
 const FILL: Duration = Duration::from_secs(60);
@@ -174,6 +194,17 @@ pub(crate) const LINES: &[Line] = &[
     LINES_10[1],
     LINES_10[2],
     LINES_10[3],
+    line(
+        SUSTAINED,
+        "report (floor column: the engine doing mode `internet`'s work the same way)",
+        None,
+    ),
+    line(SUSTAINED_FIRST, "report", None),
+    line(
+        SUSTAINED_PENDING,
+        "≤ 12 (8 + the clients)",
+        Some(|v, _| v <= 12.0),
+    ),
     RATE_LINES_5[0],
     RATE_LINES_5[1],
     RATE_LINES_5[2],
@@ -211,13 +242,78 @@ pub(crate) async fn one_after_another(
 }
 
 /// The rate bursts alone (`--only rate`), each on a sandboxd of its own at
-/// its defaults with `pool_max = 16`: 5/s, then 1/s.
+/// its defaults with `pool_max = 16`: 5/s, then 1/s; before them, the rate
+/// a sandboxd at its defaults and the engine floor sustain.
 pub(crate) async fn rates(floor: &Floor, fig: &mut RunFigures) -> Res<()> {
+    sustained(floor, fig).await?;
     for rate in [&RATE_5, &RATE_1] {
         let name = format!("{}-rate", floor.instance);
         let adaptive = Instance::start(&floor.docker, &name, ADAPTIVE_CONFIG, 100).await?;
         at_a_rate(&adaptive.server, rate, fig).await?;
     }
+    Ok(())
+}
+
+/// The sessions per second [`SUSTAINED_CLIENTS`] clients get for
+/// [`SUSTAINED_FOR`], each making sessions one after another: on a fresh
+/// sandboxd at its defaults (its pool full first), and from the engine
+/// floor doing mode `internet`'s engine work for each (its own network,
+/// which a running container joins; see [`Floor::linked_session`]), all
+/// of it removed before the next. sandboxd removes a stopped session's
+/// network and volume after the stop's answer: what is still pending at
+/// the end is a line of its own.
+pub(crate) async fn sustained(floor: &Floor, fig: &mut RunFigures) -> Res<()> {
+    let name = format!("{}-sustained", floor.instance);
+    let own = Instance::start(&floor.docker, &name, "", 100).await?;
+    let server = &own.server;
+    pool_full(server, 2, FILL).await?;
+    let until = Instant::now() + SUSTAINED_FOR;
+    let client = |c: usize| async move {
+        let mut firsts = vec![];
+        while Instant::now() < until {
+            let key = format!("sustained-{c}-{}", firsts.len());
+            let f = first_command(server, json!({ "sessionKey": key })).await?;
+            stop(server, &f.id).await?;
+            firsts.push(f.first);
+        }
+        Ok::<_, Box<dyn std::error::Error>>(firsts)
+    };
+    let t = Instant::now();
+    let done = futures_util::future::try_join_all((0..SUSTAINED_CLIENTS).map(client)).await?;
+    let took = t.elapsed().as_secs_f64();
+    let pending = metric(server, "sandboxd_teardowns_pending").await?;
+    drop(own);
+
+    let joiner = format!("{}-sustained-joiner", floor.instance);
+    floor.create(&joiner).await?;
+    let until = Instant::now() + SUSTAINED_FOR;
+    let floor_client = |c: usize| {
+        let joiner = &joiner;
+        async move {
+            let mut n = 0usize;
+            while Instant::now() < until {
+                let name = format!("{}-sustained-{c}-{n}", floor.instance);
+                floor.linked_session(&name, joiner).await?;
+                n += 1;
+            }
+            Ok::<_, Box<dyn std::error::Error>>(n)
+        }
+    };
+    let t = Instant::now();
+    let floor_done =
+        futures_util::future::try_join_all((0..SUSTAINED_CLIENTS).map(floor_client)).await;
+    let floor_took = t.elapsed().as_secs_f64();
+    floor.remove(&joiner).await?;
+    let floor_done: usize = floor_done?.into_iter().sum();
+
+    let firsts: Vec<f64> = done.into_iter().flatten().collect();
+    fig.value(
+        SUSTAINED,
+        firsts.len() as f64 / took,
+        Some(floor_done as f64 / floor_took),
+    );
+    fig.p50(SUSTAINED_FIRST, &firsts, &[]);
+    fig.value(SUSTAINED_PENDING, pending, None);
     Ok(())
 }
 

@@ -38,8 +38,10 @@ pub(crate) enum Section {
     E2b,
     /// The burst lines, then the density lines.
     Burst,
-    /// The burst's rate lines alone (5/s and 1/s).
+    /// The burst's rate lines alone (the sustained rate, 5/s and 1/s).
     Rate,
+    /// The burst's sustained rate alone.
+    Sustained,
     /// The burst's new sessions one after another alone.
     Sequential,
     /// The burst's 50 new sessions at once alone.
@@ -63,6 +65,7 @@ impl Section {
             "e2b" => Some(Section::E2b),
             "burst" => Some(Section::Burst),
             "rate" => Some(Section::Rate),
+            "sustained" => Some(Section::Sustained),
             "sequential" => Some(Section::Sequential),
             "fifty" => Some(Section::Fifty),
             "density" => Some(Section::Density),
@@ -105,6 +108,7 @@ pub(crate) async fn measure(
         Some(Section::E2b) => e2b::measure(floor, fig).await,
         Some(Section::Burst) => burst::measure(server, floor, fig).await,
         Some(Section::Rate) => burst::rates(floor, fig).await,
+        Some(Section::Sustained) => burst::sustained(floor, fig).await,
         Some(Section::Sequential) => burst::one_after_another(server, floor, fig).await,
         Some(Section::Fifty) => burst::all_at_once(floor, fig).await,
         Some(Section::Density) => density::measure(floor, fig).await,
